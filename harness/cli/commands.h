@@ -1,0 +1,13 @@
+// Each subcommand lives in its own cmd_*.cc and registers itself on the app. A command's callback
+// stores its exit code in `exit_code`; errors are thrown and turned into exit 2 by main().
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace kvdiff::cli {
+
+void AddInfoCommand(CLI::App& app, int& exit_code);
+void AddMakeModelCommand(CLI::App& app, int& exit_code);
+void AddForwardCommand(CLI::App& app, int& exit_code);
+
+}  // namespace kvdiff::cli

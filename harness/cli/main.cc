@@ -1,0 +1,39 @@
+// kvdiff: differential verification of KV-cache inference for Llama-family models.
+// Exit codes: 0 success, 1 a divergence or a backend error (run/check/golden), 2 bad input or usage.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <exception>
+#include <new>
+
+#include "harness/cli/commands.h"
+#include "harness/format/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvdiff: prove that a KV-cache implementation of a Llama model is right"};
+  app.set_version_flag("--version", std::string("kvdiff ") + KVDIFF_VERSION);
+  app.require_subcommand(1);
+  int exit_code = 0;
+  kvdiff::cli::AddInfoCommand(app, exit_code);
+  kvdiff::cli::AddMakeModelCommand(app, exit_code);
+  kvdiff::cli::AddForwardCommand(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::Error& e) {
+    app.exit(e);
+    return 2;
+  } catch (const kvdiff::InputError& e) {
+    fmt::print(stderr, "kvdiff: error: {}\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "kvdiff: error: out of memory\n");
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "kvdiff: error: {}\n", e.what());
+    return 2;
+  }
+  return exit_code;
+}

@@ -1,0 +1,52 @@
+// config.json of a HuggingFace Llama checkpoint, as a plain struct.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+namespace kvdiff::format {
+
+// rope_scaling {"rope_type": "llama3", ...}; any other type is refused when parsing.
+struct RopeScaling {
+  std::string type = "llama3";
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct LlamaConfig {
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;  // explicit in config.json, or hidden_size / num_attention_heads
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;
+  double rope_theta = 10000.0;
+  std::optional<RopeScaling> rope_scaling;
+  double rms_norm_eps = 1e-5;
+  bool tie_word_embeddings = false;
+  int64_t bos_token_id = 1;
+  int64_t eos_token_id = 2;
+  std::string torch_dtype = "float32";
+
+  int64_t QDim() const { return num_attention_heads * head_dim; }
+  int64_t KvDim() const { return num_key_value_heads * head_dim; }
+  int64_t NumRep() const { return num_attention_heads / num_key_value_heads; }
+
+  // Throws InputError naming the field when the shape is impossible.
+  void Validate() const;
+};
+
+// Parses the text of a config.json. Throws InputError (naming the field) on bad JSON, a missing
+// or ill-typed field, an unsupported rope_scaling, or a config that fails Validate().
+LlamaConfig ParseConfig(const std::string& json_text);
+LlamaConfig LoadConfig(const std::filesystem::path& config_json);
+// The config.json text for a config (stable key order, so files are byte-identical across runs).
+std::string ConfigToJson(const LlamaConfig& config);
+
+}  // namespace kvdiff::format

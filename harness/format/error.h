@@ -1,0 +1,32 @@
+// Typed errors shared by every kvdiff library. Libraries throw; only main() turns an exception into a
+// message and an exit code (InputError -> 2).
+#pragma once
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace kvdiff {
+
+// Bad input from the user: a malformed file, a wrong shape, a token out of range, an impossible
+// config, a misused API. The message says what was expected and what was found.
+class InputError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A tensor shape that does not fit an operation, reported the way candle reports it
+// ("cannot broadcast [5, 5] to [1, 9, 5, 29]"). Raised by the unchecked candle-style call.
+class ShapeError : public InputError {
+ public:
+  using InputError::InputError;
+};
+
+}  // namespace kvdiff
+
+// KVDIFF_CHECK(cond, "fmt {}", args...): argument check at an API boundary; throws InputError.
+#define KVDIFF_CHECK(cond, ...)                                   \
+  do {                                                            \
+    if (!(cond)) throw ::kvdiff::InputError(fmt::format(__VA_ARGS__)); \
+  } while (0)

@@ -1,0 +1,38 @@
+// The checked API: a session owns its cache and its position. There is no position argument
+// anywhere, so a caller cannot pass a wrong one.
+#pragma once
+
+#include <cstdint>
+
+#include "harness/format/tensor.h"
+#include "impl/kv_cache.h"
+
+namespace kvdiff::impl {
+
+class Model;
+
+class Session {
+ public:
+  Session(const Model& model, int64_t capacity = 0);
+
+  // Appends tokens at positions Length()..Length()+n-1; returns their logits [n, vocab].
+  // Throws InputError on an empty input, a token id out of range, or a length beyond capacity,
+  // naming both numbers; the session is unchanged when it throws.
+  Logits Append(const Tokens& tokens, ForwardTrace* trace = nullptr);
+  int64_t Length() const { return cache_.Length(); }
+  int64_t Capacity() const { return cache_.Capacity(); }
+  // Forgets positions >= length. Throws InputError when length > Length() or length < 0.
+  void Truncate(int64_t length);
+  Session Fork() const;  // explicit deep copy: the fork evolves independently
+  void Reset();          // a new conversation: empty cache, position 0
+
+  Session(Session&&) noexcept = default;
+  Session& operator=(Session&&) noexcept = default;
+
+ private:
+  Session(const Session&) = default;
+  const Model* model_;
+  KvCache cache_;
+};
+
+}  // namespace kvdiff::impl
