@@ -1,0 +1,51 @@
+// `kvdiff convert llama2c`: a llama2.c checkpoint (+ tokenizer.bin) to an HF layout directory.
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "harness/cli/commands.h"
+#include "harness/format/llama2c.h"
+#include "harness/format/model_files.h"
+#include "harness/format/tokenizer.h"
+
+namespace kvdiff::cli {
+
+void AddConvertCommand(CLI::App& app, int& exit_code) {
+  CLI::App* convert = app.add_subcommand("convert", "Convert a model from another format to HF layout");
+  convert->require_subcommand(1);
+
+  struct Options {
+    std::string checkpoint;
+    std::string tokenizer;
+    std::string out;
+  };
+  auto opts = std::make_shared<Options>();
+  CLI::App* llama2c = convert->add_subcommand(
+      "llama2c",
+      "llama2.c checkpoint (version 0 .bin, e.g. stories260K.bin) -> DIR/config.json, "
+      "DIR/model.safetensors (wq/wk permuted to the rotate-half RoPE layout) and "
+      "DIR/tokenizer.kvdiff.json");
+  llama2c->add_option("--checkpoint", opts->checkpoint, "llama2.c checkpoint file")
+      ->required()
+      ->check(CLI::ExistingFile);
+  llama2c->add_option("--tokenizer", opts->tokenizer,
+                      "llama2.c tokenizer.bin (e.g. tok512.bin); without it the model has no "
+                      "tokenizer and `generate` needs --tokens")
+      ->check(CLI::ExistingFile);
+  llama2c->add_option("--out", opts->out, "output model directory (created)")->required();
+  llama2c->callback([opts, &exit_code] {
+    format::ConvertLlama2c(opts->checkpoint, opts->tokenizer, opts->out);
+    const format::LlamaConfig config = format::LoadConfig(std::filesystem::path(opts->out) / "config.json");
+    fmt::print("wrote {}: config.json, model.safetensors (hidden {}, layers {}, heads {}/{} kv, "
+               "vocab {}, context {}, {} classifier){}\n",
+               opts->out, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
+               config.num_key_value_heads, config.vocab_size, config.max_position_embeddings,
+               config.tie_word_embeddings ? "tied" : "untied",
+               opts->tokenizer.empty() ? "" : std::string(", ") + format::kTokenizerFileName);
+    exit_code = 0;
+  });
+}
+
+}  // namespace kvdiff::cli

@@ -1,0 +1,186 @@
+// `kvdiff generate`: greedy decoding from a prompt, through a cached Session or by recomputing the
+// whole history each step (--uncached, the cross-check).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "harness/backend.h"
+#include "harness/cli/commands.h"
+#include "harness/format/error.h"
+#include "harness/format/model_files.h"
+#include "harness/format/tokenizer.h"
+
+namespace kvdiff::cli {
+namespace {
+
+// "1,2,3" or "1 2 3" -> ids, each checked against the vocabulary.
+Tokens ParseTokenList(const std::string& text, int64_t vocab_size) {
+  std::string spaced = text;
+  for (char& c : spaced) {
+    if (c == ',') c = ' ';
+  }
+  std::istringstream in(spaced);
+  Tokens tokens;
+  std::string word;
+  while (in >> word) {
+    size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(word, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    KVDIFF_CHECK(used == word.size(), "--tokens: expected integer token ids, got \"{}\"", word);
+    KVDIFF_CHECK(id >= 0 && id < vocab_size, "--tokens: token id {} outside the vocabulary [0, {})",
+                 id, vocab_size);
+    tokens.push_back(static_cast<Token>(id));
+  }
+  KVDIFF_CHECK(!tokens.empty(), "--tokens: expected at least one token id, got \"{}\"", text);
+  return tokens;
+}
+
+// The first maximum, as llama2.c's argmax; a NaN or inf logit is a backend failure, not a token.
+Token Argmax(const Logits& logits, int64_t row, int64_t position) {
+  Token best = 0;
+  for (int64_t j = 0; j < logits.cols(); ++j) {
+    const float v = logits(row, j);
+    if (!std::isfinite(v)) {
+      throw std::runtime_error(
+          fmt::format("non-finite logit {} at position {}, token {}", v, position, j));
+    }
+    if (v > logits(row, best)) best = static_cast<Token>(j);
+  }
+  return best;
+}
+
+}  // namespace
+
+void AddGenerateCommand(CLI::App& app, int& exit_code) {
+  struct Options {
+    std::string model;
+    std::optional<std::string> prompt;
+    std::optional<std::string> tokens;
+    int64_t n = 32;
+    std::string backend = "impl";
+    bool cached = false;
+    bool uncached = false;
+    bool ids = false;
+    bool ignore_eos = false;
+    int threads = 0;
+  };
+  auto opts = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand(
+      "generate",
+      "Greedy generation. Prints the prompt's text, then each generated token's text as it comes; "
+      "stops after -n tokens, at the model's context length, or when the model emits BOS or EOS "
+      "(the stop token is generated but has no text; with --ids it is the last id printed)");
+  cmd->add_option("--model", opts->model, "model directory (config.json, model.safetensors)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  auto* prompt = cmd->add_option("--prompt", opts->prompt,
+                                 "prompt text, encoded with DIR/tokenizer.kvdiff.json and a BOS "
+                                 "first (\"\" = BOS alone)");
+  auto* tokens = cmd->add_option("--tokens", opts->tokens,
+                                 "prompt token ids, used as given (e.g. \"1\" or \"1,403,407\")");
+  prompt->excludes(tokens);
+  tokens->excludes(prompt);
+  cmd->add_option("-n", opts->n, "number of tokens to generate")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--backend", opts->backend, "impl, ref or ref64")->capture_default_str();
+  auto* cached = cmd->add_flag("--cached", opts->cached, "one Session, one Append per token (default)");
+  auto* uncached = cmd->add_flag("--uncached", opts->uncached,
+                                 "recompute ForwardFull over the whole history every step");
+  cached->excludes(uncached);
+  uncached->excludes(cached);
+  cmd->add_flag("--ids", opts->ids,
+                "print the generated token ids (not the prompt's) on one line instead of text");
+  cmd->add_flag("--ignore-eos", opts->ignore_eos, "keep going past BOS/EOS");
+  cmd->add_option("--threads", opts->threads, "threads for the backend (0 = all cores)")
+      ->check(CLI::NonNegativeNumber);
+
+  cmd->callback([opts, &exit_code] {
+    KVDIFF_CHECK(opts->prompt || opts->tokens, "generate: give --prompt TEXT or --tokens IDS");
+    auto weights = std::make_shared<const format::ModelWeights>(format::LoadModel(opts->model));
+    const format::LlamaConfig& config = weights->config;
+    std::optional<format::Tokenizer> tokenizer = format::Tokenizer::LoadFromModelDir(opts->model);
+    if (tokenizer) {
+      KVDIFF_CHECK(tokenizer->VocabSize() == config.vocab_size,
+                   "{}/{} has {} tokens, config.json says vocab_size {}", opts->model,
+                   format::kTokenizerFileName, tokenizer->VocabSize(), config.vocab_size);
+    }
+    KVDIFF_CHECK(tokenizer || (opts->tokens && opts->ids),
+                 "{} has no {}: --prompt and text output need one (convert with --tokenizer), or "
+                 "use --tokens IDS --ids",
+                 opts->model, format::kTokenizerFileName);
+
+    const Tokens prompt_tokens = opts->prompt ? tokenizer->Encode(*opts->prompt, /*add_bos=*/true)
+                                              : ParseTokenList(*opts->tokens, config.vocab_size);
+    const int64_t capacity = config.max_position_embeddings;
+    KVDIFF_CHECK(static_cast<int64_t>(prompt_tokens.size()) <= capacity,
+                 "generate: the prompt has {} tokens, the model's context is {} "
+                 "(max_position_embeddings)",
+                 prompt_tokens.size(), capacity);
+
+    auto backend = harness::MakeBackend(opts->backend, weights, opts->threads);
+
+    // Echo the prompt's text (not BOS/EOS, which have no text), as llama2.c does.
+    auto is_stop = [&](Token t) { return t == config.bos_token_id || t == config.eos_token_id; };
+    Token prev = -1;
+    if (!opts->ids) {
+      std::string text;
+      for (Token t : prompt_tokens) {
+        if (!is_stop(t)) text += tokenizer->Decode(t, prev);
+        prev = t;
+      }
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      std::fflush(stdout);
+    } else {
+      prev = prompt_tokens.back();
+    }
+
+    Tokens history = prompt_tokens;
+    std::unique_ptr<harness::BackendSession> session;
+    Logits logits;  // (rows, vocab): the last row predicts the next token
+    if (!opts->uncached && opts->n > 0) {
+      session = backend->NewSession();
+      logits = session->Append(prompt_tokens);
+    }
+    bool first_id = true;
+    for (int64_t step = 0; step < opts->n; ++step) {
+      if (static_cast<int64_t>(history.size()) >= capacity) {
+        fmt::print(stderr, "\nkvdiff: stopped at the model's context length {} after {} tokens\n",
+                   capacity, step);
+        break;
+      }
+      if (opts->uncached) logits = backend->ForwardFull(history);
+      const auto position = static_cast<int64_t>(history.size()) - 1;
+      const Token next = Argmax(logits, logits.rows() - 1, position);
+      history.push_back(next);
+      const bool stop = !opts->ignore_eos && is_stop(next);
+      if (opts->ids) {
+        fmt::print("{}{}", first_id ? "" : " ", next);
+        first_id = false;
+      } else if (!stop) {
+        const std::string piece = tokenizer->Decode(next, prev);
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+      }
+      std::fflush(stdout);
+      prev = next;
+      if (stop) break;
+      if (session && step + 1 < opts->n && static_cast<int64_t>(history.size()) < capacity) {
+        logits = session->Append({next});
+      }
+    }
+    fmt::print("\n");
+    exit_code = 0;
+  });
+}
+
+}  // namespace kvdiff::cli
