@@ -9,14 +9,21 @@
 
 namespace kvdiff::impl {
 
+// Layout: for each layer, keys and values are (capacity, kv_dim) row-major matrices, one row per
+// position, each row head-major ([kv_head][head_dim]). The rows of a chunk of new tokens are
+// therefore contiguous, so the K/V projections write straight into the cache, and attention reads
+// one KV head of all positions as a strided (positions, head_dim) matrix. Rows past Length() are
+// garbage (never read). The memory is allocated once and not touched until written, so a cache
+// sized to max_position_embeddings costs resident memory only for the positions used.
 class KvCache {
  public:
-  // Capacity in positions; 0 means max_position_embeddings.
+  // Capacity in positions; 0 means max_position_embeddings. Throws InputError when negative.
   KvCache(const format::LlamaConfig& config, int64_t capacity = 0);
 
   int64_t Length() const { return length_; }
   int64_t Capacity() const { return capacity_; }
   int64_t NumLayers() const { return static_cast<int64_t>(keys_.size()); }
+  int64_t KvDim() const { return kv_dim_; }
 
   // Row p of layer l: the kv_dim = nkv * head_dim values of position p, head-major
   // ([kv_head][head_dim]). keys_[l] is (capacity, kv_dim), row-major.
@@ -28,21 +35,24 @@ class KvCache {
   }
 
   // Only the forward pass and Session move the length; data past Length() is garbage.
+  // Throws InputError unless 0 <= length <= Capacity().
   void SetLength(int64_t length);
   void Clear() { length_ = 0; }
 
-  KvCache Fork() const { return *this; }  // explicit deep copy (the copy constructor is private)
+  // Explicit deep copy (no copy constructor, so the cost shows): same capacity, and only the
+  // Length() rows in use are copied.
+  KvCache Fork() const;
+
+  KvCache(KvCache&&) noexcept = default;
+  KvCache& operator=(KvCache&&) noexcept = default;
 
  private:
-  KvCache(const KvCache&) = default;
+  KvCache(int64_t num_layers, int64_t kv_dim, int64_t capacity);
   int64_t kv_dim_;
   int64_t capacity_;
   int64_t length_ = 0;
   std::vector<RowMatrix> keys_;    // per layer: (capacity, kv_dim)
   std::vector<RowMatrix> values_;  // per layer: (capacity, kv_dim)
- public:
-  KvCache(KvCache&&) noexcept = default;
-  KvCache& operator=(KvCache&&) noexcept = default;
 };
 
 }  // namespace kvdiff::impl

@@ -1,1 +1,257 @@
-// Placeholder: being written.
+// The forward pass of ../shared/spec/llama-forward.md, in float32. Read Model::State::Forward top to
+// bottom: embedding, then per layer RMSNorm → attention (QKV, RoPE, cache, softmax, o_proj) →
+// residual → RMSNorm → SwiGLU MLP → residual, then the final norm and the head. The arithmetic
+// lives in kernels.cc; this file only says what is computed, in what order, into which buffer.
+#include "impl/model.h"
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+
+#include <fmt/ranges.h>
+
+#include "harness/format/error.h"
+#include "impl/kernels.h"
+#include "impl/session.h"
+#include "impl/thread_pool.h"
+
+namespace kvdiff::impl {
+namespace {
+
+struct LayerWeights {
+  const float* input_norm;  // (hidden)
+  WeightView q, k, v, o;    // (q_dim, hidden), (kv_dim, hidden) x2, (hidden, q_dim)
+  const float* post_norm;   // (hidden)
+  WeightView gate, up, down;  // (inter, hidden) x2, (hidden, inter)
+};
+
+// Buffers for the rows of one forward call, grown (never shrunk) to the largest call seen, so a
+// decode step allocates nothing. Shapes are per call: s = number of new tokens.
+struct Workspace {
+  std::vector<float> x;      // (s, hidden): the residual stream
+  std::vector<float> xn;     // (s, hidden): RMSNorm(x)
+  std::vector<float> q;      // (s, q_dim): queries, post-RoPE
+  std::vector<float> attn;   // (s, q_dim): attention output, heads concatenated
+  std::vector<float> proj;   // (s, hidden): output of o_proj or down_proj, before the residual
+  std::vector<float> gate;   // (s, inter)
+  std::vector<float> up;     // (s, inter)
+  std::vector<float> act;    // (s, inter): silu(gate) * up
+  AttentionScratch scores;   // per thread: (min(s, query tile), keys)
+
+  void Reserve(const format::LlamaConfig& c, int64_t s, int threads, int64_t max_keys) {
+    auto grow = [](std::vector<float>& v, int64_t n) {
+      if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+    };
+    grow(x, s * c.hidden_size);
+    grow(xn, s * c.hidden_size);
+    grow(q, s * c.QDim());
+    grow(attn, s * c.QDim());
+    grow(proj, s * c.hidden_size);
+    grow(gate, s * c.intermediate_size);
+    grow(up, s * c.intermediate_size);
+    grow(act, s * c.intermediate_size);
+    scores.Reserve(threads, std::min(s, kAttentionQueryTile) * max_keys);
+  }
+};
+
+const format::Tensor& CheckedTensor(const format::ModelWeights& w, const format::TensorSpec& spec) {
+  auto it = w.tensors.find(spec.name);
+  KVDIFF_CHECK(it != w.tensors.end(), "model weights: tensor '{}' is missing", spec.name);
+  const format::Tensor& t = it->second;
+  KVDIFF_CHECK(t.shape == spec.shape, "model weights: tensor '{}' has shape [{}], expected [{}]",
+               spec.name, fmt::join(t.shape, ", "), fmt::join(spec.shape, ", "));
+  int64_t elements = 1;
+  for (int64_t d : t.shape) elements *= d;
+  KVDIFF_CHECK(static_cast<int64_t>(t.data.size()) == elements,
+               "model weights: tensor '{}' holds {} values, its shape needs {}", spec.name,
+               t.data.size(), elements);
+  return t;
+}
+
+WeightView View(const format::Tensor& t) { return {t.data.data(), t.shape[0], t.shape[1]}; }
+
+}  // namespace
+
+struct Model::State {
+  std::shared_ptr<const format::ModelWeights> weights;  // owns every float the views point at
+  format::LlamaConfig config;
+  const float* embed = nullptr;  // (vocab, hidden)
+  std::vector<LayerWeights> layers;
+  const float* final_norm = nullptr;  // (hidden)
+  WeightView lm_head;                 // (vocab, hidden): the embedding matrix when tied
+  RopeTable rope;                     // (max_position_embeddings, head_dim / 2)
+  ThreadPool pool;
+  std::mutex mutex;  // one forward call at a time: the workspace and the pool are shared
+  Workspace ws;
+
+  State(std::shared_ptr<const format::ModelWeights> w, int threads)
+      : weights(std::move(w)), config(weights->config), pool(threads) {
+    config.Validate();
+    for (const auto& spec : format::ExpectedTensors(config)) CheckedTensor(*weights, spec);
+    embed = weights->Get("model.embed_tokens.weight").data.data();
+    for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      auto get = [&](const std::string& name) -> const format::Tensor& {
+        return weights->Get(p + name);
+      };
+      layers.push_back({get("input_layernorm.weight").data.data(),
+                        View(get("self_attn.q_proj.weight")), View(get("self_attn.k_proj.weight")),
+                        View(get("self_attn.v_proj.weight")), View(get("self_attn.o_proj.weight")),
+                        get("post_attention_layernorm.weight").data.data(),
+                        View(get("mlp.gate_proj.weight")), View(get("mlp.up_proj.weight")),
+                        View(get("mlp.down_proj.weight"))});
+    }
+    final_norm = weights->Get("model.norm.weight").data.data();
+    lm_head = View(weights->LmHead());
+    rope = BuildRopeTable(config);
+  }
+
+  // 1. Embedding: row lookup.
+  void Embed(const Tokens& tokens, float* x) const {
+    const int64_t hidden = config.hidden_size;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      std::copy(embed + tokens[i] * hidden, embed + (tokens[i] + 1) * hidden, x + i * hidden);
+    }
+  }
+
+  // 4. Attention of s rows at RoPE positions index_pos.., appending K/V at cache rows past..;
+  //    reads ws.xn, leaves o_proj's output in ws.proj.
+  void AttentionBlock(int64_t l, int64_t s, int64_t index_pos, int64_t past, KvCache& cache) {
+    const LayerWeights& w = layers[l];
+    const int64_t nh = config.num_attention_heads, nkv = config.num_key_value_heads;
+    const int64_t q_dim = config.QDim(), kv_dim = config.KvDim();
+    float* new_keys = cache.KeyRow(l, past);      // (s, kv_dim): the cache rows of this call
+    float* new_values = cache.ValueRow(l, past);  // (s, kv_dim)
+    Linear(pool, ws.xn.data(), s, w.q, ws.q.data());
+    Linear(pool, ws.xn.data(), s, w.k, new_keys);
+    Linear(pool, ws.xn.data(), s, w.v, new_values);
+    for (int64_t i = 0; i < s; ++i) {
+      const float* cos = rope.Cos(index_pos + i);
+      const float* sin = rope.Sin(index_pos + i);
+      ApplyRope(ws.q.data() + i * q_dim, nh, rope.half, cos, sin);
+      ApplyRope(new_keys + i * kv_dim, nkv, rope.half, cos, sin);
+    }
+    Attention(pool, ws.q.data(), s, past, cache.KeyRow(l, 0), cache.ValueRow(l, 0), nh, nkv,
+              config.head_dim, ws.attn.data(), ws.scores);
+    Linear(pool, ws.attn.data(), s, w.o, ws.proj.data());
+  }
+
+  // 5. SwiGLU MLP: reads ws.xn, leaves down_proj's output in ws.proj.
+  void MlpBlock(int64_t l, int64_t s) {
+    const LayerWeights& w = layers[l];
+    Linear(pool, ws.xn.data(), s, w.gate, ws.gate.data());
+    Linear(pool, ws.xn.data(), s, w.up, ws.up.data());
+    SwiGlu(ws.gate.data(), ws.up.data(), s * config.intermediate_size, ws.act.data());
+    Linear(pool, ws.act.data(), s, w.down, ws.proj.data());
+  }
+
+  static void Record(const std::vector<float>& x, int64_t s, int64_t hidden, RowMatrix& out) {
+    out = Eigen::Map<const RowMatrix>(x.data(), s, hidden);
+  }
+
+  // The whole model for s tokens, given already-validated arguments (see Model::Forward).
+  Logits Forward(const Tokens& tokens, int64_t index_pos, KvCache& cache, ForwardTrace* trace) {
+    std::lock_guard<std::mutex> lock(mutex);
+    const int64_t s = static_cast<int64_t>(tokens.size());
+    const int64_t past = cache.Length();
+    const int64_t hidden = config.hidden_size;
+    const float eps = static_cast<float>(config.rms_norm_eps);
+    ws.Reserve(config, s, pool.Size(), cache.Capacity());
+    if (trace) trace->layers.resize(config.num_hidden_layers);
+
+    Embed(tokens, ws.x.data());
+    for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+      // 6. h = x + Attn(RMSNorm(x)); out = h + MLP(RMSNorm(h)).
+      RmsNorm(ws.x.data(), layers[l].input_norm, s, hidden, eps, ws.xn.data());
+      AttentionBlock(l, s, index_pos, past, cache);
+      AddInPlace(ws.x.data(), ws.proj.data(), s * hidden);
+      if (trace) Record(ws.x, s, hidden, trace->layers[l].after_attention);
+
+      RmsNorm(ws.x.data(), layers[l].post_norm, s, hidden, eps, ws.xn.data());
+      MlpBlock(l, s);
+      AddInPlace(ws.x.data(), ws.proj.data(), s * hidden);
+      if (trace) Record(ws.x, s, hidden, trace->layers[l].after_mlp);
+    }
+    cache.SetLength(past + s);
+
+    // 7. Final norm and the head, for every row.
+    RmsNorm(ws.x.data(), final_norm, s, hidden, eps, ws.xn.data());
+    Logits logits(s, config.vocab_size);
+    Linear(pool, ws.xn.data(), s, lm_head, logits.data());
+    return logits;
+  }
+};
+
+Model::Model(std::shared_ptr<const format::ModelWeights> weights, int threads) {
+  KVDIFF_CHECK(weights != nullptr, "Model: weights must not be null");
+  KVDIFF_CHECK(threads >= 0, "Model: threads must be >= 0 (0 means every core), got {}", threads);
+  state_ = std::make_unique<State>(std::move(weights), threads);
+}
+
+Model Model::Load(const std::filesystem::path& dir, int threads) {
+  return Model(std::make_shared<const format::ModelWeights>(format::LoadModel(dir)), threads);
+}
+
+Model::~Model() = default;
+Model::Model(Model&&) noexcept = default;
+
+const format::LlamaConfig& Model::config() const { return state_->config; }
+int Model::Threads() const { return state_->pool.Size(); }
+
+void Model::CheckTokens(const Tokens& tokens) const {
+  KVDIFF_CHECK(!tokens.empty(), "tokens is empty (expected at least one token)");
+  const int64_t vocab = state_->config.vocab_size;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    KVDIFF_CHECK(tokens[i] >= 0 && tokens[i] < vocab,
+                 "token id {} at index {} is out of range for vocab_size {}", tokens[i], i, vocab);
+  }
+}
+
+Logits Model::ForwardFull(const Tokens& tokens, ForwardTrace* trace) const {
+  CheckTokens(tokens);
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t max_pos = state_->config.max_position_embeddings;
+  KVDIFF_CHECK(n <= max_pos, "ForwardFull: {} tokens is more than max_position_embeddings {}", n,
+               max_pos);
+  // The oracle keeps no cache: the keys and values of this call live in a scratch cache sized to
+  // the call and dropped at the end, so every position attends within the call only.
+  KvCache scratch(state_->config, n);
+  return state_->Forward(tokens, 0, scratch, trace);
+}
+
+Logits Model::Forward(const Tokens& tokens, int64_t index_pos, KvCache& cache,
+                      ForwardTrace* trace) const {
+  const format::LlamaConfig& c = state_->config;
+  const int64_t s = static_cast<int64_t>(tokens.size());
+  const int64_t past = cache.Length();
+  // Not candle's checks: these only keep memory safe (an id or a position must never index past a
+  // table, K/V must never be written past the buffer). Positions are deliberately NOT compared.
+  CheckTokens(tokens);
+  KVDIFF_CHECK(index_pos >= 0 && index_pos + s <= c.max_position_embeddings,
+               "index_pos {} with {} tokens runs past max_position_embeddings {} (the RoPE table)",
+               index_pos, s, c.max_position_embeddings);
+  KVDIFF_CHECK(cache.NumLayers() == c.num_hidden_layers && cache.KvDim() == c.KvDim(),
+               "cache has {} layers of kv_dim {}, the model needs {} layers of kv_dim {}",
+               cache.NumLayers(), cache.KvDim(), c.num_hidden_layers, c.KvDim());
+  // candle builds the causal mask as (s, index_pos + s) and broadcasts it to the scores
+  // (1, nh, s, past + s); with s == 1 it skips the mask. A mismatch is candle's broadcast error.
+  // In candle that error is raised inside layer 0 after layer 0 has already appended its K/V
+  // (Tensor::cat precedes the mask), leaving layer 0 one chunk longer than the others. Our cache
+  // keeps a single length for all layers and cannot represent that torn state, so we raise the
+  // same error before touching the cache: the cache is unchanged. The caller sees the same error
+  // text; a candle program that carried on after it would be in undefined territory anyway.
+  if (s > 1 && index_pos + s != past + s) {
+    throw ShapeError(fmt::format("cannot broadcast [{}, {}] to [1, {}, {}, {}]", s, index_pos + s,
+                                 c.num_attention_heads, s, past + s));
+  }
+  KVDIFF_CHECK(past + s <= cache.Capacity(),
+               "cache holds {} positions of capacity {}: {} more tokens do not fit", past,
+               cache.Capacity(), s);
+  return state_->Forward(tokens, index_pos, cache, trace);
+}
+
+KvCache Model::NewCache(int64_t capacity) const { return KvCache(state_->config, capacity); }
+
+Session Model::NewSession(int64_t capacity) const { return Session(*this, capacity); }
+
+}  // namespace kvdiff::impl

@@ -13,15 +13,21 @@ namespace kvdiff::impl {
 
 class Session;
 
+// Holds the weights by shared_ptr and reads them in place (no copy; a tied head is the embedding
+// matrix itself), plus the RoPE tables, a thread pool and the scratch buffers of a forward call.
+// Forward calls on one Model are serialized (they share the pool and the scratch); Sessions refer
+// to their Model, which must outlive them.
 class Model {
  public:
-  // threads: 0 means every core of the machine.
+  // threads: 0 means every core of the machine. Throws InputError when the weights do not match
+  // their config (a missing tensor, a wrong shape).
   explicit Model(std::shared_ptr<const format::ModelWeights> weights, int threads = 0);
   static Model Load(const std::filesystem::path& dir, int threads = 0);
   ~Model();
   Model(Model&&) noexcept;
 
   const format::LlamaConfig& config() const;
+  int Threads() const;  // the thread count in use (0 resolved to the machine's)
 
   // No cache: logits [n, vocab] for every position of tokens (positions 0..n-1).
   Logits ForwardFull(const Tokens& tokens, ForwardTrace* trace = nullptr) const;
@@ -30,13 +36,18 @@ class Model {
   // RoPE rows from index_pos, causal mask sized (s, index_pos + s) and skipped when s == 1, K/V
   // always appended to whatever the cache holds. When the mask does not fit the scores
   // (s, cache.Length() + s) it throws ShapeError with candle's message:
-  // "cannot broadcast [s, s'] to [1, nh, s, P+s]". Use Session instead.
+  // "cannot broadcast [s, s'] to [1, nh, s, P+s]" (and, unlike candle, leaves the cache as it
+  // was). Only memory safety is checked: token ids, index_pos within the RoPE table, and the
+  // cache capacity (InputError). Use Session instead.
   Logits Forward(const Tokens& tokens, int64_t index_pos, KvCache& cache,
                  ForwardTrace* trace = nullptr) const;
 
   KvCache NewCache(int64_t capacity = 0) const;
   // A checked session owning its cache and position; capacity 0 means max_position_embeddings.
   Session NewSession(int64_t capacity = 0) const;
+
+  // Throws InputError on an empty input or an id outside [0, vocab_size), naming id and index.
+  void CheckTokens(const Tokens& tokens) const;
 
  private:
   struct State;

@@ -1,1 +1,35 @@
-// Placeholder: being written.
+#include "impl/session.h"
+
+#include "harness/format/error.h"
+#include "impl/model.h"
+
+namespace kvdiff::impl {
+
+Session::Session(const Model& model, int64_t capacity)
+    : model_(&model), cache_(model.config(), capacity) {}
+
+Session::Session(const Model* model, KvCache cache) : model_(model), cache_(std::move(cache)) {}
+
+Logits Session::Append(const Tokens& tokens, ForwardTrace* trace) {
+  // Everything is validated before the cache is touched, so a throwing call changes nothing.
+  model_->CheckTokens(tokens);
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  KVDIFF_CHECK(Length() + n <= Capacity(),
+               "Append: {} tokens at length {} need {} positions, beyond the session capacity {}",
+               n, Length(), Length() + n, Capacity());
+  // The position is the session's own: index_pos == Length() always, so the raw call's mask and
+  // RoPE rows agree with the cache by construction.
+  return model_->Forward(tokens, Length(), cache_, trace);
+}
+
+void Session::Truncate(int64_t length) {
+  KVDIFF_CHECK(length >= 0 && length <= Length(),
+               "Truncate: length {} is outside 0..{} (the session length)", length, Length());
+  cache_.SetLength(length);
+}
+
+Session Session::Fork() const { return Session(model_, cache_.Fork()); }
+
+void Session::Reset() { cache_.Clear(); }
+
+}  // namespace kvdiff::impl

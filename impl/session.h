@@ -13,6 +13,7 @@ class Model;
 
 class Session {
  public:
+  // capacity in positions; 0 means max_position_embeddings. The model must outlive the session.
   Session(const Model& model, int64_t capacity = 0);
 
   // Appends tokens at positions Length()..Length()+n-1; returns their logits [n, vocab].
@@ -30,7 +31,7 @@ class Session {
   Session& operator=(Session&&) noexcept = default;
 
  private:
-  Session(const Session&) = default;
+  Session(const Model* model, KvCache cache);
   const Model* model_;
   KvCache cache_;
 };

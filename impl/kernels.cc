@@ -1,0 +1,228 @@
+#include "impl/kernels.h"
+
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <cmath>
+
+#include "harness/format/tensor.h"
+
+namespace kvdiff::impl {
+namespace {
+
+using ConstStridedMap = Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>>;
+using StridedMap = Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>>;
+
+// Output rows per GEMM tile in prefill. A function of the matrix shape only, so the same tiles
+// (and the same Eigen calls, hence the same bits) happen whatever the thread count. Small enough
+// that the 2 x 3 x 192..576-row projections split evenly over a few threads, large enough that
+// re-packing x for each tile stays a small cost next to the tile's multiply.
+int64_t GemmTileRows(int64_t rows) { return rows <= 2048 ? 64 : 256; }
+
+// Rows per chunk in matrix-vector products: one chunk boundary per 16 rows keeps the split even.
+constexpr int64_t kMatVecGrain = 16;
+
+}  // namespace
+
+float Dot(const float* __restrict a, const float* __restrict b, int64_t n) {
+  constexpr int kLanes = 32;
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
+  }
+  for (int j = 0; i < n; ++i, ++j) acc[j] += a[i] * b[i];
+  for (int width = kLanes / 2; width >= 1; width /= 2) {
+    for (int j = 0; j < width; ++j) acc[j] += acc[j + width];
+  }
+  return acc[0];
+}
+
+void Linear(ThreadPool& pool, const float* x, int64_t s, const WeightView& w, float* y) {
+  if (s == 1) {
+    pool.ParallelFor(w.rows, kMatVecGrain, [&](int64_t begin, int64_t end, int) {
+      for (int64_t r = begin; r < end; ++r) y[r] = Dot(w.Row(r), x, w.cols);
+    });
+    return;
+  }
+  const int64_t tile = GemmTileRows(w.rows);
+  const int64_t tiles = (w.rows + tile - 1) / tile;
+  Eigen::Map<const RowMatrix> x_map(x, s, w.cols);  // (s, in)
+  pool.ParallelFor(tiles, 1, [&](int64_t begin, int64_t end, int) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t r0 = t * tile;
+      const int64_t rows = std::min(tile, w.rows - r0);
+      Eigen::Map<const RowMatrix> w_tile(w.Row(r0), rows, w.cols);  // (rows, in)
+      StridedMap y_tile(y + r0, s, rows, Eigen::OuterStride<>(w.rows));  // (s, rows) of (s, out)
+      y_tile.noalias() = x_map * w_tile.transpose();
+    }
+  });
+}
+
+void RmsNorm(const float* x, const float* weight, int64_t s, int64_t n, float eps, float* out) {
+  for (int64_t row = 0; row < s; ++row) {
+    const float* xr = x + row * n;
+    float* o = out + row * n;
+    const float mean_square = Dot(xr, xr, n) / static_cast<float>(n);
+    const float inv_rms = 1.0f / std::sqrt(mean_square + eps);
+    for (int64_t i = 0; i < n; ++i) o[i] = (xr[i] * inv_rms) * weight[i];
+  }
+}
+
+void AddInPlace(float* x, const float* y, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) x[i] += y[i];
+}
+
+void SwiGlu(const float* gate, const float* up, int64_t count, float* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    const float g = gate[i];
+    out[i] = (g / (1.0f + std::exp(-g))) * up[i];
+  }
+}
+
+void Softmax(float* x, int64_t n) {
+  float max = x[0];
+  for (int64_t i = 1; i < n; ++i) max = std::max(max, x[i]);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - max);
+    sum += x[i];
+  }
+  for (int64_t i = 0; i < n; ++i) x[i] /= sum;
+}
+
+std::vector<double> RopeInvFreq(const format::LlamaConfig& config) {
+  const int64_t d = config.head_dim;
+  std::vector<double> inv_freq(d / 2);
+  for (int64_t i = 0; i < d / 2; ++i) {
+    inv_freq[i] = 1.0 / std::pow(config.rope_theta, static_cast<double>(2 * i) / d);
+  }
+  if (config.rope_scaling) {  // "llama3" (the only type format accepts): spec §3
+    const auto& rs = *config.rope_scaling;
+    const double orig = static_cast<double>(rs.original_max_position_embeddings);
+    const double low_freq_wavelen = orig / rs.low_freq_factor;
+    const double high_freq_wavelen = orig / rs.high_freq_factor;
+    for (double& f : inv_freq) {
+      const double wavelen = 2.0 * M_PI / f;
+      if (wavelen < high_freq_wavelen) continue;
+      if (wavelen > low_freq_wavelen) {
+        f = f / rs.factor;
+      } else {
+        const double smooth =
+            (orig / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+        f = (1.0 - smooth) * f / rs.factor + smooth * f;
+      }
+    }
+  }
+  return inv_freq;
+}
+
+RopeTable BuildRopeTable(const format::LlamaConfig& config) {
+  RopeTable table;
+  table.positions = config.max_position_embeddings;
+  table.half = config.head_dim / 2;
+  table.cos.resize(table.positions * table.half);
+  table.sin.resize(table.positions * table.half);
+  const std::vector<double> inv_freq = RopeInvFreq(config);
+  for (int64_t p = 0; p < table.positions; ++p) {
+    for (int64_t i = 0; i < table.half; ++i) {
+      const double angle = static_cast<double>(p) * inv_freq[i];
+      table.cos[p * table.half + i] = static_cast<float>(std::cos(angle));
+      table.sin[p * table.half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+  return table;
+}
+
+void ApplyRope(float* x, int64_t heads, int64_t half, const float* cos, const float* sin) {
+  for (int64_t h = 0; h < heads; ++h) {
+    float* v = x + h * 2 * half;
+    for (int64_t i = 0; i < half; ++i) {
+      const float x1 = v[i];
+      const float x2 = v[i + half];
+      v[i] = x1 * cos[i] + (-x2) * sin[i];
+      v[i + half] = x2 * cos[i] + x1 * sin[i];
+    }
+  }
+}
+
+void AttentionScratch::Reserve(int threads, int64_t floats) {
+  if (static_cast<int>(per_thread.size()) < threads) per_thread.resize(threads);
+  for (auto& buffer : per_thread) {
+    if (static_cast<int64_t>(buffer.size()) < floats) buffer.resize(floats);
+  }
+}
+
+namespace {
+
+// One query row against keys 0..visible-1 of one KV head (decode): dot products, softmax, and the
+// weighted sum of value rows in position order.
+void AttendOneRow(const float* q, const float* keys, const float* values, int64_t visible,
+                  int64_t kv_dim, int64_t d, float scale, float* scores, float* out) {
+  for (int64_t j = 0; j < visible; ++j) scores[j] = Dot(q, keys + j * kv_dim, d) * scale;
+  Softmax(scores, visible);
+  std::fill(out, out + d, 0.0f);
+  for (int64_t j = 0; j < visible; ++j) {
+    const float p = scores[j];
+    const float* v = values + j * kv_dim;
+    for (int64_t c = 0; c < d; ++c) out[c] += p * v[c];
+  }
+}
+
+// A block of query rows [i0, i0 + rows) of one head (prefill): scores by GEMM, masked softmax per
+// row (masked entries set to exactly 0, as exp(-inf) gives), then out = weights · V by GEMM.
+void AttendBlock(const float* q, int64_t q_dim, int64_t i0, int64_t rows, int64_t past,
+                 const float* keys, const float* values, int64_t kv_dim, int64_t d, float scale,
+                 float* scores, float* out) {
+  const int64_t kv_len = past + i0 + rows;  // keys the last row of the block can see
+  ConstStridedMap q_block(q + i0 * q_dim, rows, d, Eigen::OuterStride<>(q_dim));  // (rows, d)
+  ConstStridedMap k(keys, kv_len, d, Eigen::OuterStride<>(kv_dim));             // (kv_len, d)
+  ConstStridedMap v(values, kv_len, d, Eigen::OuterStride<>(kv_dim));           // (kv_len, d)
+  Eigen::Map<RowMatrix> s(scores, rows, kv_len);                                // (rows, kv_len)
+  s.noalias() = q_block * k.transpose();
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = scores + r * kv_len;
+    const int64_t visible = past + i0 + r + 1;  // the causal mask: key j visible iff j <= past + i
+    for (int64_t j = 0; j < visible; ++j) row[j] *= scale;
+    Softmax(row, visible);
+    std::fill(row + visible, row + kv_len, 0.0f);
+  }
+  StridedMap o(out + i0 * q_dim, rows, d, Eigen::OuterStride<>(q_dim));  // (rows, d)
+  o.noalias() = s * v;
+}
+
+}  // namespace
+
+void Attention(ThreadPool& pool, const float* q, int64_t s, int64_t past, const float* keys,
+               const float* values, int64_t nh, int64_t nkv, int64_t d, float* out,
+               AttentionScratch& scratch) {
+  const int64_t n_rep = nh / nkv;
+  const int64_t q_dim = nh * d;
+  const int64_t kv_dim = nkv * d;
+  // transformers multiplies the scores by head_dim**-0.5 (a float32 multiply).
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  if (s == 1) {
+    pool.ParallelFor(nh, 1, [&](int64_t begin, int64_t end, int thread) {
+      for (int64_t h = begin; h < end; ++h) {
+        const int64_t kv_head = h / n_rep;
+        AttendOneRow(q + h * d, keys + kv_head * d, values + kv_head * d, past + 1, kv_dim, d,
+                     scale, scratch.per_thread[thread].data(), out + h * d);
+      }
+    });
+    return;
+  }
+  // Work items: (head, block of query rows); each computed whole by one thread.
+  const int64_t blocks = (s + kAttentionQueryTile - 1) / kAttentionQueryTile;
+  pool.ParallelFor(nh * blocks, 1, [&](int64_t begin, int64_t end, int thread) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t h = item / blocks;
+      const int64_t i0 = (item % blocks) * kAttentionQueryTile;
+      const int64_t rows = std::min(kAttentionQueryTile, s - i0);
+      const int64_t kv_head = h / n_rep;
+      AttendBlock(q + h * d, q_dim, i0, rows, past, keys + kv_head * d, values + kv_head * d,
+                  kv_dim, d, scale, scratch.per_thread[thread].data(), out + h * d);
+    }
+  });
+}
+
+}  // namespace kvdiff::impl

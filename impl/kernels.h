@@ -1,0 +1,84 @@
+// The numeric kernels of the forward pass. Each one is the plain definition from
+// ../shared/spec/llama-forward.md, written so that every output element is computed by exactly one
+// thread in a fixed order: results are bit-identical for any thread count.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "harness/format/config.h"
+#include "impl/thread_pool.h"
+
+namespace kvdiff::impl {
+
+// A weight matrix (out_features, in_features), row-major, borrowed from format::ModelWeights:
+// the model never copies a weight.
+struct WeightView {
+  const float* data = nullptr;
+  int64_t rows = 0;  // out_features
+  int64_t cols = 0;  // in_features
+  const float* Row(int64_t r) const { return data + r * cols; }
+};
+
+// sum_i a[i] * b[i] in float32, in a fixed order (32 interleaved partial sums, then a fixed tree):
+// vectorizes without -ffast-math and gives the same bits wherever it runs.
+float Dot(const float* a, const float* b, int64_t n);
+
+// y (s, w.rows) = x (s, w.cols) · wᵀ, all row-major and contiguous.
+// s == 1 (decode): a matrix-vector product, memory bound; output rows are split over the pool.
+// s > 1 (prefill): Eigen GEMM on fixed tiles of output rows (tile size depends on the shape only,
+// never on the thread count), the tiles spread over the pool.
+void Linear(ThreadPool& pool, const float* x, int64_t s, const WeightView& w, float* y);
+
+// out (s, n) = RMSNorm of each row of x (s, n): (x · rsqrt(mean(x²) + eps)) · weight, weight last.
+void RmsNorm(const float* x, const float* weight, int64_t s, int64_t n, float eps, float* out);
+
+// x[i] += y[i] for i < count (the residual connections).
+void AddInPlace(float* x, const float* y, int64_t count);
+
+// out[i] = silu(gate[i]) * up[i], silu(z) = z · sigmoid(z).
+void SwiGlu(const float* gate, const float* up, int64_t count, float* out);
+
+// In place: x = exp(x - max) / sum(exp(x - max)) over n values.
+void Softmax(float* x, int64_t n);
+
+// RoPE tables, "rotate half" layout: cos/sin of position p and frequency i < head_dim / 2.
+// The angles are computed in double and rounded once, so every row is within 1 ulp of the exact
+// table even at positions in the thousands (float32 angles would be off by ~1e-4 there).
+struct RopeTable {
+  int64_t positions = 0;  // max_position_embeddings
+  int64_t half = 0;       // head_dim / 2
+  std::vector<float> cos;  // (positions, half)
+  std::vector<float> sin;  // (positions, half)
+  const float* Cos(int64_t pos) const { return cos.data() + pos * half; }
+  const float* Sin(int64_t pos) const { return sin.data() + pos * half; }
+};
+// inv_freq[i] = 1 / rope_theta^(2i/d), rescaled by rope_scaling "llama3" when present.
+std::vector<double> RopeInvFreq(const format::LlamaConfig& config);
+RopeTable BuildRopeTable(const format::LlamaConfig& config);
+
+// Rotates each of the `heads` vectors of length d = 2 * half in x (heads, d), in place:
+// x' = x·cos + rotate_half(x)·sin, with rotate_half(x) = concat(-x[half:], x[:half]).
+void ApplyRope(float* x, int64_t heads, int64_t half, const float* cos, const float* sin);
+
+// Per-thread scratch for the attention scores; grown by Reserve only (never during a decode step).
+struct AttentionScratch {
+  std::vector<std::vector<float>> per_thread;
+  void Reserve(int threads, int64_t floats);
+};
+// Query rows handled per block in prefill attention: bounds the scores scratch to
+// kAttentionQueryTile × (keys) per thread.
+constexpr int64_t kAttentionQueryTile = 128;
+
+// Causal attention of s new query rows at cache positions past..past+s-1 over keys/values rows
+// 0..past+s-1 (the cache already holds the new rows).
+//   q:      (s, nh * d) post-RoPE queries      out: (s, nh * d)
+//   keys:   (past + s, nkv * d) post-RoPE, row-major, one row per position (the KvCache layout)
+//   values: (past + s, nkv * d)
+// Query head h reads KV head h / (nh / nkv). Key j is visible to row i iff j <= past + i.
+// scratch must hold min(s, kAttentionQueryTile) * (past + s) floats per thread.
+void Attention(ThreadPool& pool, const float* q, int64_t s, int64_t past, const float* keys,
+               const float* values, int64_t nh, int64_t nkv, int64_t d, float* out,
+               AttentionScratch& scratch);
+
+}  // namespace kvdiff::impl
