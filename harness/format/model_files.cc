@@ -1,1 +1,388 @@
-// Placeholder: being written.
+#include "harness/format/model_files.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "harness/format/error.h"
+#include "harness/format/prng.h"
+
+namespace kvdiff::format {
+namespace {
+
+constexpr const char* kSingleFile = "model.safetensors";
+constexpr const char* kShardIndex = "model.safetensors.index.json";
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+bool EndsWith(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Tensors a real checkpoint may carry that the forward pass does not use. transformers drops them
+// too: it re-ties lm_head to the embedding after loading, and recomputes inv_freq from config.json.
+bool IsIgnorable(const std::string& name, const LlamaConfig& config) {
+  if (name == "lm_head.weight" && config.tie_word_embeddings) return true;
+  return EndsWith(name, ".rotary_emb.inv_freq");
+}
+
+// The safetensors files of a checkpoint directory, opened, and which file holds which tensor.
+struct Checkpoint {
+  LlamaConfig config;
+  std::vector<std::filesystem::path> paths;
+  std::vector<SafetensorsFile> files;
+  std::map<std::string, size_t> file_of;  // tensor name -> index into files
+  std::vector<std::string> ignored;
+};
+
+Checkpoint OpenCheckpoint(const std::filesystem::path& dir) {
+  KVDIFF_CHECK(std::filesystem::exists(dir), "model directory {} does not exist", dir.string());
+  KVDIFF_CHECK(std::filesystem::is_directory(dir),
+               "model path {} is not a directory (expected a directory with config.json and "
+               "model.safetensors)",
+               dir.string());
+  Checkpoint ck;
+  ck.config = LoadConfig(dir / "config.json");
+
+  if (std::filesystem::exists(dir / kSingleFile)) {
+    ck.paths.push_back(dir / kSingleFile);
+  } else if (std::filesystem::exists(dir / kShardIndex)) {
+    // Sharded: {"weight_map": {"tensor name": "model-00001-of-00002.safetensors", ...}}.
+    const std::filesystem::path index_path = dir / kShardIndex;
+    std::ifstream in(index_path, std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    nlohmann::json index;
+    try {
+      index = nlohmann::json::parse(text.str());
+    } catch (const nlohmann::json::parse_error& e) {
+      throw InputError(fmt::format("{}: invalid JSON: {}", index_path.string(), e.what()));
+    }
+    KVDIFF_CHECK(index.is_object() && index.contains("weight_map") &&
+                     index["weight_map"].is_object(),
+                 "{}: expected an object with a \"weight_map\" object", index_path.string());
+    std::set<std::string> shard_names;
+    for (const auto& [name, shard] : index["weight_map"].items()) {
+      KVDIFF_CHECK(shard.is_string(), "{}: weight_map entry \"{}\" must be a file name, found {}",
+                   index_path.string(), name, shard.dump());
+      const std::string file = shard.get<std::string>();
+      KVDIFF_CHECK(file.find('/') == std::string::npos && file != ".." && !file.empty(),
+                   "{}: weight_map entry \"{}\" names \"{}\", not a file in the model directory",
+                   index_path.string(), name, file);
+      shard_names.insert(file);
+    }
+    for (const std::string& file : shard_names) ck.paths.push_back(dir / file);
+  } else {
+    throw InputError(fmt::format("model directory {} has no {} (nor a sharded {})", dir.string(),
+                                 kSingleFile, kShardIndex));
+  }
+
+  for (size_t i = 0; i < ck.paths.size(); ++i) {
+    ck.files.push_back(SafetensorsFile::Open(ck.paths[i]));
+    for (const auto& [name, view] : ck.files.back().tensors()) {
+      auto [it, inserted] = ck.file_of.emplace(name, i);
+      KVDIFF_CHECK(inserted, "tensor \"{}\" is in both {} and {}", name,
+                   ck.paths[it->second].string(), ck.paths[i].string());
+    }
+  }
+
+  // Validate every name and shape against the config before any data is read.
+  const std::vector<TensorSpec> expected = ExpectedTensors(ck.config);
+  std::set<std::string> expected_names;
+  std::vector<std::string> missing;
+  for (const TensorSpec& spec : expected) {
+    expected_names.insert(spec.name);
+    auto it = ck.file_of.find(spec.name);
+    if (it == ck.file_of.end()) {
+      missing.push_back(fmt::format("\"{}\" (expected shape {})", spec.name,
+                                    ShapeString(spec.shape)));
+      continue;
+    }
+    const TensorView& view = ck.files[it->second].Get(spec.name);
+    KVDIFF_CHECK(view.shape == spec.shape,
+                 "{}: tensor \"{}\" has shape {}, but config.json implies {}",
+                 ck.paths[it->second].string(), spec.name, ShapeString(view.shape),
+                 ShapeString(spec.shape));
+  }
+  if (!missing.empty()) {
+    std::string hint;
+    if (!ck.config.tie_word_embeddings && ck.file_of.count("lm_head.weight") == 0 &&
+        missing.size() == 1) {
+      hint = " (config.json says tie_word_embeddings is false, so the head must be stored)";
+    }
+    throw InputError(fmt::format(
+        "{}: missing tensor {}{}{}", ck.paths.front().string(), missing.front(),
+        missing.size() > 1 ? fmt::format(" and {} more", missing.size() - 1) : std::string(),
+        hint));
+  }
+  for (const auto& [name, index] : ck.file_of) {
+    if (expected_names.count(name) != 0) continue;
+    if (IsIgnorable(name, ck.config)) {
+      ck.ignored.push_back(name);
+      continue;
+    }
+    throw InputError(fmt::format(
+        "{}: unexpected tensor \"{}\" of shape {} (not part of a Llama with this config.json: "
+        "{} layers, tie_word_embeddings {})",
+        ck.paths[index].string(), name, ShapeString(ck.files[index].Get(name).shape),
+        ck.config.num_hidden_layers, ck.config.tie_word_embeddings));
+  }
+  return ck;
+}
+
+// --- random weights ------------------------------------------------------------------------------
+//
+// Why these scales. The harness must see every cache or position bug as a large change in logits
+// (the gate is 1e-4), so the random model must be far from uniform everywhere:
+//  * Every sublayer reads RMSNorm(x) * w with w = 1 + 0.1 z: a vector with unit RMS (the noise
+//    makes a wrong norm weight visible).
+//  * q, k: entries N(0, (2/sqrt(hidden))^2), so each q and k component has variance
+//    hidden * 4/hidden = 4, and the score q.k/sqrt(d) has standard deviation 4 * sqrt(d)/sqrt(d) = 4.
+//    Scores spread over several units make softmax peaked: a few keys carry the attention, so one
+//    stale or mis-rotated key moves the output by O(1). RoPE rotates q and k (norm-preserving), so
+//    relative positions change the scores by the same O(1) amounts.
+//  * v: N(0, 1/hidden) gives unit-variance values; o: N(0, r^2/q_dim) gives each attention branch
+//    output variance about r^2, where r is the embedding scale (the residual's unit).
+//  * gate, up: N(0, 1/hidden), so their outputs are ~N(0, 1) and E[silu(g)^2 u^2] ~ 0.356 (by
+//    quadrature); down: N(0, r^2/(0.356 intermediate)) gives each MLP branch variance about r^2.
+//  * The residual therefore grows from r^2 to about (1 + 2 layers) r^2 in variance: std 2.2 r for
+//    tiny, 7.8 r for 30 layers. Deliberately not scaled down per layer: the context (attention) must
+//    dominate the token's own embedding, or a tied head just predicts the input token again.
+//  * Head: untied, embedding N(0, 1) and lm_head N(0, 9/hidden): the final normalized state has unit
+//    RMS, so logits have standard deviation 3 (a spread of ~15 over 256 tokens). Tied, the embedding
+//    is the head, so it is N(0, 9/hidden) itself and r = 3/sqrt(hidden); logits again have std ~3.
+//    Logits of a few units keep float32 rounding (~1e-6) far below the 1e-4 gate.
+// tests/format/model_files_test.cc measures the score and logit statistics.
+struct WeightScales {
+  double embed, norm_noise, qk, v, o, gate_up, down, lm_head;
+};
+
+WeightScales ScalesFor(const LlamaConfig& c) {
+  const double hidden = static_cast<double>(c.hidden_size);
+  WeightScales s{};
+  s.embed = c.tie_word_embeddings ? 3.0 / std::sqrt(hidden) : 1.0;
+  const double r = s.embed;
+  s.norm_noise = 0.1;
+  s.qk = 2.0 / std::sqrt(hidden);
+  s.v = 1.0 / std::sqrt(hidden);
+  s.o = r / std::sqrt(static_cast<double>(c.QDim()));
+  s.gate_up = 1.0 / std::sqrt(hidden);
+  s.down = r / std::sqrt(0.356 * static_cast<double>(c.intermediate_size));
+  s.lm_head = 3.0 / std::sqrt(hidden);
+  return s;
+}
+
+// std::sqrt is correctly rounded by IEEE 754 (unlike exp or log), so these scales are the same
+// everywhere; with -ffp-contract=off (CMakeLists.txt) so is every product below.
+void FillRandom(Tensor& t, const std::string& name, uint64_t seed, double scale, double offset) {
+  Xoshiro256 rng = Xoshiro256::ForStream(seed, name);
+  for (float& value : t.data) {
+    const double z = rng.Normal();
+    value = static_cast<float>(offset + z * scale);
+  }
+}
+
+}  // namespace
+
+std::vector<TensorSpec> ExpectedTensors(const LlamaConfig& c) {
+  const int64_t h = c.hidden_size;
+  std::vector<TensorSpec> specs;
+  specs.push_back({"model.embed_tokens.weight", {c.vocab_size, h}});
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = fmt::format("model.layers.{}.", i);
+    specs.push_back({p + "input_layernorm.weight", {h}});
+    specs.push_back({p + "self_attn.q_proj.weight", {c.QDim(), h}});
+    specs.push_back({p + "self_attn.k_proj.weight", {c.KvDim(), h}});
+    specs.push_back({p + "self_attn.v_proj.weight", {c.KvDim(), h}});
+    specs.push_back({p + "self_attn.o_proj.weight", {h, c.QDim()}});
+    specs.push_back({p + "post_attention_layernorm.weight", {h}});
+    specs.push_back({p + "mlp.gate_proj.weight", {c.intermediate_size, h}});
+    specs.push_back({p + "mlp.up_proj.weight", {c.intermediate_size, h}});
+    specs.push_back({p + "mlp.down_proj.weight", {h, c.intermediate_size}});
+  }
+  specs.push_back({"model.norm.weight", {h}});
+  if (!c.tie_word_embeddings) specs.push_back({"lm_head.weight", {c.vocab_size, h}});
+  return specs;
+}
+
+const Tensor& ModelWeights::Get(const std::string& name) const {
+  auto it = tensors.find(name);
+  KVDIFF_CHECK(it != tensors.end(), "model has no tensor \"{}\"", name);
+  return it->second;
+}
+
+const Tensor& ModelWeights::LmHead() const {
+  return config.tie_word_embeddings ? Get("model.embed_tokens.weight") : Get("lm_head.weight");
+}
+
+int64_t ModelWeights::NumParameters() const {
+  int64_t n = 0;
+  for (const auto& [name, t] : tensors) n += static_cast<int64_t>(t.data.size());
+  return n;
+}
+
+ModelFileInfo InspectModel(const std::filesystem::path& dir) {
+  Checkpoint ck = OpenCheckpoint(dir);
+  ModelFileInfo info;
+  info.config = ck.config;
+  info.safetensors_files = ck.paths;
+  for (const auto& path : ck.paths) info.file_bytes += std::filesystem::file_size(path);
+  for (const TensorSpec& spec : ExpectedTensors(ck.config)) {
+    const TensorView& view = ck.files[ck.file_of.at(spec.name)].Get(spec.name);
+    info.tensors_by_dtype[DTypeName(view.dtype)] += 1;
+    info.num_tensors += 1;
+    info.num_parameters += view.NumElements();
+  }
+  info.ignored_tensors = ck.ignored;
+  return info;
+}
+
+ModelWeights LoadModel(const std::filesystem::path& dir) {
+  Checkpoint ck = OpenCheckpoint(dir);
+  ModelWeights model;
+  model.config = ck.config;
+  bool first = true;
+  for (const TensorSpec& spec : ExpectedTensors(ck.config)) {
+    const SafetensorsFile& file = ck.files[ck.file_of.at(spec.name)];
+    if (first) model.dtype_on_disk = file.Get(spec.name).dtype;  // the embedding's dtype
+    first = false;
+    Tensor t;
+    t.shape = spec.shape;
+    t.data = file.ReadFloat(spec.name);
+    file.Release(spec.name);  // the float copy replaces the mapped pages
+    model.tensors.emplace(spec.name, std::move(t));
+  }
+  return model;
+}
+
+void SaveModel(const std::filesystem::path& dir, const ModelWeights& model, DType dtype) {
+  LlamaConfig config = model.config;
+  switch (dtype) {
+    case DType::kF32: config.torch_dtype = "float32"; break;
+    case DType::kF16: config.torch_dtype = "float16"; break;
+    case DType::kBF16: config.torch_dtype = "bfloat16"; break;
+    case DType::kF64: config.torch_dtype = "float64"; break;
+  }
+  config.Validate();
+  std::vector<TensorViewToWrite> views;
+  for (const TensorSpec& spec : ExpectedTensors(config)) {
+    auto it = model.tensors.find(spec.name);
+    KVDIFF_CHECK(it != model.tensors.end(), "SaveModel: the model has no tensor \"{}\"",
+                 spec.name);
+    const Tensor& t = it->second;
+    KVDIFF_CHECK(t.shape == spec.shape, "SaveModel: tensor \"{}\" has shape {}, expected {}",
+                 spec.name, ShapeString(t.shape), ShapeString(spec.shape));
+    size_t n = 1;
+    for (int64_t d : t.shape) n *= static_cast<size_t>(d);
+    KVDIFF_CHECK(t.data.size() == n, "SaveModel: tensor \"{}\" of shape {} holds {} values",
+                 spec.name, ShapeString(t.shape), t.data.size());
+    views.push_back({spec.name, dtype, spec.shape, t.data.data(), t.data.size()});
+  }
+  for (const auto& [name, t] : model.tensors) {
+    KVDIFF_CHECK(name != "lm_head.weight" || !config.tie_word_embeddings,
+                 "SaveModel: the model is tied (tie_word_embeddings) but holds lm_head.weight");
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  KVDIFF_CHECK(std::filesystem::is_directory(dir), "cannot create the model directory {}{}",
+               dir.string(), ec ? ": " + ec.message() : std::string());
+  WriteFileAtomically(dir / "config.json", ConfigToJson(config));
+  // "format": "pt" is what transformers expects in a PyTorch checkpoint's metadata.
+  WriteSafetensorsViews(dir / kSingleFile, views, {{"format", "pt"}});
+}
+
+std::vector<std::string> PresetNames() { return {"tiny", "smollm2-135m"}; }
+
+LlamaConfig PresetConfig(const std::string& preset) {
+  LlamaConfig c;
+  if (preset == "tiny") {
+    // Small enough for thousands of forwards per test run; 2 KV heads for 4 query heads exercise
+    // GQA, head_dim 16 exercises RoPE pairs, and the head is untied so lm_head is read.
+    c.hidden_size = 64;
+    c.intermediate_size = 128;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 16;
+    c.vocab_size = 256;
+    c.max_position_embeddings = 512;
+    c.rope_theta = 10000.0;
+    c.rms_norm_eps = 1e-5;
+    c.tie_word_embeddings = false;
+    c.bos_token_id = 1;
+    c.eos_token_id = 2;
+    c.torch_dtype = "float32";
+  } else if (preset == "smollm2-135m") {
+    // HuggingFaceTB/SmolLM2-135M-Instruct's config.json, built in (the file is not needed at run
+    // time; tests/format compares the two when the shared data is present).
+    c.hidden_size = 576;
+    c.intermediate_size = 1536;
+    c.num_hidden_layers = 30;
+    c.num_attention_heads = 9;
+    c.num_key_value_heads = 3;
+    c.head_dim = 64;
+    c.vocab_size = 49152;
+    c.max_position_embeddings = 8192;
+    c.rope_theta = 100000.0;
+    c.rms_norm_eps = 1e-5;
+    c.tie_word_embeddings = true;
+    c.bos_token_id = 1;
+    c.eos_token_id = 2;
+    c.torch_dtype = "bfloat16";
+  } else {
+    throw InputError(fmt::format("unknown preset \"{}\" (known presets: {})", preset,
+                                 fmt::join(PresetNames(), ", ")));
+  }
+  c.Validate();
+  return c;
+}
+
+ModelWeights MakeRandomModel(const LlamaConfig& config, uint64_t seed) {
+  config.Validate();
+  const WeightScales s = ScalesFor(config);
+  ModelWeights model;
+  model.config = config;
+  model.dtype_on_disk = DType::kF32;
+  for (const TensorSpec& spec : ExpectedTensors(config)) {
+    Tensor t;
+    t.shape = spec.shape;
+    size_t n = 1;
+    for (int64_t d : spec.shape) n *= static_cast<size_t>(d);
+    t.data.resize(n);
+    const std::string& name = spec.name;
+    double scale = 0, offset = 0;
+    if (EndsWith(name, "norm.weight")) {  // input_layernorm, post_attention_layernorm, model.norm
+      scale = s.norm_noise;
+      offset = 1.0;
+    } else if (name == "model.embed_tokens.weight") {
+      scale = s.embed;
+    } else if (name == "lm_head.weight") {
+      scale = s.lm_head;
+    } else if (EndsWith(name, "q_proj.weight") || EndsWith(name, "k_proj.weight")) {
+      scale = s.qk;
+    } else if (EndsWith(name, "v_proj.weight")) {
+      scale = s.v;
+    } else if (EndsWith(name, "o_proj.weight")) {
+      scale = s.o;
+    } else if (EndsWith(name, "gate_proj.weight") || EndsWith(name, "up_proj.weight")) {
+      scale = s.gate_up;
+    } else if (EndsWith(name, "down_proj.weight")) {
+      scale = s.down;
+    } else {
+      throw InputError(fmt::format("MakeRandomModel: no scale for tensor \"{}\"", name));
+    }
+    FillRandom(t, name, seed, scale, offset);
+    model.tensors.emplace(name, std::move(t));
+  }
+  return model;
+}
+
+}  // namespace kvdiff::format

@@ -38,16 +38,35 @@ struct ModelWeights {
   int64_t NumParameters() const;  // tied embeddings counted once
 };
 
-// Loads DIR/config.json and DIR/model.safetensors; every tensor validated against the config
+// Loads DIR/config.json and DIR/model.safetensors (or a sharded checkpoint:
+// model.safetensors.index.json and the shards it names); every tensor validated against the config
 // (missing, unexpected, wrong shape: InputError naming the tensor, expected and actual).
+// Like transformers, a tied checkpoint that still carries lm_head.weight loads (the copy is
+// ignored: the head is the embedding), and saved rotary_emb.inv_freq buffers are ignored.
 ModelWeights LoadModel(const std::filesystem::path& dir);
-// Writes DIR/config.json and DIR/model.safetensors (creating DIR).
+
+// What `kvdiff info` shows: the same validation as LoadModel, from the headers alone (no tensor
+// data is converted, so it is fast on any model size).
+struct ModelFileInfo {
+  LlamaConfig config;
+  std::vector<std::filesystem::path> safetensors_files;  // one, or the shards
+  uint64_t file_bytes = 0;                               // all safetensors files on disk
+  std::map<std::string, int64_t> tensors_by_dtype;       // "BF16" -> number of tensors
+  int64_t num_tensors = 0;                               // tensors used (ignored ones excluded)
+  int64_t num_parameters = 0;                            // tied embeddings counted once
+  std::vector<std::string> ignored_tensors;              // present on disk but unused
+};
+ModelFileInfo InspectModel(const std::filesystem::path& dir);
+// Writes DIR/config.json and DIR/model.safetensors (creating DIR), each atomically. config.json's
+// torch_dtype is set to match `dtype`; the tensors must match ExpectedTensors(model.config).
 void SaveModel(const std::filesystem::path& dir, const ModelWeights& model, DType dtype);
 
 // Presets: "tiny" and "smollm2-135m". Throws InputError listing the known names.
 LlamaConfig PresetConfig(const std::string& preset);
 std::vector<std::string> PresetNames();
-// Random weights from a seed with kvdiff's own PRNG: identical on every platform.
+// Random weights from a seed with kvdiff's own PRNG (harness/format/prng.h): identical on every
+// platform. Scaled so that logits have a standard deviation of about 3 and attention scores of
+// about 4 (see model_files.cc for the reasoning).
 ModelWeights MakeRandomModel(const LlamaConfig& config, uint64_t seed);
 
 }  // namespace kvdiff::format

@@ -60,7 +60,27 @@ struct TensorToWrite {
 
 // Writes tensors in the order given (offsets follow that order), JSON header keys sorted, header
 // padded with spaces to a multiple of 8. Deterministic: same input, same bytes.
+// Written to a temporary file in the same directory, then renamed: an interrupted write never leaves
+// a half file under `path`.
 void WriteSafetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
+
+// The same, for values that live elsewhere (no copy: a 135M-parameter model is 540 MB of floats).
+struct TensorViewToWrite {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  const float* values = nullptr;
+  size_t num_values = 0;
+};
+void WriteSafetensorsViews(const std::filesystem::path& path,
+                           const std::vector<TensorViewToWrite>& tensors,
+                           const std::map<std::string, std::string>& metadata = {});
+
+// `value` as it reads back after a round trip through dtype (round to nearest even for F16/BF16).
+float RoundToDType(float value, DType dtype);
+
+// Writes `contents` to a temporary file beside `path` and renames it over `path`.
+void WriteFileAtomically(const std::filesystem::path& path, const std::string& contents);
 
 }  // namespace kvdiff::format
