@@ -18,6 +18,9 @@ namespace {
 // model nobody is calling does not burn a core the rest of the machine (and CI) needs.
 constexpr auto kSpinBeforeSleep = std::chrono::microseconds(200);
 
+// Pause-spins before a waiting thread starts yielding its core (a few microseconds).
+constexpr int kSpinsBeforeYield = 2000;
+
 }  // namespace
 
 ThreadPool::ThreadPool(int threads) {
@@ -63,7 +66,15 @@ void ThreadPool::Run(int64_t n, int64_t grain, Trampoline call, void* fn) {
   }
   auto [begin, end] = Chunk(n, grain, size_, 0);
   if (begin < end) call(fn, begin, end, 0);
-  while (pending_.load(std::memory_order_acquire) > 0) KVDIFF_CPU_RELAX();
+  // A worker that lost its core (other processes, more threads than cores) only comes back if we
+  // give the core up: spin briefly, then yield.
+  for (int spins = 0; pending_.load(std::memory_order_acquire) > 0; ++spins) {
+    if (spins < kSpinsBeforeYield) {
+      KVDIFF_CPU_RELAX();
+    } else {
+      std::this_thread::yield();
+    }
+  }
 }
 
 void ThreadPool::WorkerLoop(int index) {
@@ -73,7 +84,11 @@ void ThreadPool::WorkerLoop(int index) {
     auto spin_start = std::chrono::steady_clock::now();
     int spins = 0;
     while (generation_.load(std::memory_order_acquire) == seen) {
-      KVDIFF_CPU_RELAX();
+      if (spins < kSpinsBeforeYield) {
+        KVDIFF_CPU_RELAX();
+      } else {
+        std::this_thread::yield();
+      }
       if (++spins % 256 == 0 && std::chrono::steady_clock::now() - spin_start > kSpinBeforeSleep) {
         sleepers_.fetch_add(1);
         std::unique_lock<std::mutex> lock(mutex_);

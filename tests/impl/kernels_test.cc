@@ -1,0 +1,277 @@
+// Each kernel against a scalar, obviously-correct double-precision loop written here.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "harness/format/config.h"
+#include "impl/kernels.h"
+#include "impl/thread_pool.h"
+
+namespace kvdiff::impl {
+namespace {
+
+std::vector<float> RandomVector(int64_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+double MaxAbsDiff(const std::vector<float>& a, const std::vector<double>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
+  return m;
+}
+
+TEST(ThreadPoolTest, ChunksCoverTheRangeOnGrainBoundaries) {
+  for (int threads : {1, 2, 3, 7}) {
+    for (int64_t n : {1, 15, 16, 17, 100, 576, 49152}) {
+      int64_t expected_begin = 0;
+      for (int t = 0; t < threads; ++t) {
+        auto [b, e] = ThreadPool::Chunk(n, 16, threads, t);
+        EXPECT_EQ(b, expected_begin) << "n=" << n << " threads=" << threads << " t=" << t;
+        EXPECT_LE(b, e);
+        if (e < n) EXPECT_EQ(e % 16, 0);
+        expected_begin = e;
+      }
+      EXPECT_EQ(expected_begin, n);
+    }
+  }
+}
+
+TEST(ThreadPoolTest, EveryIndexRunsExactlyOnceOnTheThreadOfItsChunk) {
+  ThreadPool pool(3);
+  for (int round = 0; round < 200; ++round) {
+    std::vector<int> hits(1000, 0);
+    std::vector<int> owner(1000, -1);
+    pool.ParallelFor(1000, 7, [&](int64_t b, int64_t e, int t) {
+      for (int64_t i = b; i < e; ++i) {
+        ++hits[i];
+        owner[i] = t;
+      }
+    });
+    for (int i = 0; i < 1000; ++i) {
+      ASSERT_EQ(hits[i], 1) << "index " << i << " round " << round;
+      auto [b, e] = ThreadPool::Chunk(1000, 7, 3, owner[i]);
+      ASSERT_TRUE(i >= b && i < e);
+    }
+  }
+}
+
+TEST(KernelsTest, DotMatchesDoubleLoop) {
+  for (int64_t n : {1, 5, 31, 32, 33, 64, 576, 1537}) {
+    auto a = RandomVector(n, 1), b = RandomVector(n, 2);
+    double expected = 0;
+    for (int64_t i = 0; i < n; ++i) expected += static_cast<double>(a[i]) * b[i];
+    // float32 accumulation of n products of magnitude <= 1: error grows like sqrt(n) * 6e-8.
+    EXPECT_NEAR(Dot(a.data(), b.data(), n), expected, 1e-5 * std::sqrt(static_cast<double>(n)))
+        << "n=" << n;
+  }
+}
+
+TEST(KernelsTest, RmsNormMatchesDoubleLoop) {
+  const int64_t s = 3, n = 96;
+  const float eps = 1e-5f;
+  auto x = RandomVector(s * n, 3, 2.0f), w = RandomVector(n, 4);
+  std::vector<float> out(s * n);
+  RmsNorm(x.data(), w.data(), s, n, eps, out.data());
+  std::vector<double> expected(s * n);
+  for (int64_t r = 0; r < s; ++r) {
+    double ms = 0;
+    for (int64_t i = 0; i < n; ++i) ms += static_cast<double>(x[r * n + i]) * x[r * n + i];
+    ms /= n;
+    for (int64_t i = 0; i < n; ++i) expected[r * n + i] = x[r * n + i] / std::sqrt(ms + eps) * w[i];
+  }
+  EXPECT_LT(MaxAbsDiff(out, expected), 1e-5);
+}
+
+TEST(KernelsTest, SoftmaxMatchesDoubleLoopAndSurvivesLargeScores) {
+  auto x = RandomVector(50, 5, 30.0f);
+  x[7] = 1000.0f;  // exp(1000) overflows float unless the max is subtracted first
+  std::vector<double> expected(x.size());
+  double max = -1e300, sum = 0;
+  for (float v : x) max = std::max(max, static_cast<double>(v));
+  for (size_t i = 0; i < x.size(); ++i) sum += expected[i] = std::exp(x[i] - max);
+  for (double& e : expected) e /= sum;
+  Softmax(x.data(), static_cast<int64_t>(x.size()));
+  EXPECT_LT(MaxAbsDiff(x, expected), 1e-6);
+}
+
+TEST(KernelsTest, SwiGluMatchesDoubleLoop) {
+  auto g = RandomVector(40, 6, 8.0f), u = RandomVector(40, 7, 3.0f);
+  std::vector<float> out(40);
+  SwiGlu(g.data(), u.data(), 40, out.data());
+  std::vector<double> expected(40);
+  for (int i = 0; i < 40; ++i) expected[i] = g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i];
+  EXPECT_LT(MaxAbsDiff(out, expected), 1e-5);
+}
+
+// The same linear layer with 1 and several threads, s == 1 (matrix-vector) and s > 1 (GEMM tiles),
+// against a double loop; and bit-identical across thread counts.
+TEST(KernelsTest, LinearMatchesDoubleLoopAndIsIdenticalForAnyThreadCount) {
+  const int64_t in = 200, out = 300;
+  auto w = RandomVector(out * in, 8, 0.1f);
+  WeightView view{w.data(), out, in};
+  for (int64_t s : {1, 2, 7, 130}) {
+    auto x = RandomVector(s * in, 9 + s);
+    std::vector<double> expected(s * out);
+    for (int64_t r = 0; r < s; ++r) {
+      for (int64_t o = 0; o < out; ++o) {
+        double acc = 0;
+        for (int64_t i = 0; i < in; ++i) acc += static_cast<double>(x[r * in + i]) * w[o * in + i];
+        expected[r * out + o] = acc;
+      }
+    }
+    std::vector<float> first;
+    for (int threads : {1, 2, 3}) {
+      ThreadPool pool(threads);
+      std::vector<float> y(s * out);
+      Linear(pool, x.data(), s, view, y.data());
+      EXPECT_LT(MaxAbsDiff(y, expected), 1e-5) << "s=" << s << " threads=" << threads;
+      if (first.empty()) {
+        first = y;
+      } else {
+        EXPECT_EQ(y, first) << "s=" << s << " threads=" << threads << " differs from 1 thread";
+      }
+    }
+  }
+}
+
+format::LlamaConfig RopeConfig(int64_t head_dim, double theta, int64_t max_pos) {
+  format::LlamaConfig c;
+  c.head_dim = head_dim;
+  c.rope_theta = theta;
+  c.max_position_embeddings = max_pos;
+  return c;
+}
+
+// Spec §3 written out in double, independently of the kernel's code: the llama3 blend included.
+std::vector<double> ExpectedInvFreq(const format::LlamaConfig& c) {
+  std::vector<double> f;
+  for (int64_t i = 0; i < c.head_dim / 2; ++i) {
+    double v = std::pow(c.rope_theta, -2.0 * i / c.head_dim);
+    if (c.rope_scaling) {
+      const auto& r = *c.rope_scaling;
+      const double w = 2 * M_PI / v, orig = r.original_max_position_embeddings;
+      if (w > orig / r.low_freq_factor) {
+        v = v / r.factor;
+      } else if (w >= orig / r.high_freq_factor) {
+        const double smooth = (orig / w - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+        v = (1 - smooth) * v / r.factor + smooth * v;
+      }
+    }
+    f.push_back(v);
+  }
+  return f;
+}
+
+TEST(KernelsTest, RopeTableMatchesDoubleUpToThousandsOfPositions) {
+  auto c = RopeConfig(64, 100000.0, 8192);
+  RopeTable table = BuildRopeTable(c);
+  auto inv = ExpectedInvFreq(c);
+  double worst = 0;
+  for (int64_t p : {0, 1, 17, 511, 2047, 4000, 8191}) {
+    for (int64_t i = 0; i < 32; ++i) {
+      worst = std::max(worst, std::abs(table.Cos(p)[i] - std::cos(p * inv[i])));
+      worst = std::max(worst, std::abs(table.Sin(p)[i] - std::sin(p * inv[i])));
+    }
+  }
+  // Rounded once from double: half a float ulp of a value <= 1.
+  EXPECT_LT(worst, 1e-7);
+}
+
+TEST(KernelsTest, Llama3ScalingKeepsHighSlowsLowAndBlendsTheMiddle) {
+  auto c = RopeConfig(128, 500000.0, 131072);
+  c.rope_scaling = format::RopeScaling{"llama3", 8.0, 1.0, 4.0, 8192};
+  auto plain_config = c;
+  plain_config.rope_scaling.reset();
+  auto scaled = RopeInvFreq(c), plain = RopeInvFreq(plain_config), expected = ExpectedInvFreq(c);
+  int kept = 0, slowed = 0, blended = 0;
+  for (size_t i = 0; i < scaled.size(); ++i) {
+    EXPECT_NEAR(scaled[i], expected[i], 1e-12 * expected[i]) << "i=" << i;
+    if (scaled[i] == plain[i]) {
+      ++kept;
+    } else if (std::abs(scaled[i] - plain[i] / 8.0) < 1e-15) {
+      ++slowed;
+    } else {
+      ++blended;
+      EXPECT_LT(scaled[i], plain[i]);
+      EXPECT_GT(scaled[i], plain[i] / 8.0);
+    }
+  }
+  // With these Llama-3.1 parameters all three regimes occur.
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(slowed, 0);
+  EXPECT_GT(blended, 0);
+}
+
+TEST(KernelsTest, ApplyRopeMatchesRotateHalfInDouble) {
+  auto c = RopeConfig(16, 10000.0, 600);
+  RopeTable table = BuildRopeTable(c);
+  auto inv = ExpectedInvFreq(c);
+  const int64_t heads = 3, d = 16, half = 8, pos = 513;
+  auto x = RandomVector(heads * d, 11);
+  std::vector<double> expected(heads * d);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t j = 0; j < d; ++j) {
+      const double angle = pos * inv[j % half];
+      const double rotated = j < half ? -x[h * d + j + half] : x[h * d + j - half];
+      expected[h * d + j] = x[h * d + j] * std::cos(angle) + rotated * std::sin(angle);
+    }
+  }
+  ApplyRope(x.data(), heads, half, table.Cos(pos), table.Sin(pos));
+  EXPECT_LT(MaxAbsDiff(x, expected), 1e-6);
+}
+
+// One attention block, prefill and decode, with GQA, against the spec's formula in double:
+// scores = q·Kᵀ/sqrt(d), key j hidden from row i iff j > past + i, softmax, weights·V.
+TEST(KernelsTest, AttentionMatchesDoubleLoopWithGqaAndPastKeys) {
+  const int64_t nh = 6, nkv = 2, d = 8, n_rep = nh / nkv;
+  for (int64_t past : {0, 5}) {
+    for (int64_t s : {1, 4, 131}) {  // 131 > the query tile: two blocks of rows
+      const int64_t total = past + s;
+      auto q = RandomVector(s * nh * d, 20 + s, 2.0f);
+      auto keys = RandomVector(total * nkv * d, 21 + s, 2.0f);
+      auto values = RandomVector(total * nkv * d, 22 + s);
+      std::vector<double> expected(s * nh * d, 0.0);
+      for (int64_t i = 0; i < s; ++i) {
+        for (int64_t h = 0; h < nh; ++h) {
+          const int64_t kvh = h / n_rep;
+          std::vector<double> sc(past + i + 1);
+          double max = -1e300, sum = 0;
+          for (int64_t j = 0; j <= past + i; ++j) {
+            double dot = 0;
+            for (int64_t c = 0; c < d; ++c)
+              dot += static_cast<double>(q[i * nh * d + h * d + c]) * keys[j * nkv * d + kvh * d + c];
+            sc[j] = dot / std::sqrt(static_cast<double>(d));
+            max = std::max(max, sc[j]);
+          }
+          for (double& v : sc) sum += v = std::exp(v - max);
+          for (int64_t j = 0; j <= past + i; ++j) {
+            for (int64_t c = 0; c < d; ++c)
+              expected[i * nh * d + h * d + c] += sc[j] / sum * values[j * nkv * d + kvh * d + c];
+          }
+        }
+      }
+      std::vector<float> first;
+      for (int threads : {1, 2}) {
+        ThreadPool pool(threads);
+        AttentionScratch scratch;
+        scratch.Reserve(threads, std::min<int64_t>(s, kAttentionQueryTile) * total);
+        std::vector<float> out(s * nh * d);
+        Attention(pool, q.data(), s, past, keys.data(), values.data(), nh, nkv, d, out.data(),
+                  scratch);
+        EXPECT_LT(MaxAbsDiff(out, expected), 1e-5) << "past=" << past << " s=" << s;
+        if (first.empty()) first = out;
+        else EXPECT_EQ(out, first) << "past=" << past << " s=" << s << ": 2 threads differ from 1";
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvdiff::impl
