@@ -1,8 +1,83 @@
+// kvdiff make-model: a random Llama model directory, byte-identical for the same arguments.
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
 #include "harness/cli/commands.h"
+#include "harness/format/error.h"
+#include "harness/format/model_files.h"
 
 namespace kvdiff::cli {
+namespace {
 
-// Placeholder: being written.
-void AddMakeModelCommand(CLI::App& app, int& exit_code) {}
+struct MakeModelOptions {
+  std::string preset;
+  std::string config_path;
+  uint64_t seed = 0;
+  std::string out;
+  std::string dtype = "f32";
+  bool tied = false;
+  bool untied = false;
+};
+
+format::DType DTypeFromFlag(const std::string& flag) {
+  if (flag == "f32") return format::DType::kF32;
+  if (flag == "bf16") return format::DType::kBF16;
+  if (flag == "f16") return format::DType::kF16;
+  throw InputError(fmt::format("--dtype: expected f32, bf16 or f16, found \"{}\"", flag));
+}
+
+void RunMakeModel(const MakeModelOptions& o) {
+  KVDIFF_CHECK(o.preset.empty() != o.config_path.empty(),
+               "make-model: give exactly one of --preset ({}) or --config FILE",
+               fmt::join(format::PresetNames(), "|"));
+  format::LlamaConfig config =
+      o.preset.empty() ? format::LoadConfig(o.config_path) : format::PresetConfig(o.preset);
+  if (o.tied) config.tie_word_embeddings = true;
+  if (o.untied) config.tie_word_embeddings = false;
+  const format::DType dtype = DTypeFromFlag(o.dtype);
+
+  const format::ModelWeights model = format::MakeRandomModel(config, o.seed);
+  const std::filesystem::path dir = o.out;
+  format::SaveModel(dir, model, dtype);
+  const auto bytes = std::filesystem::file_size(dir / "model.safetensors");
+  fmt::print("wrote {} and {}: {} seed {}, {}, {} layers, hidden {}, vocab {}, {} head, "
+             "{} parameters, {} bytes\n",
+             (dir / "config.json").string(), (dir / "model.safetensors").string(),
+             o.preset.empty() ? "config " + o.config_path + "," : "preset " + o.preset + ",",
+             o.seed, format::DTypeName(dtype), config.num_hidden_layers, config.hidden_size,
+             config.vocab_size, config.tie_word_embeddings ? "tied" : "untied",
+             model.NumParameters(), bytes);
+}
+
+}  // namespace
+
+void AddMakeModelCommand(CLI::App& app, int& exit_code) {
+  auto options = std::make_shared<MakeModelOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "make-model",
+      "Write a random Llama model (config.json + model.safetensors), the same bytes for the same "
+      "arguments on every machine");
+  auto* preset = cmd->add_option("--preset", options->preset, "Model shape: tiny or smollm2-135m")
+                     ->check(CLI::IsMember(format::PresetNames()));
+  auto* config = cmd->add_option("--config", options->config_path,
+                                 "Model shape from a HuggingFace config.json instead of a preset")
+                     ->check(CLI::ExistingFile);
+  preset->excludes(config);
+  cmd->add_option("--seed", options->seed, "Seed of the random weights")->capture_default_str();
+  cmd->add_option("--out", options->out, "Output directory (created if needed)")->required();
+  cmd->add_option("--dtype", options->dtype, "Dtype on disk (config.json's torch_dtype follows)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+      ->capture_default_str();
+  auto* tied = cmd->add_flag("--tied", options->tied, "Tie lm_head to the embedding");
+  auto* untied = cmd->add_flag("--untied", options->untied, "Store a separate lm_head.weight");
+  tied->excludes(untied);
+  cmd->callback([options, &exit_code] {
+    RunMakeModel(*options);
+    exit_code = 0;
+  });
+}
 
 }  // namespace kvdiff::cli

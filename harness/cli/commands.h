@@ -9,6 +9,7 @@ namespace kvdiff::cli {
 void AddInfoCommand(CLI::App& app, int& exit_code);
 void AddMakeModelCommand(CLI::App& app, int& exit_code);
 void AddForwardCommand(CLI::App& app, int& exit_code);
+void AddCompareCommand(CLI::App& app, int& exit_code);
 void AddConvertCommand(CLI::App& app, int& exit_code);
 void AddGenerateCommand(CLI::App& app, int& exit_code);
 
