@@ -1,8 +1,151 @@
+// `kvdiff forward`: one forward pass over given token ids, the logits of every position written
+// as a safetensors file (one F32 tensor "logits" [n, vocab]); the top-5 of the last position shown.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "harness/backend.h"
 #include "harness/cli/commands.h"
+#include "harness/format/error.h"
+#include "harness/format/model_files.h"
+#include "harness/format/safetensors.h"
 
 namespace kvdiff::cli {
+namespace {
 
-// Placeholder: being written.
-void AddForwardCommand(CLI::App& app, int& exit_code) {}
+struct ForwardOptions {
+  std::string model;
+  std::string tokens;
+  std::string backend = "impl";
+  bool cached = false;
+  std::string chunks;
+  int threads = 0;
+  std::string out;
+};
+
+// "1,2,3" -> {1, 2, 3}. Every item must be a whole non-negative integer: "1,x,3", "1,,3", "1.5"
+// are refused with the offending item named.
+std::vector<int64_t> ParseIntList(const std::string& flag, const std::string& text) {
+  std::vector<int64_t> values;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos
+                                                                           : comma - start);
+    KVDIFF_CHECK(!item.empty() && item.size() <= 18 &&
+                     std::all_of(item.begin(), item.end(), [](char c) { return c >= '0' && c <= '9'; }),
+                 "{}: expected comma-separated non-negative integers like 1,2,3; item {} is \"{}\"",
+                 flag, values.size(), item);
+    values.push_back(std::stoll(item));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return values;
+}
+
+void PrintTop5(const Logits& logits, const Tokens& tokens) {
+  const int64_t last = logits.rows() - 1;
+  std::vector<int64_t> order(logits.cols());
+  std::iota(order.begin(), order.end(), 0);
+  const int64_t k = std::min<int64_t>(5, logits.cols());
+  // Ties keep the lower id first, so the listing is deterministic.
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int64_t a, int64_t b) {
+    const float x = logits(last, a), y = logits(last, b);
+    return x > y || (x == y && a < b);
+  });
+  fmt::print("top-5 after position {} (token {}):\n", last, tokens.back());
+  for (int64_t i = 0; i < k; ++i) {
+    fmt::print("  {:>2}. token {:>6}  logit {:>10.4f}\n", i + 1, order[i], logits(last, order[i]));
+  }
+}
+
+void RunForward(const ForwardOptions& o) {
+  auto weights = std::make_shared<const format::ModelWeights>(format::LoadModel(o.model));
+  const int64_t vocab = weights->config.vocab_size;
+  Tokens tokens;
+  const std::vector<int64_t> ids = ParseIntList("--tokens", o.tokens);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    KVDIFF_CHECK(ids[i] < vocab, "--tokens: token id {} at index {} is out of range for vocab_size {}",
+                 ids[i], i, vocab);
+    tokens.push_back(static_cast<Token>(ids[i]));
+  }
+  const auto n = static_cast<int64_t>(tokens.size());
+
+  std::vector<int64_t> chunks;
+  if (o.cached) {
+    if (o.chunks.empty()) {
+      chunks.assign(n, 1);  // the decode loop: one token at a time
+    } else {
+      chunks = ParseIntList("--chunks", o.chunks);
+      for (size_t i = 0; i < chunks.size(); ++i) {
+        KVDIFF_CHECK(chunks[i] > 0, "--chunks: chunk {} is 0 (every chunk needs a token)", i);
+      }
+      const int64_t sum = std::accumulate(chunks.begin(), chunks.end(), int64_t{0});
+      KVDIFF_CHECK(sum == n, "--chunks add up to {} tokens but --tokens has {}", sum, n);
+    }
+  }
+
+  auto backend = harness::MakeBackend(o.backend, weights, o.threads);
+  Logits logits;
+  std::string mode = "uncached (ForwardFull)";
+  if (!o.cached) {
+    logits = backend->ForwardFull(tokens);
+  } else {
+    mode = fmt::format("cached (Session, chunks {})", fmt::join(chunks, "+"));
+    auto session = backend->NewSession();
+    logits.resize(n, vocab);
+    int64_t at = 0;
+    for (int64_t size : chunks) {
+      logits.middleRows(at, size) = session->Append(Tokens(tokens.begin() + at, tokens.begin() + at + size));
+      at += size;
+    }
+  }
+
+  format::TensorToWrite tensor;
+  tensor.name = "logits";
+  tensor.shape = {n, vocab};
+  tensor.values.assign(logits.data(), logits.data() + logits.size());  // row-major [n, vocab]
+  format::WriteSafetensors(o.out, {tensor},
+                           {{"backend", backend->Name()}, {"mode", mode},
+                            {"tokens", fmt::format("{}", fmt::join(tokens, ","))}});
+  fmt::print("logits [{}, {}] of backend {}, {}, written to {}\n", n, vocab, backend->Name(), mode,
+             o.out);
+  PrintTop5(logits, tokens);
+}
+
+}  // namespace
+
+void AddForwardCommand(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<ForwardOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "forward",
+      "Run a model over token ids and write the logits of every position to a safetensors file "
+      "(one F32 tensor \"logits\" [n, vocab]); prints the top-5 tokens of the last position");
+  cmd->add_option("--model", o->model, "model directory (config.json, model.safetensors)")
+      ->required();
+  cmd->add_option("--tokens", o->tokens, "token ids, comma-separated, e.g. 1,2,3")->required();
+  cmd->add_option("--backend", o->backend,
+                  fmt::format("impl, ref or ref64 (this build: {})",
+                              fmt::join(harness::AvailableBackends(), ", ")))
+      ->capture_default_str();
+  auto* cached = cmd->add_flag("--cached", o->cached,
+                               "feed a Session instead of one uncached ForwardFull");
+  cmd->add_option("--chunks", o->chunks,
+                  "with --cached: chunk sizes, comma-separated, summing to the token count "
+                  "(default: one token at a time)")
+      ->needs(cached);
+  cmd->add_option("--threads", o->threads, "threads for the backend (0 = all cores)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--out", o->out, "output safetensors file")->required();
+  cmd->callback([o, &exit_code] {
+    RunForward(*o);
+    exit_code = 0;
+  });
+}
 
 }  // namespace kvdiff::cli
