@@ -1,0 +1,79 @@
+// `kvdiff check`: a campaign of random scenarios on the checked API. Case k is generated from
+// (seed, k) alone, so shard i/n (the cases with k % n == i - 1) runs the same cases on any machine.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/backend.h"
+#include "harness/runner.h"
+#include "harness/scenario.h"
+
+namespace kvdiff::harness {
+
+struct Shard {
+  int64_t index = 1;  // 1-based
+  int64_t count = 1;
+};
+// "i/n" with 1 <= i <= n; InputError naming --shard otherwise.
+Shard ParseShard(const std::string& text);
+// The case indices shard runs out of cases: k with k % count == index - 1, ascending.
+std::vector<int64_t> ShardCases(int64_t cases, const Shard& shard);
+
+// A random scenario (prompts, chunk splits, decode lengths, resets, truncations, forks, several
+// conversations) for `config`, a function of (seed, k) alone. Uses kvdiff's own PRNG, so the same
+// case is generated on every platform. model is recorded in the scenario for replays.
+Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model, uint64_t seed,
+                      int64_t k);
+
+struct CampaignOptions {
+  uint64_t seed = 0;
+  int64_t cases = 0;
+  Shard shard;
+  std::filesystem::path out_dir = "kvdiff-failures";  // failing cases are written here
+  RunOptions run;
+  // Called after every case with (done, total, failures) for a progress line.
+  std::function<void(int64_t, int64_t, int64_t)> progress;
+};
+
+struct CaseResult {
+  int64_t index = 0;
+  bool passed = true;
+  int64_t steps = 0, rows_compared = 0;
+  double worst_diff = 0;
+  std::string failure;        // first divergence or error, one line
+  std::string scenario_file;  // written when it failed
+};
+
+struct CampaignReport {
+  ModelSpec model;
+  std::string model_description;
+  std::vector<std::string> backends;
+  double tolerance = 1e-4;
+  uint64_t seed = 0;
+  int64_t cases = 0;
+  Shard shard;
+  std::vector<CaseResult> results;  // in case order
+  int64_t rows_compared = 0;
+  double worst_diff = 0;
+  double seconds = 0;
+
+  int64_t Failures() const;
+  bool Passed() const { return Failures() == 0; }
+  int ExitCode() const { return Passed() ? 0 : 1; }
+  std::string Summary() const;  // the closing lines for the terminal
+  nlohmann::json ToJson() const;
+  std::string ToJUnit() const;
+};
+
+CampaignReport RunCampaign(std::shared_ptr<const format::ModelWeights> weights,
+                           const ModelSpec& model, const std::vector<const Backend*>& backends,
+                           const CampaignOptions& options);
+
+}  // namespace kvdiff::harness

@@ -1,0 +1,112 @@
+// kvdiff check: a seeded, shardable campaign of random scenarios on the checked API.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/backend.h"
+#include "harness/campaign.h"
+#include "harness/cli/commands.h"
+#include "harness/format/error.h"
+#include "harness/report.h"
+#include "harness/runner.h"
+
+namespace kvdiff::cli {
+namespace {
+
+struct CheckArgs {
+  std::string model;
+  std::string preset;
+  uint64_t model_seed = 7;
+  int64_t cases = 0;
+  uint64_t seed = 0;
+  std::string shard = "1/1";
+  std::string backends;
+  std::string json;
+  std::string junit;
+  std::string out_dir = "kvdiff-failures";
+  int threads = 0;
+};
+
+int Check(const CheckArgs& args, bool model_seed_given) {
+  KVDIFF_CHECK(args.model.empty() || (args.preset.empty() && !model_seed_given),
+               "--model cannot be combined with --preset/--model-seed (a model directory has its "
+               "own weights)");
+  harness::ModelSpec model;
+  if (!args.model.empty()) {
+    model.path = std::filesystem::absolute(args.model).lexically_normal();
+  } else {
+    model.preset = args.preset.empty() ? "tiny" : args.preset;
+    model.seed = args.model_seed;
+  }
+  harness::CampaignOptions options;
+  options.seed = args.seed;
+  options.cases = args.cases;
+  options.shard = harness::ParseShard(args.shard);
+  options.out_dir = args.out_dir;
+  options.run.threads = args.threads;
+  const std::vector<std::string> names = args.backends.empty()
+                                             ? harness::DefaultBackends()
+                                             : harness::ParseBackendList(args.backends);
+  auto weights = harness::LoadModelFor(model);
+  std::vector<std::unique_ptr<harness::Backend>> owned;
+  std::vector<const harness::Backend*> backends;
+  for (const auto& name : names) {
+    owned.push_back(harness::MakeBackend(name, weights, args.threads));
+    backends.push_back(owned.back().get());
+  }
+  const bool tty = isatty(fileno(stderr)) != 0;
+  if (tty) {
+    options.progress = [](int64_t done, int64_t total, int64_t failures) {
+      fmt::print(stderr, "\r[{}/{}] {} failed", done, total, failures);
+      if (done == total) fmt::print(stderr, "\r\033[K");
+      std::fflush(stderr);
+    };
+  }
+  fmt::print("kvdiff check: model {} ({}), backends {}\n", model.Describe(),
+             harness::DescribeModel(weights->config), fmt::join(names, ","));
+  std::fflush(stdout);
+  const harness::CampaignReport report = harness::RunCampaign(weights, model, backends, options);
+  fmt::print("{}", report.Summary());
+  if (!args.json.empty()) harness::WriteTextFile(args.json, report.ToJson().dump(2) + "\n");
+  if (!args.junit.empty()) harness::WriteTextFile(args.junit, report.ToJUnit());
+  return report.ExitCode();
+}
+
+}  // namespace
+
+void AddCheckCommand(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<CheckArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "check",
+      "Run a seeded campaign of random scenarios (prompts, chunk splits, decodes, truncations, "
+      "forks, resets) on the checked API; failing cases are written as scenario files");
+  cmd->add_option("--model", args->model, "Model directory (default: the tiny preset, seed 7)");
+  cmd->add_option("--preset", args->preset, "Random model preset (tiny, smollm2-135m)");
+  CLI::Option* model_seed =
+      cmd->add_option("--model-seed", args->model_seed, "Seed of the preset's random weights")
+          ->default_val(7);
+  cmd->add_option("--cases", args->cases, "Number of random scenarios")
+      ->required()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", args->seed, "Campaign seed: case k is generated from (seed, k)")
+      ->default_val(0);
+  cmd->add_option("--shard", args->shard,
+                  "i/n: run only the cases k with k % n == i-1 (n machines together run all)")
+      ->default_val("1/1");
+  cmd->add_option("--backends", args->backends, "Comma-separated backends: impl, ref, ref64");
+  cmd->add_option("--json", args->json, "Write the campaign report as JSON to this file");
+  cmd->add_option("--junit", args->junit, "Write a JUnit XML report (one testcase per case)");
+  cmd->add_option("--out-dir", args->out_dir, "Where failing cases are written")
+      ->default_val("kvdiff-failures");
+  cmd->add_option("--threads", args->threads, "Threads per backend (0: every core)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->callback([args, model_seed, &exit_code] {
+    exit_code = Check(*args, model_seed->count() > 0);
+  });
+}
+
+}  // namespace kvdiff::cli

@@ -1,0 +1,83 @@
+// kvdiff run SCENARIO.json: replay one scenario on the backends and report every divergence.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/backend.h"
+#include "harness/cli/commands.h"
+#include "harness/report.h"
+#include "harness/runner.h"
+#include "harness/scenario.h"
+
+namespace kvdiff::cli {
+namespace {
+
+struct RunArgs {
+  std::string scenario;
+  std::string model;
+  std::string backends;
+  std::string json;
+  std::string junit;
+  bool localize = false;
+  int threads = 0;
+};
+
+int Run(const RunArgs& args) {
+  harness::Scenario sc = harness::LoadScenario(args.scenario);
+  if (!args.model.empty()) {
+    sc.model = harness::ModelSpec{};
+    sc.model.path = args.model;
+  }
+  std::vector<std::string> notes;
+  const std::vector<std::string> requested =
+      args.backends.empty() ? std::vector<std::string>{} : harness::ParseBackendList(args.backends);
+  const std::vector<std::string> names = harness::PlanBackends(requested, sc, &notes);
+  auto weights = harness::LoadModelFor(sc.model);
+  harness::PrepareScenario(sc, *weights);
+  std::vector<std::unique_ptr<harness::Backend>> owned;
+  std::vector<const harness::Backend*> backends;
+  for (const auto& name : names) {
+    owned.push_back(harness::MakeBackend(name, weights, args.threads));
+    backends.push_back(owned.back().get());
+  }
+  harness::RunOptions options;
+  options.localize = args.localize;
+  options.threads = args.threads;
+  harness::RunReport report = harness::RunScenario(sc, weights, backends, options);
+  report.notes = notes;
+  fmt::print("{}", harness::FormatTerminal(report, isatty(fileno(stdout)) != 0));
+  if (!args.json.empty()) {
+    harness::WriteTextFile(args.json, harness::ReportToJson(report).dump(2) + "\n");
+  }
+  if (!args.junit.empty()) harness::WriteTextFile(args.junit, harness::ReportToJUnit(report));
+  return report.ExitCode();
+}
+
+}  // namespace
+
+void AddRunCommand(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<RunArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "run",
+      "Replay a scenario on each backend; compare every cached logits row with the same "
+      "backend's uncached forward and with the other backends (exit 0 agree, 1 diverge, 2 bad "
+      "input)");
+  cmd->add_option("scenario", args->scenario, "Scenario JSON file")->required();
+  cmd->add_option("--model", args->model, "Model directory (overrides the scenario's model)");
+  cmd->add_option("--backends", args->backends,
+                  "Comma-separated backends: impl, ref, ref64 (default: the scenario's, else "
+                  "impl,ref with LibTorch or impl without)");
+  cmd->add_option("--json", args->json, "Write the full report as JSON to this file");
+  cmd->add_option("--junit", args->junit, "Write a JUnit XML report to this file");
+  cmd->add_flag("--localize", args->localize,
+                "On the first divergence, find the first layer (attention or MLP) that differs");
+  cmd->add_option("--threads", args->threads, "Threads per backend (0: every core)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->callback([args, &exit_code] { exit_code = Run(*args); });
+}
+
+}  // namespace kvdiff::cli

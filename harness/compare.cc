@@ -1,0 +1,77 @@
+#include "harness/compare.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "harness/format/error.h"
+
+namespace kvdiff::harness {
+namespace {
+
+// Indices of the k largest values, largest first; ties keep the lower index first.
+std::vector<int64_t> TopK(const float* row, int64_t n, int64_t k) {
+  std::vector<int64_t> idx(n);
+  std::iota(idx.begin(), idx.end(), 0);
+  k = std::min(k, n);
+  // NaN ranks below everything so the order stays a strict weak ordering.
+  auto key = [row](int64_t i) {
+    return std::isnan(row[i]) ? -std::numeric_limits<float>::infinity() : row[i];
+  };
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&key](int64_t x, int64_t y) {
+    return key(x) > key(y) || (key(x) == key(y) && x < y);
+  });
+  idx.resize(k);
+  return idx;
+}
+
+}  // namespace
+
+int64_t Argmax(const float* row, int64_t n) {
+  int64_t best = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(row[i])) continue;
+    if (best < 0 || row[i] > row[best]) best = i;
+  }
+  return best;
+}
+
+RowComparison CompareRows(const float* a, const float* b, int64_t n, double tolerance) {
+  KVDIFF_CHECK(n >= 1, "CompareRows: rows must have at least one value, got n = {}", n);
+  RowComparison c;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) {
+      c.nonfinite = true;
+      c.nonfinite_index = i;
+      c.nonfinite_a = a[i];
+      c.nonfinite_b = b[i];
+      break;
+    }
+  }
+  if (c.nonfinite) {
+    c.max_abs_diff = std::numeric_limits<double>::infinity();
+    c.max_diff_index = c.nonfinite_index;
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const double d = std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i]));
+      if (d > c.max_abs_diff || c.max_diff_index < 0) {
+        c.max_abs_diff = d;
+        c.max_diff_index = i;
+      }
+    }
+  }
+  c.argmax_a = Argmax(a, n);
+  c.argmax_b = Argmax(b, n);
+  const auto top_a = TopK(a, n, 5);
+  const auto top_b = TopK(b, n, 5);
+  for (int64_t x : top_a) c.top5_overlap += std::count(top_b.begin(), top_b.end(), x) ? 1 : 0;
+  if (!c.nonfinite && n >= 2) {
+    c.margin = static_cast<double>(b[top_b[0]]) - static_cast<double>(b[top_b[1]]);
+  }
+  c.within_tolerance = !c.nonfinite && c.max_abs_diff <= tolerance;
+  return c;
+}
+
+}  // namespace kvdiff::harness

@@ -1,0 +1,359 @@
+#include "harness/report.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include "harness/format/error.h"
+
+namespace kvdiff::harness {
+namespace {
+
+using nlohmann::json;
+
+const char* kGreen = "\033[32m";
+const char* kRed = "\033[31m";
+const char* kYellow = "\033[33m";
+const char* kBold = "\033[1m";
+const char* kReset = "\033[0m";
+
+std::string Paint(const std::string& text, const char* colour, bool color) {
+  return color ? std::string(colour) + text + kReset : text;
+}
+
+std::string Cell(const PathOutcome& o) {
+  switch (o.status) {
+    case PathStatus::kPass:
+    case PathStatus::kFail: return fmt::format("{} {}", PathStatusName(o.status), FormatDiff(o.max_abs_diff));
+    default: return PathStatusName(o.status);
+  }
+}
+
+const char* CellColour(PathStatus s) {
+  switch (s) {
+    case PathStatus::kPass: return kGreen;
+    case PathStatus::kFail:
+    case PathStatus::kError: return kRed;
+    case PathStatus::kSkipped: return kYellow;
+    default: return "";
+  }
+}
+
+std::string TokenText(Token t) { return std::to_string(t); }
+
+std::string DivergenceText(const Divergence& d) {
+  const RowComparison& c = d.row.cmp;
+  std::string out = fmt::format(
+      "first divergence: step {} {}: {} vs {}\n"
+      "  conversation {}, position {}, input token {} (row {} of the step)\n",
+      d.step, d.params, d.a, d.b, d.row.conversation, d.row.position, TokenText(d.row.token),
+      d.row.row);
+  if (c.nonfinite) {
+    out += fmt::format("  not finite: logit {} is {} in {} and {} in {}\n", c.nonfinite_index,
+                       c.nonfinite_a, d.a, c.nonfinite_b, d.b);
+  }
+  out += fmt::format("  argmax: {} {}, {} {} ({}); top-5 overlap {}/5\n", d.a, c.argmax_a, d.b,
+                     c.argmax_b, c.argmax_agrees() ? "agree" : "differ", c.top5_overlap);
+  out += fmt::format("  max |a-b| = {} at logit {}; margin of {}'s top two logits {}\n",
+                     FormatDiff(c.max_abs_diff), c.max_diff_index, d.b, FormatDiff(c.margin));
+  return out;
+}
+
+json LocalizationToJson(const Localization& loc) {
+  json j = {{"found", loc.found}};
+  if (loc.found) {
+    j["layer"] = loc.layer;
+    j["block"] = loc.block;
+  }
+  if (!loc.note.empty()) j["note"] = loc.note;
+  json attn = json::array(), mlp = json::array();
+  for (double d : loc.attention_diffs) attn.push_back(Number(d));
+  for (double d : loc.mlp_diffs) mlp.push_back(Number(d));
+  j["attention_max_abs_diff"] = attn;
+  j["mlp_max_abs_diff"] = mlp;
+  return j;
+}
+
+json ConfigToJsonObject(const format::LlamaConfig& c) {
+  return {{"hidden_size", c.hidden_size},
+          {"intermediate_size", c.intermediate_size},
+          {"num_hidden_layers", c.num_hidden_layers},
+          {"num_attention_heads", c.num_attention_heads},
+          {"num_key_value_heads", c.num_key_value_heads},
+          {"head_dim", c.head_dim},
+          {"vocab_size", c.vocab_size},
+          {"max_position_embeddings", c.max_position_embeddings},
+          {"rope_theta", c.rope_theta},
+          {"rms_norm_eps", c.rms_norm_eps},
+          {"tie_word_embeddings", c.tie_word_embeddings}};
+}
+
+std::string FailureText(const StepReport& s) {
+  std::string out;
+  for (const PathOutcome& o : s.outcomes) {
+    if (o.status == PathStatus::kError) {
+      out += fmt::format("{}: backend error: {}\n", o.path, o.message);
+    } else if (o.status == PathStatus::kFail) {
+      const ComparedRow* first = nullptr;
+      for (const auto& r : o.rows)
+        if (!r.cmp.within_tolerance) { first = &r; break; }
+      out += fmt::format("{} vs {}: max |a-b| {}", o.a, o.b, FormatDiff(o.max_abs_diff));
+      if (first) {
+        out += fmt::format(" (first at conversation {}, position {}, token {}: argmax {} vs {})",
+                           first->conversation, first->position, first->token,
+                           first->cmp.argmax_a, first->cmp.argmax_b);
+      }
+      out += "\n";
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string FormatDiff(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  return fmt::format("{:.1e}", value);
+}
+
+json Number(double value) { return std::isfinite(value) ? json(value) : json(nullptr); }
+
+json ComparisonToJson(const RowComparison& c) {
+  json j = {{"within_tolerance", c.within_tolerance},
+            {"max_abs_diff", Number(c.max_abs_diff)},
+            {"max_diff_index", c.max_diff_index},
+            {"argmax_a", c.argmax_a},
+            {"argmax_b", c.argmax_b},
+            {"argmax_agrees", c.argmax_agrees()},
+            {"top5_overlap", c.top5_overlap},
+            {"margin", Number(c.margin)},
+            {"nonfinite", c.nonfinite}};
+  if (c.nonfinite) {
+    j["nonfinite_index"] = c.nonfinite_index;
+    j["nonfinite_a"] = fmt::format("{}", c.nonfinite_a);
+    j["nonfinite_b"] = fmt::format("{}", c.nonfinite_b);
+  }
+  return j;
+}
+
+std::string XmlEscape(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char ch : text) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    switch (ch) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&apos;"; break;
+      case '\n': out += "&#10;"; break;
+      case '\t': out += "&#9;"; break;
+      case '\r': out += "&#13;"; break;
+      default: out += (c < 0x20 || c == 0x7f) ? '?' : ch;
+    }
+  }
+  return out;
+}
+
+std::string FormatTerminal(const RunReport& r, bool color) {
+  std::string out;
+  out += fmt::format("{}\n", Paint(fmt::format("kvdiff run {}", r.scenario), kBold, color));
+  out += fmt::format("model: {} ({})\n", r.model_source, r.model_description);
+  out += fmt::format("driver {}, backends {}, tolerance abs {}\n", DriverName(r.driver),
+                     fmt::join(r.backends, ", "), FormatDiff(r.tolerance));
+  for (const auto& note : r.notes) out += fmt::format("note: {}\n", note);
+  out += "\n";
+
+  size_t param_width = 4;
+  for (const auto& s : r.steps) param_width = std::max(param_width, s.step.ParamString().size());
+  std::vector<std::string> paths;
+  if (!r.steps.empty())
+    for (const auto& o : r.steps[0].outcomes) paths.push_back(o.path);
+  size_t cell_width = 14;
+  for (const auto& p : paths) cell_width = std::max(cell_width, p.size() + 2);
+
+  out += fmt::format("{:>4}  {:<{}}", "step", "op", param_width);
+  for (const auto& p : paths) out += fmt::format("  {:<{}}", p, cell_width);
+  out += "\n";
+  for (const auto& s : r.steps) {
+    out += fmt::format("{:>4}  {:<{}}", s.index, s.step.ParamString(), param_width);
+    for (const auto& o : s.outcomes) {
+      const std::string cell = fmt::format("{:<{}}", Cell(o), cell_width);
+      out += "  " + Paint(cell, CellColour(o.status), color && o.status != PathStatus::kNoRows);
+    }
+    out += "\n";
+  }
+  out += "\n";
+  // Errors and skips, each once, in step order.
+  for (const auto& s : r.steps) {
+    for (const auto& o : s.outcomes) {
+      if (o.status == PathStatus::kError) {
+        out += Paint(fmt::format("error: step {} {} on {}: {}", s.index, s.step.ParamString(),
+                                 o.path, o.message),
+                     kRed, color) +
+               "\n";
+      }
+    }
+  }
+  if (r.first_divergence) out += Paint(DivergenceText(*r.first_divergence), kRed, color);
+  if (r.localization) {
+    const Localization& loc = *r.localization;
+    if (loc.found) {
+      const double d = loc.block == "attention" ? loc.attention_diffs[loc.layer]
+                                                : loc.mlp_diffs[loc.layer];
+      out += fmt::format("  localized: first beyond tolerance at layer {} {} (max |a-b| {})\n",
+                         loc.layer, loc.block, FormatDiff(d));
+    } else {
+      out += fmt::format("  localized: {}\n", loc.note);
+    }
+  }
+  if (r.first_divergence || r.first_error) out += "\n";
+  int64_t failed = 0;
+  for (const auto& s : r.steps) failed += s.Passed() ? 0 : 1;
+  const std::string verdict = r.Passed() ? Paint("PASS", kGreen, color) : Paint("FAIL", kRed, color);
+  out += fmt::format("{}: {} of {} steps failed; {} rows compared, worst difference {} ({:.2f} s)\n",
+                     verdict, failed, r.steps.size(), r.rows_compared, FormatDiff(r.worst_diff),
+                     r.seconds);
+  return out;
+}
+
+json ReportToJson(const RunReport& r) {
+  json steps = json::array();
+  for (const auto& s : r.steps) {
+    json outcomes = json::array();
+    for (const auto& o : s.outcomes) {
+      json rows = json::array();
+      for (const auto& row : o.rows) {
+        rows.push_back({{"row", row.row},
+                        {"conversation", row.conversation},
+                        {"position", row.position},
+                        {"token", row.token},
+                        {"comparison", ComparisonToJson(row.cmp)}});
+      }
+      json oj = {{"path", o.path},          {"kind", o.kind},
+                 {"a", o.a},                {"b", o.b},
+                 {"status", PathStatusName(o.status)},
+                 {"max_abs_diff", Number(o.max_abs_diff)},
+                 {"rows", rows}};
+      if (!o.message.empty()) oj["message"] = o.message;
+      if (o.kind == "cross") oj["rows_not_compared"] = o.rows_not_compared;
+      outcomes.push_back(oj);
+    }
+    steps.push_back({{"index", s.index},
+                     {"op", OpName(s.step.op)},
+                     {"params", s.step.ParamString()},
+                     {"conversation", s.step.conversation},
+                     {"passed", s.Passed()},
+                     {"max_abs_diff", Number(s.MaxAbsDiff())},
+                     {"outcomes", outcomes}});
+  }
+  json j = {{"kvdiff_version", KVDIFF_VERSION},
+            {"scenario", r.scenario},
+            {"model", {{"source", r.model_source},
+                       {"description", r.model_description},
+                       {"config", ConfigToJsonObject(r.config)}}},
+            {"tolerance", {{"abs", r.tolerance}}},
+            {"driver", DriverName(r.driver)},
+            {"backends", r.backends},
+            {"notes", r.notes},
+            {"passed", r.Passed()},
+            {"exit_code", r.ExitCode()},
+            {"rows_compared", r.rows_compared},
+            {"worst_diff", Number(r.worst_diff)},
+            {"seconds", r.seconds},
+            {"steps", steps}};
+  if (r.first_divergence) {
+    const Divergence& d = *r.first_divergence;
+    j["first_divergence"] = {{"step", d.step},
+                             {"params", d.params},
+                             {"path", d.path},
+                             {"kind", d.kind},
+                             {"a", d.a},
+                             {"b", d.b},
+                             {"row", d.row.row},
+                             {"conversation", d.row.conversation},
+                             {"position", d.row.position},
+                             {"token", d.row.token},
+                             {"comparison", ComparisonToJson(d.row.cmp)}};
+  } else {
+    j["first_divergence"] = nullptr;
+  }
+  if (r.first_error) {
+    const BackendFailure& e = *r.first_error;
+    j["first_error"] = {{"step", e.step}, {"params", e.params}, {"backend", e.backend},
+                        {"conversation", e.conversation}, {"message", e.message}};
+  } else {
+    j["first_error"] = nullptr;
+  }
+  if (r.localization) j["localization"] = LocalizationToJson(*r.localization);
+  return j;
+}
+
+std::string ReportToJUnit(const RunReport& r) {
+  int64_t failures = 0, skipped = 0;
+  for (const auto& s : r.steps) {
+    if (!s.Passed()) ++failures;
+  }
+  const std::string suite = "kvdiff." + (r.scenario.empty() ? std::string("scenario") : r.scenario);
+  std::string out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+  out += fmt::format(
+      "<testsuites name=\"kvdiff\" tests=\"{}\" failures=\"{}\" errors=\"0\" time=\"{:.3f}\">\n",
+      r.steps.size(), failures, r.seconds);
+  std::string cases;
+  for (const auto& s : r.steps) {
+    const std::string name = fmt::format("step {:02} {}", s.index, s.step.ParamString());
+    cases += fmt::format("    <testcase classname=\"{}\" name=\"{}\" time=\"0\"", XmlEscape(suite),
+                         XmlEscape(name));
+    bool all_skipped = !s.outcomes.empty();
+    for (const auto& o : s.outcomes) all_skipped = all_skipped && o.status == PathStatus::kSkipped;
+    if (!s.Passed()) {
+      const std::string text = FailureText(s);
+      const std::string message = text.substr(0, text.find('\n'));
+      cases += fmt::format(">\n      <failure type=\"{}\" message=\"{}\">{}</failure>\n    </testcase>\n",
+                           text.find("backend error") != std::string::npos ? "backend_error"
+                                                                          : "divergence",
+                           XmlEscape(message), XmlEscape(text));
+    } else if (all_skipped) {
+      ++skipped;
+      cases += fmt::format(">\n      <skipped message=\"{}\"/>\n    </testcase>\n",
+                           XmlEscape(s.outcomes[0].message));
+    } else {
+      cases += "/>\n";
+    }
+  }
+  out += fmt::format(
+      "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"0\" skipped=\"{}\" "
+      "time=\"{:.3f}\">\n",
+      XmlEscape(suite), r.steps.size(), failures, skipped, r.seconds);
+  out += "    <properties>\n";
+  auto prop = [&out](const std::string& k, const std::string& v) {
+    out += fmt::format("      <property name=\"{}\" value=\"{}\"/>\n", XmlEscape(k), XmlEscape(v));
+  };
+  prop("kvdiff_version", KVDIFF_VERSION);
+  prop("model", r.model_source);
+  prop("model_description", r.model_description);
+  prop("driver", DriverName(r.driver));
+  prop("backends", fmt::format("{}", fmt::join(r.backends, ",")));
+  prop("tolerance_abs", fmt::format("{}", r.tolerance));
+  out += "    </properties>\n";
+  out += cases;
+  out += "  </testsuite>\n</testsuites>\n";
+  return out;
+}
+
+void WriteTextFile(const std::filesystem::path& path, const std::string& text) {
+  std::error_code ec;
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  KVDIFF_CHECK(out.good(), "cannot write {}", path.string());
+  out << text;
+  out.close();
+  KVDIFF_CHECK(out.good(), "cannot write {}", path.string());
+}
+
+}  // namespace kvdiff::harness

@@ -1,0 +1,38 @@
+// Reports of a run: the terminal table, JSON for machines, JUnit XML for CI systems.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <string>
+
+#include "harness/runner.h"
+
+namespace kvdiff::harness {
+
+// One line per step (parameter string, each path's status and largest difference), then the
+// first divergence and the first backend error in detail, then a summary line. ANSI colour only
+// when color is true (the CLI passes isatty(stdout)).
+std::string FormatTerminal(const RunReport& report, bool color);
+
+// Everything in the report, with kvdiff version, model description and tolerances. Non-finite
+// numbers are written as null (JSON has no NaN), with the value spelled out beside them.
+nlohmann::json ReportToJson(const RunReport& report);
+
+// JUnit XML: one <testsuite> for the scenario, one <testcase> per step; a step fails when any of
+// its paths diverges or throws.
+std::string ReportToJUnit(const RunReport& report);
+
+// JSON for one comparison, shared with the campaign report.
+nlohmann::json ComparisonToJson(const RowComparison& c);
+// A double as JSON: null when not finite.
+nlohmann::json Number(double value);
+// Escapes text for XML attributes and content; characters XML 1.0 cannot hold become '?'.
+std::string XmlEscape(const std::string& text);
+// "3.2e-07", "inf", "nan".
+std::string FormatDiff(double value);
+
+// Writes text to a file, creating its folder; InputError naming the path when it cannot.
+void WriteTextFile(const std::filesystem::path& path, const std::string& text);
+
+}  // namespace kvdiff::harness

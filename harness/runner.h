@@ -1,0 +1,127 @@
+// The differential runner: replays a scenario on each backend through a driver, compares every
+// cached logits row with the same backend's ForwardFull over that conversation's history (the
+// oracle), and each backend's rows with the others'.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/backend.h"
+#include "harness/compare.h"
+#include "harness/format/model_files.h"
+#include "harness/scenario.h"
+
+namespace kvdiff::harness {
+
+enum class PathStatus {
+  kPass,     // every row within tolerance
+  kFail,     // a row beyond tolerance or not finite
+  kError,    // the backend threw; message holds what it said
+  kSkipped,  // not run or not comparable; message says why
+  kNoRows,   // the step produces no logits (new_conversation, truncate, fork, reset)
+};
+std::string PathStatusName(PathStatus status);  // "pass", "FAIL", "ERROR", "skip", "-"
+
+struct ComparedRow {
+  int64_t row = 0;  // index of the row within the step
+  std::string conversation;
+  int64_t position = 0;  // position in the conversation's history
+  Token token = 0;       // the input token at that position
+  RowComparison cmp;
+};
+
+// One column of a step: a backend against its own ForwardFull ("oracle": path "impl"), or two
+// backends against each other ("cross": path "impl~ref", a = impl, b = ref).
+struct PathOutcome {
+  std::string path;
+  std::string kind;  // "oracle" or "cross"
+  std::string a, b;  // what was compared: "impl" vs "impl ForwardFull", or "impl" vs "ref"
+  PathStatus status = PathStatus::kNoRows;
+  std::string message;
+  double max_abs_diff = 0;  // over the compared rows
+  int64_t rows_not_compared = 0;  // cross only: rows whose token histories differ
+  std::vector<ComparedRow> rows;
+};
+
+struct StepReport {
+  int64_t index = 0;
+  Step step;
+  std::vector<PathOutcome> outcomes;
+  bool Passed() const;
+  double MaxAbsDiff() const;
+};
+
+struct Divergence {
+  int64_t step = 0;
+  std::string params;
+  std::string path, kind, a, b;
+  ComparedRow row;
+};
+
+struct BackendFailure {
+  int64_t step = 0;
+  std::string params, backend, conversation, message;
+};
+
+// --localize: the first layer (and block) whose hidden state at the divergent position differs
+// beyond the tolerance between the two paths of the first divergence.
+struct Localization {
+  bool found = false;
+  int64_t layer = -1;
+  std::string block;  // "attention" or "mlp"
+  std::string note;   // when nothing was found or traces were unavailable
+  std::vector<double> attention_diffs, mlp_diffs;  // per layer, max |a - b| of the hidden state
+};
+
+struct RunReport {
+  std::string scenario;
+  std::string model_source;       // ModelSpec::Describe()
+  std::string model_description;  // DescribeModel(config)
+  format::LlamaConfig config;
+  double tolerance = 1e-4;
+  DriverKind driver = DriverKind::kSession;
+  std::vector<std::string> backends;
+  std::vector<std::string> notes;
+  std::vector<StepReport> steps;
+  std::optional<Divergence> first_divergence;
+  std::optional<BackendFailure> first_error;
+  std::optional<Localization> localization;
+  int64_t rows_compared = 0;
+  double worst_diff = 0;  // over every comparison (+inf when a row was not finite)
+  double seconds = 0;
+
+  bool Passed() const { return !first_divergence && !first_error; }
+  int ExitCode() const { return Passed() ? 0 : 1; }
+};
+
+struct RunOptions {
+  bool localize = false;
+  int threads = 0;
+};
+
+// The model of a spec: format::LoadModel(path) or MakeRandomModel(PresetConfig(preset), seed).
+std::shared_ptr<const format::ModelWeights> LoadModelFor(const ModelSpec& spec);
+// "2 layers, hidden 64, 4/2 heads (head_dim 16), intermediate 172, vocab 256, 2048 positions"
+std::string DescribeModel(const format::LlamaConfig& config);
+
+// The backends to run: requested (e.g. --backends) if given, else the scenario's, else the
+// default (impl and ref with LibTorch, impl without). A backend the driver cannot drive is an
+// InputError when named explicitly, and is left out with a note (in *notes) when defaulted.
+std::vector<std::string> PlanBackends(const std::vector<std::string>& requested,
+                                      const Scenario& scenario, std::vector<std::string>* notes);
+std::vector<std::string> DefaultBackends();
+
+// Tokenizes the text prompts with the tokenizer in the model directory (InputError when the
+// model has none) and validates the scenario against the model.
+void PrepareScenario(Scenario& scenario, const format::ModelWeights& weights);
+
+// Runs a prepared, validated scenario on backends built over `weights`.
+RunReport RunScenario(const Scenario& scenario, std::shared_ptr<const format::ModelWeights> weights,
+                      const std::vector<const Backend*>& backends, const RunOptions& options);
+
+}  // namespace kvdiff::harness

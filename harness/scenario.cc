@@ -1,0 +1,436 @@
+#include "harness/scenario.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "harness/format/error.h"
+
+namespace kvdiff::harness {
+namespace {
+
+using nlohmann::json;
+
+std::string TypeName(const json& value) { return value.type_name(); }
+
+// Refuses every key of obj not in allowed, naming the place and listing what is allowed.
+void CheckKeys(const json& obj, const std::string& where, const std::set<std::string>& allowed) {
+  for (const auto& [key, value] : obj.items()) {
+    if (!allowed.count(key)) {
+      std::string list;
+      for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+      throw InputError(fmt::format("{}: unknown field \"{}\" (expected one of: {})", where, key, list));
+    }
+  }
+}
+
+int64_t GetInt(const json& obj, const std::string& key, const std::string& where, int64_t min) {
+  const json& v = obj.at(key);
+  KVDIFF_CHECK(v.is_number_integer(), "{}.{}: expected an integer, got {} {}", where, key,
+               TypeName(v), v.dump());
+  const int64_t value = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)
+                            ? INT64_MAX
+                            : v.get<int64_t>();
+  KVDIFF_CHECK(value >= min, "{}.{}: expected an integer >= {}, got {}", where, key, min, value);
+  return value;
+}
+
+std::string GetString(const json& obj, const std::string& key, const std::string& where) {
+  const json& v = obj.at(key);
+  KVDIFF_CHECK(v.is_string(), "{}.{}: expected a string, got {} {}", where, key, TypeName(v),
+               v.dump());
+  return v.get<std::string>();
+}
+
+std::string GetName(const json& obj, const std::string& key, const std::string& where) {
+  std::string name = GetString(obj, key, where);
+  KVDIFF_CHECK(!name.empty(), "{}.{}: a conversation name must not be empty", where, key);
+  return name;
+}
+
+void Require(const json& obj, const std::string& key, const std::string& where,
+             const std::string& op) {
+  KVDIFF_CHECK(obj.contains(key), "{}: \"{}\" needs the field \"{}\"", where, op, key);
+}
+
+Op ParseOp(const std::string& name, const std::string& where) {
+  static const std::map<std::string, Op> kOps = {
+      {"new_conversation", Op::kNewConversation}, {"prefill", Op::kPrefill},
+      {"decode", Op::kDecode},       {"truncate", Op::kTruncate},
+      {"fork", Op::kFork},           {"reset", Op::kReset}};
+  auto it = kOps.find(name);
+  KVDIFF_CHECK(it != kOps.end(),
+               "{}.op: unknown op \"{}\" (expected new_conversation, prefill, decode, truncate, "
+               "fork or reset)",
+               where, name);
+  return it->second;
+}
+
+Step ParseStep(const json& s, size_t index) {
+  const std::string where = fmt::format("steps[{}]", index);
+  KVDIFF_CHECK(s.is_object(), "{}: expected an object, got {} {}", where, TypeName(s), s.dump());
+  KVDIFF_CHECK(s.contains("op"), "{}: missing field \"op\"", where);
+  Step step;
+  step.op = ParseOp(GetString(s, "op", where), where);
+  const std::string op = OpName(step.op);
+  switch (step.op) {
+    case Op::kNewConversation:
+      CheckKeys(s, where, {"op", "name"});
+      Require(s, "name", where, op);
+      step.name = GetName(s, "name", where);
+      step.conversation = step.name;
+      break;
+    case Op::kPrefill: {
+      CheckKeys(s, where, {"op", "conversation", "tokens", "text", "chunks"});
+      KVDIFF_CHECK(s.contains("tokens") != s.contains("text"),
+                   "{}: \"prefill\" needs exactly one of \"tokens\" or \"text\"", where);
+      if (s.contains("tokens")) {
+        const json& t = s.at("tokens");
+        KVDIFF_CHECK(t.is_array(), "{}.tokens: expected an array of token ids, got {} {}", where,
+                     TypeName(t), t.dump());
+        KVDIFF_CHECK(!t.empty(), "{}.tokens: must not be empty", where);
+        for (size_t i = 0; i < t.size(); ++i) {
+          KVDIFF_CHECK(t[i].is_number_integer() && t[i].get<int64_t>() >= 0 &&
+                           t[i].get<int64_t>() <= INT32_MAX,
+                       "{}.tokens[{}]: expected a non-negative integer token id, got {}", where, i,
+                       t[i].dump());
+          step.tokens.push_back(static_cast<Token>(t[i].get<int64_t>()));
+        }
+      } else {
+        step.text = GetString(s, "text", where);
+        KVDIFF_CHECK(!step.text->empty(), "{}.text: must not be empty", where);
+      }
+      if (s.contains("chunks")) {
+        const json& c = s.at("chunks");
+        KVDIFF_CHECK(c.is_array() && !c.empty(),
+                     "{}.chunks: expected a non-empty array of chunk sizes, got {}", where,
+                     c.dump());
+        int64_t sum = 0;
+        for (size_t i = 0; i < c.size(); ++i) {
+          KVDIFF_CHECK(c[i].is_number_integer() && c[i].get<int64_t>() >= 1 &&
+                           c[i].get<int64_t>() <= INT32_MAX,
+                       "{}.chunks[{}]: expected a chunk size >= 1, got {}", where, i, c[i].dump());
+          step.chunks.push_back(c[i].get<int64_t>());
+          sum += step.chunks.back();
+        }
+        if (!step.text) {
+          KVDIFF_CHECK(sum == static_cast<int64_t>(step.tokens.size()),
+                       "{}.chunks: sizes sum to {} but tokens has {}", where, sum,
+                       step.tokens.size());
+        }
+      }
+      if (s.contains("conversation")) step.conversation = GetName(s, "conversation", where);
+      break;
+    }
+    case Op::kDecode:
+      CheckKeys(s, where, {"op", "conversation", "n"});
+      Require(s, "n", where, op);
+      step.n = GetInt(s, "n", where, 1);
+      if (s.contains("conversation")) step.conversation = GetName(s, "conversation", where);
+      break;
+    case Op::kTruncate:
+      CheckKeys(s, where, {"op", "conversation", "length"});
+      Require(s, "length", where, op);
+      step.length = GetInt(s, "length", where, 0);
+      if (s.contains("conversation")) step.conversation = GetName(s, "conversation", where);
+      break;
+    case Op::kFork:
+      CheckKeys(s, where, {"op", "from", "to"});
+      Require(s, "from", where, op);
+      Require(s, "to", where, op);
+      step.from = GetName(s, "from", where);
+      step.to = GetName(s, "to", where);
+      step.conversation = step.to;
+      break;
+    case Op::kReset:
+      CheckKeys(s, where, {"op", "conversation"});
+      if (s.contains("conversation")) step.conversation = GetName(s, "conversation", where);
+      break;
+  }
+  return step;
+}
+
+ModelSpec ParseModel(const json& m, const std::filesystem::path& base_dir) {
+  KVDIFF_CHECK(m.is_object(), "model: expected an object like {{\"preset\": \"tiny\", \"seed\": 3}} "
+               "or {{\"path\": \"DIR\"}}, got {}", m.dump());
+  ModelSpec spec;
+  if (m.contains("path")) {
+    CheckKeys(m, "model", {"path"});
+    std::filesystem::path p = GetString(m, "path", "model");
+    KVDIFF_CHECK(!p.empty(), "model.path: must not be empty");
+    if (p.is_relative() && !base_dir.empty()) p = base_dir / p;
+    spec.path = p.lexically_normal();
+  } else {
+    CheckKeys(m, "model", {"preset", "seed"});
+    KVDIFF_CHECK(m.contains("preset"), "model: needs \"preset\" (with \"seed\") or \"path\"");
+    spec.preset = GetString(m, "preset", "model");
+    spec.seed = m.contains("seed") ? static_cast<uint64_t>(GetInt(m, "seed", "model", 0)) : 0;
+  }
+  return spec;
+}
+
+}  // namespace
+
+std::string DriverName(DriverKind kind) {
+  switch (kind) {
+    case DriverKind::kSession: return "session";
+    case DriverKind::kPos0: return "pos0";
+    case DriverKind::kReuse: return "reuse";
+  }
+  return "?";
+}
+
+DriverKind ParseDriverName(const std::string& name) {
+  if (name == "session") return DriverKind::kSession;
+  if (name == "pos0") return DriverKind::kPos0;
+  if (name == "reuse") return DriverKind::kReuse;
+  throw InputError(
+      fmt::format("driver: unknown driver \"{}\" (expected session, pos0 or reuse)", name));
+}
+
+std::string OpName(Op op) {
+  switch (op) {
+    case Op::kNewConversation: return "new_conversation";
+    case Op::kPrefill: return "prefill";
+    case Op::kDecode: return "decode";
+    case Op::kTruncate: return "truncate";
+    case Op::kFork: return "fork";
+    case Op::kReset: return "reset";
+  }
+  return "?";
+}
+
+std::string Step::ParamString() const {
+  switch (op) {
+    case Op::kNewConversation: return fmt::format("new_conversation({})", name);
+    case Op::kPrefill: {
+      std::string s = fmt::format("prefill({},n={}", conversation, tokens.size());
+      if (text && tokens.empty()) s = fmt::format("prefill({},text", conversation);
+      if (chunks.size() > 1) {
+        s += ",chunks=";
+        for (size_t i = 0; i < chunks.size(); ++i) s += (i ? "+" : "") + std::to_string(chunks[i]);
+      }
+      return s + ")";
+    }
+    case Op::kDecode: return fmt::format("decode({},n={})", conversation, n);
+    case Op::kTruncate: return fmt::format("truncate({},length={})", conversation, length);
+    case Op::kFork: return fmt::format("fork({}->{})", from, to);
+    case Op::kReset: return fmt::format("reset({})", conversation);
+  }
+  return "?";
+}
+
+std::string ModelSpec::Describe() const {
+  if (path) return "path " + path->string();
+  return fmt::format("preset {}, seed {}", preset.value_or("?"), seed);
+}
+
+nlohmann::json ModelSpec::ToJson() const {
+  if (path) return {{"path", path->string()}};
+  return {{"preset", preset.value_or("")}, {"seed", seed}};
+}
+
+nlohmann::json Scenario::ToJson() const {
+  json steps_json = json::array();
+  for (const Step& s : steps) {
+    json j = {{"op", OpName(s.op)}};
+    switch (s.op) {
+      case Op::kNewConversation: j["name"] = s.name; break;
+      case Op::kPrefill:
+        j["conversation"] = s.conversation;
+        if (s.text) j["text"] = *s.text; else j["tokens"] = s.tokens;
+        if (!s.chunks.empty()) j["chunks"] = s.chunks;
+        break;
+      case Op::kDecode: j["conversation"] = s.conversation; j["n"] = s.n; break;
+      case Op::kTruncate: j["conversation"] = s.conversation; j["length"] = s.length; break;
+      case Op::kFork: j["from"] = s.from; j["to"] = s.to; break;
+      case Op::kReset: j["conversation"] = s.conversation; break;
+    }
+    steps_json.push_back(j);
+  }
+  json out = json::object();
+  if (!description.empty()) out["description"] = description;
+  out["model"] = model.ToJson();
+  out["driver"] = DriverName(driver);
+  out["tolerance"] = {{"abs", tolerance_abs}};
+  if (!backends.empty()) out["backends"] = backends;
+  out["steps"] = steps_json;
+  return out;
+}
+
+Scenario ParseScenario(const std::string& json_text, const std::filesystem::path& base_dir) {
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    throw InputError(fmt::format("scenario: invalid JSON: {}", e.what()));
+  }
+  KVDIFF_CHECK(root.is_object(), "scenario: expected a JSON object at the top, got {}",
+               TypeName(root));
+  CheckKeys(root, "scenario",
+            {"description", "model", "tolerance", "backends", "driver", "steps"});
+  Scenario sc;
+  if (root.contains("description")) sc.description = GetString(root, "description", "scenario");
+  KVDIFF_CHECK(root.contains("model"),
+               "scenario: missing field \"model\" ({{\"preset\": \"tiny\", \"seed\": 3}} or "
+               "{{\"path\": \"DIR\"}})");
+  sc.model = ParseModel(root.at("model"), base_dir);
+  if (root.contains("tolerance")) {
+    const json& t = root.at("tolerance");
+    KVDIFF_CHECK(t.is_object(), "tolerance: expected an object like {{\"abs\": 1e-4}}, got {}",
+                 t.dump());
+    CheckKeys(t, "tolerance", {"abs"});
+    if (t.contains("abs")) {
+      KVDIFF_CHECK(t.at("abs").is_number(), "tolerance.abs: expected a number, got {}",
+                   t.at("abs").dump());
+      sc.tolerance_abs = t.at("abs").get<double>();
+      KVDIFF_CHECK(sc.tolerance_abs >= 0 && std::isfinite(sc.tolerance_abs),
+                   "tolerance.abs: expected a finite number >= 0, got {}", t.at("abs").dump());
+    }
+  }
+  if (root.contains("backends")) {
+    const json& b = root.at("backends");
+    KVDIFF_CHECK(b.is_array() && !b.empty(),
+                 "backends: expected a non-empty array like [\"impl\", \"ref\"], got {}", b.dump());
+    for (size_t i = 0; i < b.size(); ++i) {
+      KVDIFF_CHECK(b[i].is_string(), "backends[{}]: expected a backend name, got {}", i,
+                   b[i].dump());
+      const std::string name = b[i].get<std::string>();
+      KVDIFF_CHECK(name == "impl" || name == "ref" || name == "ref64",
+                   "backends[{}]: unknown backend \"{}\" (expected impl, ref or ref64)", i, name);
+      for (const auto& seen : sc.backends)
+        KVDIFF_CHECK(seen != name, "backends[{}]: \"{}\" is listed twice", i, name);
+      sc.backends.push_back(name);
+    }
+  }
+  if (root.contains("driver")) sc.driver = ParseDriverName(GetString(root, "driver", "scenario"));
+  KVDIFF_CHECK(root.contains("steps"), "scenario: missing field \"steps\"");
+  const json& steps = root.at("steps");
+  KVDIFF_CHECK(steps.is_array() && !steps.empty(),
+               "steps: expected a non-empty array of steps, got {}", steps.dump());
+  for (size_t i = 0; i < steps.size(); ++i) sc.steps.push_back(ParseStep(steps[i], i));
+  return sc;
+}
+
+Scenario LoadScenario(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  KVDIFF_CHECK(in.good(), "scenario: cannot open {}", file.string());
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  Scenario sc;
+  try {
+    sc = ParseScenario(buffer.str(), file.parent_path());
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("{}: {}", file.string(), e.what()));
+  }
+  sc.name = file.stem().string();
+  return sc;
+}
+
+void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& config) {
+  struct Conv {
+    int64_t length = 0;
+    bool has_last_row = false;  // a decode needs the logits of the last position
+  };
+  std::map<std::string, Conv> convs = {{"main", {}}};
+  const int64_t max_len = config.max_position_embeddings;
+  auto find = [&](const std::string& name, size_t i, const char* field) -> Conv& {
+    auto it = convs.find(name);
+    KVDIFF_CHECK(it != convs.end(),
+                 "steps[{}].{}: no conversation named \"{}\" (create it first with "
+                 "new_conversation or fork)",
+                 i, field, name);
+    return it->second;
+  };
+  for (size_t i = 0; i < scenario.steps.size(); ++i) {
+    const Step& s = scenario.steps[i];
+    switch (s.op) {
+      case Op::kNewConversation:
+        KVDIFF_CHECK(!convs.count(s.name), "steps[{}].name: conversation \"{}\" already exists", i,
+                     s.name);
+        convs[s.name] = Conv{};
+        break;
+      case Op::kPrefill: {
+        Conv& c = find(s.conversation, i, "conversation");
+        KVDIFF_CHECK(!s.tokens.empty(), "steps[{}].text: the text was not tokenized", i);
+        if (!s.chunks.empty()) {
+          int64_t sum = 0;
+          for (int64_t k : s.chunks) sum += k;
+          KVDIFF_CHECK(sum == static_cast<int64_t>(s.tokens.size()),
+                       "steps[{}].chunks: sizes sum to {} but the text has {} tokens", i, sum,
+                       s.tokens.size());
+        }
+        for (size_t t = 0; t < s.tokens.size(); ++t) {
+          KVDIFF_CHECK(s.tokens[t] >= 0 && s.tokens[t] < config.vocab_size,
+                       "steps[{}].tokens[{}]: token id {} is outside the vocabulary [0, {})", i, t,
+                       s.tokens[t], config.vocab_size);
+        }
+        c.length += static_cast<int64_t>(s.tokens.size());
+        KVDIFF_CHECK(c.length <= max_len,
+                     "steps[{}]: conversation \"{}\" would reach {} positions, beyond the model's "
+                     "max_position_embeddings {}",
+                     i, s.conversation, c.length, max_len);
+        c.has_last_row = true;
+        break;
+      }
+      case Op::kDecode: {
+        Conv& c = find(s.conversation, i, "conversation");
+        KVDIFF_CHECK(c.has_last_row,
+                     "steps[{}]: decode on conversation \"{}\" has no previous row to take the "
+                     "argmax of (decode must follow a prefill or decode; a truncate, reset or new "
+                     "conversation leaves none)",
+                     i, s.conversation);
+        c.length += s.n;
+        KVDIFF_CHECK(c.length <= max_len,
+                     "steps[{}].n: conversation \"{}\" would reach {} positions, beyond the "
+                     "model's max_position_embeddings {}",
+                     i, s.conversation, c.length, max_len);
+        break;
+      }
+      case Op::kTruncate: {
+        Conv& c = find(s.conversation, i, "conversation");
+        KVDIFF_CHECK(s.length <= c.length,
+                     "steps[{}].length: cannot truncate conversation \"{}\" to {}: it has {} "
+                     "positions",
+                     i, s.conversation, s.length, c.length);
+        if (s.length != c.length) c.has_last_row = false;
+        c.length = s.length;
+        break;
+      }
+      case Op::kFork: {
+        Conv src = find(s.from, i, "from");
+        KVDIFF_CHECK(!convs.count(s.to), "steps[{}].to: conversation \"{}\" already exists", i,
+                     s.to);
+        convs[s.to] = src;
+        break;
+      }
+      case Op::kReset: {
+        Conv& c = find(s.conversation, i, "conversation");
+        c = Conv{};
+        break;
+      }
+    }
+  }
+}
+
+std::vector<std::string> ParseBackendList(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    KVDIFF_CHECK(!item.empty(), "--backends: empty name in \"{}\" (expected e.g. impl,ref)", list);
+    KVDIFF_CHECK(item == "impl" || item == "ref" || item == "ref64",
+                 "--backends: unknown backend \"{}\" (expected impl, ref or ref64)", item);
+    for (const auto& seen : out)
+      KVDIFF_CHECK(seen != item, "--backends: \"{}\" is listed twice", item);
+    out.push_back(item);
+  }
+  KVDIFF_CHECK(!out.empty(), "--backends: no backend named (expected e.g. impl,ref)");
+  return out;
+}
+
+}  // namespace kvdiff::harness

@@ -1,0 +1,83 @@
+// Scenarios: a model, tolerances, backends, a driver, and the steps applied to named
+// conversations. Parsed from JSON with every error naming the step index and the field.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/format/config.h"
+#include "harness/format/tensor.h"
+
+namespace kvdiff::harness {
+
+// How a backend's cache is driven through the steps.
+enum class DriverKind {
+  kSession,  // the checked API: Backend::NewSession(), no position anywhere
+  kPos0,     // raw candle-style call, index_pos 0 on every call (impl only)
+  kReuse,    // raw call; a new conversation reuses the previous conversation's cache
+};
+std::string DriverName(DriverKind kind);
+DriverKind ParseDriverName(const std::string& name);  // InputError listing the known names
+
+enum class Op { kNewConversation, kPrefill, kDecode, kTruncate, kFork, kReset };
+std::string OpName(Op op);
+
+struct Step {
+  Op op = Op::kPrefill;
+  std::string conversation = "main";  // every op but new_conversation (name) and fork (from/to)
+  Tokens tokens;                      // prefill (after tokenizing text, if text was given)
+  std::optional<std::string> text;    // prefill, as written in the file
+  std::vector<int64_t> chunks;        // prefill: sizes summing to tokens.size()
+  int64_t n = 0;                      // decode
+  int64_t length = 0;                 // truncate
+  std::string name;                   // new_conversation
+  std::string from, to;               // fork
+
+  // The parameter string shown in reports and usable to find the step again:
+  // "prefill(main,n=5,chunks=3+2)", "decode(main,n=10)", "fork(main->side)".
+  std::string ParamString() const;
+};
+
+struct ModelSpec {
+  std::optional<std::string> preset;  // {"preset": "tiny", "seed": 3}
+  uint64_t seed = 0;
+  std::optional<std::filesystem::path> path;  // {"path": "DIR"}, resolved against the file's folder
+  std::string Describe() const;               // "preset tiny, seed 3" or "path /abs/dir"
+  nlohmann::json ToJson() const;
+};
+
+struct Scenario {
+  std::string name;  // file stem, or "case-<k>" for generated ones
+  std::string description;
+  ModelSpec model;
+  double tolerance_abs = 1e-4;
+  std::vector<std::string> backends;  // empty: the default for this build
+  DriverKind driver = DriverKind::kSession;
+  std::vector<Step> steps;
+
+  // The scenario as a file `kvdiff run` reads back (text steps keep their text).
+  nlohmann::json ToJson() const;
+};
+
+// Parses scenario JSON text. base_dir resolves a relative model path. Throws InputError naming the
+// step index and field ("steps[2].chunks: sizes sum to 4 but tokens has 5"); unknown ops and
+// unknown fields are refused.
+Scenario ParseScenario(const std::string& json_text, const std::filesystem::path& base_dir = {});
+Scenario LoadScenario(const std::filesystem::path& file);
+
+// Replays the steps on conversation lengths alone and refuses what cannot be run on any correct
+// backend: a step on a conversation that does not exist, a decode with no previous row (at the
+// start, or after truncate/reset), truncating beyond the length, a history longer than
+// max_position_embeddings, a token id outside the vocabulary. Text prompts must have been
+// tokenized before (tokens filled).
+void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& config);
+
+// Splits "impl,ref" into names; refuses empty names and duplicates.
+std::vector<std::string> ParseBackendList(const std::string& list);
+
+}  // namespace kvdiff::harness
