@@ -9,6 +9,8 @@ namespace kvdiff::cli {
 void AddInfoCommand(CLI::App& app, int& exit_code);
 void AddMakeModelCommand(CLI::App& app, int& exit_code);
 void AddForwardCommand(CLI::App& app, int& exit_code);
+void AddRunCommand(CLI::App& app, int& exit_code);
+void AddCheckCommand(CLI::App& app, int& exit_code);
 void AddCompareCommand(CLI::App& app, int& exit_code);
 void AddConvertCommand(CLI::App& app, int& exit_code);
 void AddGenerateCommand(CLI::App& app, int& exit_code);

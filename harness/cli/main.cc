@@ -18,6 +18,8 @@ int main(int argc, char** argv) {
   kvdiff::cli::AddInfoCommand(app, exit_code);
   kvdiff::cli::AddMakeModelCommand(app, exit_code);
   kvdiff::cli::AddForwardCommand(app, exit_code);
+  kvdiff::cli::AddRunCommand(app, exit_code);
+  kvdiff::cli::AddCheckCommand(app, exit_code);
   kvdiff::cli::AddCompareCommand(app, exit_code);
   kvdiff::cli::AddConvertCommand(app, exit_code);
   kvdiff::cli::AddGenerateCommand(app, exit_code);
