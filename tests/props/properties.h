@@ -1,0 +1,78 @@
+// The KV-cache properties, written once against harness::Backend so the same property runs on the
+// impl, the reference, the scalar test model and every mutant. Each property is a plain function
+// meant to be called inside a RapidCheck property (it draws its inputs with *gen and fails with
+// RC_FAIL / RC_ASSERT), so a test can run it as RC_GTEST_PROP or through rc::detail::checkProperty
+// and inspect the result (the mutation tests do the latter).
+#pragma once
+
+#include <rapidcheck.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "harness/backend.h"
+#include "tests/props/generators.h"
+
+namespace kvdiff::props {
+
+// The gate of design.md: max |a - b| <= 1e-4 on logits. Cached and uncached f32 differ by ~1e-6
+// (summation order only), and a wrong position or a stale key moves logits by far more.
+constexpr double kTolerance = 1e-4;
+
+using BackendFactory =
+    std::function<std::unique_ptr<harness::Backend>(std::shared_ptr<const format::ModelWeights>)>;
+
+// What a property runs on: the system's sessions are checked against the oracle's ForwardFull
+// (the system's own ForwardFull when no oracle is given: the cache-consistency check).
+struct Target {
+  BackendFactory system;
+  BackendFactory oracle;  // optional: another implementation (impl == ref, or a mutant vs impl)
+  rc::Gen<ModelCase> models = GenSmallModel();
+  double tolerance = kTolerance;
+};
+
+// "impl" through harness::MakeBackend, one thread (the models are tiny; threads only cost here).
+BackendFactory ImplFactory();
+// "ref" (float32 LibTorch) through harness::MakeBackend; only works in a KVDIFF_WITH_TORCH build.
+BackendFactory RefFactory();
+
+// What the last case of a property fed its system: the mutation tests replay the shrunk
+// counterexample and read this to measure how small it is.
+struct CaseSize {
+  int64_t tokens = 0;    // tokens in the scenario (prompts, continuations, decode steps); the
+                         // stateful property: tokens its commands fed up to the failure
+  int64_t commands = 0;  // stateful property: commands run up to and including the failing one
+  int64_t layers = 0;    // layers of the model of the case
+  std::string model;     // the model, printed
+};
+CaseSize& LastCaseSize();
+
+// 1. Any prompt split into any chunks: session logits at every position == ForwardFull's.
+void ChunkingProperty(const Target& target);
+// 2. Prefill (any split) + k greedy steps: every step's logits == ForwardFull(history) and the
+//    greedy tokens == an uncached greedy loop's (up to exact ties within the tolerance).
+void DecodeProperty(const Target& target);
+// 3. Conversation A, then Reset() or a new session, then conversation B: B's logits == those of a
+//    fresh backend (a fresh process) and of ForwardFull(B). The length range of B's prompt is a
+//    parameter so the one-token case (silent in candle) can be forced.
+struct ReuseOptions {
+  int64_t min_second_prompt = 1;
+  int64_t max_second_prompt = 0;  // 0: up to the capacity
+};
+void ReuseProperty(const Target& target, const ReuseOptions& options = {});
+// 4a. Prefill h, Truncate(k), append c == ForwardFull(h[:k] + c) at positions k.. .
+void TruncateProperty(const Target& target);
+// 4b. Fork after a prefix p; the fork and its parent then evolve independently.
+void ForkProperty(const Target& target);
+// 6. rc::state: random command sequences on several conversations (see stateful.h).
+void StatefulProperty(const Target& target);
+
+// Rows [row0, row0 + rows) of got against rows [want_row0, ...) of want: NaN/inf first, then max
+// |a - b| <= tolerance; on failure RC_FAIL with what, the position, both argmaxes and the error.
+void AssertRowsClose(const Logits& got, int64_t got_row0, const Logits& want, int64_t want_row0,
+                     int64_t rows, double tolerance, const std::string& what);
+Token Argmax(const Logits& logits, int64_t row);
+
+}  // namespace kvdiff::props

@@ -1,0 +1,85 @@
+// A small, scalar, obviously-correct Llama forward with a KV cache (float32 storage, double
+// accumulation), written from ../shared/spec/llama-forward.md line by line, with one switch per
+// fault the mutation tests need. It is the test's own model: the unmutated version must pass every
+// property and agree with impl's ForwardFull within 1e-4 (scalar_llama_prop_test.cc proves it), so
+// a mutant that fails a property fails because of its fault, not because of this file.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/backend.h"
+#include "harness/format/model_files.h"
+#include "harness/format/tensor.h"
+
+namespace kvdiff::props {
+
+enum class Fault {
+  kNone,
+  kMaskSeesNextKey,     // causal mask off by one: row i also sees key i+1 (one future key)
+  kMaskHidesLastCached, // the most recent cached key (position P-1) is hidden from the new rows
+  kRopeAtCacheLength,   // every new token rotated at the cache length P instead of P+i
+  kDoubleAppend,        // a re-fed single token (a decode step) has its K/V appended twice
+  kKvHeadModulo,        // query head h reads KV head h % nkv instead of h / n_rep
+};
+std::string FaultName(Fault fault);
+
+// Post-RoPE keys and values of every layer. rows == position except under kDoubleAppend.
+struct ScalarCache {
+  std::vector<std::vector<float>> keys;    // per layer: (rows, kv_dim), row-major
+  std::vector<std::vector<float>> values;  // per layer: (rows, kv_dim), row-major
+  int64_t rows = 0;      // cached key rows
+  int64_t position = 0;  // tokens fed so far = the position of the next token
+};
+
+class ScalarLlama {
+ public:
+  ScalarLlama(std::shared_ptr<const format::ModelWeights> weights, Fault fault = Fault::kNone);
+
+  const format::LlamaConfig& config() const { return weights_->config; }
+  ScalarCache NewCache() const;
+  // Tokens at positions cache.position.., appended to the cache; logits (n, vocab).
+  Logits Forward(const Tokens& tokens, ScalarCache& cache) const;
+  Logits ForwardFull(const Tokens& tokens) const {
+    ScalarCache cache = NewCache();
+    return Forward(tokens, cache);
+  }
+
+ private:
+  struct LayerWeights {
+    const float* input_norm;  // (hidden)
+    const float* wq;          // (nh*d, hidden)
+    const float* wk;          // (nkv*d, hidden)
+    const float* wv;          // (nkv*d, hidden)
+    const float* wo;          // (hidden, nh*d)
+    const float* post_norm;   // (hidden)
+    const float* w_gate;      // (ffn, hidden)
+    const float* w_up;        // (ffn, hidden)
+    const float* w_down;      // (hidden, ffn)
+  };
+  using Vec = std::vector<float>;
+
+  Vec RmsNorm(const Vec& x, const float* weight) const;
+  void Rope(float* x, int64_t position) const;  // one head of head_dim values, in place
+  // The attention block of one layer for the new rows x (s, hidden); appends to the cache.
+  std::vector<Vec> Attention(const LayerWeights& w, int64_t layer, const std::vector<Vec>& x,
+                             ScalarCache& cache) const;
+  Vec Mlp(const LayerWeights& w, const Vec& x) const;
+
+  std::shared_ptr<const format::ModelWeights> weights_;
+  Fault fault_;
+  std::vector<LayerWeights> layers_;
+  const float* embed_;        // (vocab, hidden)
+  const float* final_norm_;   // (hidden)
+  const float* lm_head_;      // (vocab, hidden)
+  std::vector<double> inv_freq_;  // (head_dim / 2), llama3-scaled when the config says so
+};
+
+// The scalar model as a harness backend ("scalar" or "scalar:<fault>"): checked sessions that own
+// their cache, so every property runs on it exactly as on impl.
+std::unique_ptr<harness::Backend> MakeScalarBackend(
+    std::shared_ptr<const format::ModelWeights> weights, Fault fault = Fault::kNone);
+
+}  // namespace kvdiff::props
