@@ -1,0 +1,447 @@
+// Model directories: expected tensors, presets, loading errors, sharded checkpoints, and the
+// deterministic random weights (PRNG re-implemented here from its published definition, and the
+// weight scales measured).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <Eigen/Dense>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "harness/format/error.h"
+#include "harness/format/model_files.h"
+#include "harness/format/prng.h"
+#include "tests/test_support.h"
+
+namespace kvdiff::format {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// --- the PRNG, written again from the papers, independent of harness/format/prng.h ---------------
+namespace independent {
+uint64_t splitmix_next(uint64_t* x) {
+  uint64_t z = (*x += 0x9e3779b97f4a7c15);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111eb;
+  return z ^ (z >> 31);
+}
+uint64_t rotl(const uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+struct Xoshiro {
+  uint64_t s[4];
+  uint64_t next() {
+    const uint64_t result = rotl(s[1] * 5, 7) * 9;
+    const uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+  }
+};
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 14695981039346656037ull;
+  for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return h;
+}
+// The documented recipe: stream seed = seed ^ FNV-1a(name); state = 4 SplitMix64 outputs; a
+// sample = (sum of twelve 24-bit uniforms - 6 (2^24 - 1)) / 2^24.
+std::vector<double> Samples(uint64_t seed, const std::string& name, int n) {
+  uint64_t sm = seed ^ fnv1a(name);
+  Xoshiro x;
+  for (auto& w : x.s) w = splitmix_next(&sm);
+  std::vector<double> out;
+  for (int i = 0; i < n; ++i) {
+    int64_t sum = 0;
+    for (int j = 0; j < 6; ++j) {
+      const uint64_t r = x.next();
+      sum += static_cast<int64_t>(r >> 40) + static_cast<int64_t>((r >> 16) & 0xFFFFFF);
+    }
+    out.push_back((static_cast<double>(sum) - 6.0 * 16777215.0) / 16777216.0);
+  }
+  return out;
+}
+}  // namespace independent
+
+TEST(Prng, PublishedTestVectors) {
+  // SplitMix64 from seed 1234567 (the reference splitmix64.c test vector).
+  uint64_t state = 1234567;
+  EXPECT_EQ(SplitMix64(state), 6457827717110365317ull);
+  EXPECT_EQ(SplitMix64(state), 3203168211198807973ull);
+  // FNV-1a 64 of "", "a" and "foobar" (the FNV reference test suite).
+  EXPECT_EQ(Fnv1a64(""), 0xcbf29ce484222325ull);
+  EXPECT_EQ(Fnv1a64("a"), 0xaf63dc4c8601ec8cull);
+  EXPECT_EQ(Fnv1a64("foobar"), 0x85944171f73967e8ull);
+}
+
+TEST(Prng, NormalMatchesIndependentImplementationAndMoments) {
+  Xoshiro256 rng = Xoshiro256::ForStream(42, "some.tensor");
+  const std::vector<double> expected = independent::Samples(42, "some.tensor", 100000);
+  double sum = 0, sum_sq = 0;
+  for (double e : expected) {
+    const double z = rng.Normal();
+    ASSERT_EQ(z, e);
+    sum += z;
+    sum_sq += z * z;
+  }
+  const double mean = sum / expected.size(), var = sum_sq / expected.size() - mean * mean;
+  EXPECT_NEAR(mean, 0.0, 0.02);
+  EXPECT_NEAR(var, 1.0, 0.02);
+}
+
+TEST(Presets, Shapes) {
+  const LlamaConfig tiny = PresetConfig("tiny");
+  EXPECT_EQ(tiny.hidden_size, 64);
+  EXPECT_EQ(tiny.num_hidden_layers, 2);
+  EXPECT_EQ(tiny.num_attention_heads, 4);
+  EXPECT_EQ(tiny.num_key_value_heads, 2);
+  EXPECT_EQ(tiny.head_dim, 16);
+  EXPECT_EQ(tiny.intermediate_size, 128);
+  EXPECT_EQ(tiny.vocab_size, 256);
+  EXPECT_EQ(tiny.max_position_embeddings, 512);
+  EXPECT_EQ(tiny.rope_theta, 10000.0);
+  EXPECT_EQ(tiny.rms_norm_eps, 1e-5);
+  EXPECT_FALSE(tiny.tie_word_embeddings);
+  EXPECT_EQ(tiny.torch_dtype, "float32");
+
+  const LlamaConfig smol = PresetConfig("smollm2-135m");
+  EXPECT_EQ(smol.hidden_size, 576);
+  EXPECT_EQ(smol.num_hidden_layers, 30);
+  EXPECT_EQ(smol.num_attention_heads, 9);
+  EXPECT_EQ(smol.num_key_value_heads, 3);
+  EXPECT_EQ(smol.head_dim, 64);
+  EXPECT_EQ(smol.vocab_size, 49152);
+  EXPECT_TRUE(smol.tie_word_embeddings);
+
+  try {
+    PresetConfig("huge");
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), AllOf(HasSubstr("unknown preset \"huge\""), HasSubstr("tiny"),
+                                HasSubstr("smollm2-135m")));
+  }
+}
+
+TEST(ExpectedTensors, TinyUntiedAndSmolTied) {
+  const std::vector<TensorSpec> tiny = ExpectedTensors(PresetConfig("tiny"));
+  ASSERT_EQ(tiny.size(), 1u + 2 * 9 + 1 + 1);
+  EXPECT_EQ(tiny.front().name, "model.embed_tokens.weight");
+  EXPECT_EQ(tiny.front().shape, (std::vector<int64_t>{256, 64}));
+  EXPECT_EQ(tiny.back().name, "lm_head.weight");
+  std::map<std::string, std::vector<int64_t>> by_name;
+  for (const auto& s : tiny) by_name[s.name] = s.shape;
+  EXPECT_EQ(by_name.at("model.layers.1.self_attn.q_proj.weight"), (std::vector<int64_t>{64, 64}));
+  EXPECT_EQ(by_name.at("model.layers.1.self_attn.k_proj.weight"), (std::vector<int64_t>{32, 64}));
+  EXPECT_EQ(by_name.at("model.layers.0.self_attn.v_proj.weight"), (std::vector<int64_t>{32, 64}));
+  EXPECT_EQ(by_name.at("model.layers.0.self_attn.o_proj.weight"), (std::vector<int64_t>{64, 64}));
+  EXPECT_EQ(by_name.at("model.layers.0.mlp.gate_proj.weight"), (std::vector<int64_t>{128, 64}));
+  EXPECT_EQ(by_name.at("model.layers.0.mlp.down_proj.weight"), (std::vector<int64_t>{64, 128}));
+  EXPECT_EQ(by_name.at("model.norm.weight"), (std::vector<int64_t>{64}));
+
+  const std::vector<TensorSpec> smol = ExpectedTensors(PresetConfig("smollm2-135m"));
+  EXPECT_EQ(smol.size(), 1u + 30 * 9 + 1);
+  int64_t params = 0;
+  for (const auto& s : smol) {
+    EXPECT_NE(s.name, "lm_head.weight");
+    int64_t n = 1;
+    for (int64_t d : s.shape) n *= d;
+    params += n;
+  }
+  EXPECT_EQ(params, 134515008);  // SmolLM2-135M's published parameter count
+}
+
+TEST(RandomModel, DeterministicPerSeedAndPerTensorStreams) {
+  const LlamaConfig tiny = PresetConfig("tiny");
+  const ModelWeights a = MakeRandomModel(tiny, 7);
+  const ModelWeights b = MakeRandomModel(tiny, 7);
+  const ModelWeights c = MakeRandomModel(tiny, 8);
+  for (const auto& [name, t] : a.tensors) {
+    EXPECT_EQ(t.data, b.Get(name).data) << name;
+    EXPECT_NE(t.data, c.Get(name).data) << name;
+  }
+  // Adding a layer does not shift the other tensors' values.
+  LlamaConfig deeper = tiny;
+  deeper.num_hidden_layers = 3;
+  const ModelWeights d = MakeRandomModel(deeper, 7);
+  EXPECT_EQ(d.Get("model.norm.weight").data, a.Get("model.norm.weight").data);
+  EXPECT_EQ(d.Get("lm_head.weight").data, a.Get("lm_head.weight").data);
+  EXPECT_EQ(d.Get("model.layers.1.mlp.up_proj.weight").data,
+            a.Get("model.layers.1.mlp.up_proj.weight").data);
+  EXPECT_EQ(a.NumParameters(), 106816);
+}
+
+TEST(RandomModel, SampleValuesFollowTheDocumentedRecipe) {
+  const ModelWeights m = MakeRandomModel(PresetConfig("tiny"), 7);
+  // Untied tiny: embedding N(0, 1); q_proj N(0, (2/sqrt(64))^2); norms 1 + 0.1 z.
+  const auto embed = independent::Samples(7, "model.embed_tokens.weight", 4);
+  const auto q = independent::Samples(7, "model.layers.1.self_attn.q_proj.weight", 4);
+  const auto norm = independent::Samples(7, "model.norm.weight", 4);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(m.Get("model.embed_tokens.weight").data[i], static_cast<float>(embed[i]));
+    EXPECT_EQ(m.Get("model.layers.1.self_attn.q_proj.weight").data[i],
+              static_cast<float>(q[i] * 0.25));
+    EXPECT_NEAR(m.Get("model.norm.weight").data[i], 1.0 + 0.1 * norm[i], 1e-7);
+  }
+}
+
+// The statistics the scales are designed for (see model_files.cc): attention scores with a
+// standard deviation of a few units, and logits with a standard deviation of about 3.
+struct Stats {
+  double score_std, mean_max_attention, logit_std, logit_spread;
+};
+
+using Matrix = Eigen::MatrixXd;
+
+Matrix Weight(const ModelWeights& m, const std::string& name) {
+  const Tensor& t = m.Get(name);
+  Matrix w(t.shape[0], t.shape.size() > 1 ? t.shape[1] : 1);
+  for (int64_t i = 0; i < w.rows(); ++i)
+    for (int64_t j = 0; j < w.cols(); ++j) w(i, j) = t.data[i * w.cols() + j];
+  return w;
+}
+
+Matrix RmsNorm(const Matrix& x, const Matrix& w, double eps) {  // x (n, hidden), w (hidden, 1)
+  Matrix out = x;
+  for (int64_t i = 0; i < x.rows(); ++i) {
+    const double rms = std::sqrt(x.row(i).squaredNorm() / x.cols() + eps);
+    out.row(i) = (x.row(i) / rms).cwiseProduct(w.col(0).transpose());
+  }
+  return out;
+}
+
+Stats Measure(const ModelWeights& m, int n_tokens) {
+  const LlamaConfig& c = m.config;
+  const Matrix embed = Weight(m, "model.embed_tokens.weight");
+  Matrix x(n_tokens, c.hidden_size);  // a random prompt (fixed tokens), no RoPE: statistics only
+  for (int i = 0; i < n_tokens; ++i) x.row(i) = embed.row((i * 37 + 11) % c.vocab_size);
+  const Matrix h = RmsNorm(x, Weight(m, "model.layers.0.input_layernorm.weight"), c.rms_norm_eps);
+  const Matrix q = h * Weight(m, "model.layers.0.self_attn.q_proj.weight").transpose();
+  const Matrix k = h * Weight(m, "model.layers.0.self_attn.k_proj.weight").transpose();
+  double sum_sq = 0, max_attention = 0;
+  int64_t count = 0;
+  for (int64_t head = 0; head < c.num_attention_heads; ++head) {
+    const int64_t kv = head / c.NumRep();
+    const Matrix qh = q.middleCols(head * c.head_dim, c.head_dim);
+    const Matrix kh = k.middleCols(kv * c.head_dim, c.head_dim);
+    const Matrix scores = qh * kh.transpose() / std::sqrt(static_cast<double>(c.head_dim));
+    for (int i = 0; i < n_tokens; ++i) {
+      const Eigen::RowVectorXd row = scores.row(i);
+      sum_sq += row.squaredNorm();
+      count += row.size();
+      const Eigen::RowVectorXd p = (row.array() - row.maxCoeff()).exp().matrix();
+      max_attention += p.maxCoeff() / p.sum();
+    }
+  }
+  // Logits of the normalized prompt through the head (what the final norm feeds it).
+  const Matrix final_h = RmsNorm(x, Weight(m, "model.norm.weight"), c.rms_norm_eps);
+  const Matrix head = c.tie_word_embeddings ? embed : Weight(m, "lm_head.weight");
+  const Matrix logits = final_h * head.transpose();
+  const double logit_std = std::sqrt(logits.squaredNorm() / logits.size());
+  double spread = 0;
+  for (int i = 0; i < n_tokens; ++i) spread += logits.row(i).maxCoeff() - logits.row(i).minCoeff();
+  return {std::sqrt(sum_sq / count), max_attention / (n_tokens * c.num_attention_heads), logit_std,
+          spread / n_tokens};
+}
+
+TEST(RandomModel, ScalesGivePeakedAttentionAndSpreadLogits) {
+  for (uint64_t seed : {1, 7}) {
+    const Stats s = Measure(MakeRandomModel(PresetConfig("tiny"), seed), 32);
+    SCOPED_TRACE(::testing::Message() << "tiny seed " << seed);
+    EXPECT_GT(s.score_std, 2.5);  // designed: 4
+    EXPECT_LT(s.score_std, 6.5);
+    EXPECT_GT(s.mean_max_attention, 0.3);  // uniform over 32 keys would be 0.03
+    EXPECT_GT(s.logit_std, 2.0);           // designed: 3
+    EXPECT_LT(s.logit_std, 4.5);
+    EXPECT_GT(s.logit_spread, 5.0);
+  }
+  LlamaConfig tied = PresetConfig("tiny");
+  tied.tie_word_embeddings = true;
+  const Stats s = Measure(MakeRandomModel(tied, 3), 32);
+  EXPECT_GT(s.score_std, 2.5);
+  EXPECT_GT(s.logit_std, 2.0);
+  EXPECT_GT(s.logit_spread, 5.0);
+}
+
+// --- loading -------------------------------------------------------------------------------------
+
+std::vector<TensorToWrite> ToWrite(const ModelWeights& m) {
+  std::vector<TensorToWrite> out;
+  for (const TensorSpec& spec : ExpectedTensors(m.config)) {
+    out.push_back({spec.name, DType::kF32, spec.shape, m.Get(spec.name).data});
+  }
+  return out;
+}
+
+void WriteModelDir(const std::filesystem::path& dir, const LlamaConfig& config,
+                   const std::vector<TensorToWrite>& tensors) {
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << ConfigToJson(config);
+  WriteSafetensors(dir / "model.safetensors", tensors);
+}
+
+std::string LoadError(const std::filesystem::path& dir) {
+  try {
+    LoadModel(dir);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(LoadModel, SaveThenLoadF32IsExact) {
+  testing::TempDir dir;
+  const ModelWeights m = MakeRandomModel(PresetConfig("tiny"), 5);
+  SaveModel(dir.path(), m, DType::kF32);
+  const ModelWeights back = LoadModel(dir.path());
+  EXPECT_EQ(back.dtype_on_disk, DType::kF32);
+  EXPECT_EQ(ConfigToJson(back.config), ConfigToJson(m.config));
+  for (const auto& [name, t] : m.tensors) EXPECT_EQ(back.Get(name).data, t.data) << name;
+  EXPECT_EQ(&back.LmHead(), &back.Get("lm_head.weight"));
+  const ModelFileInfo info = InspectModel(dir.path());
+  EXPECT_EQ(info.num_parameters, m.NumParameters());
+  EXPECT_EQ(info.num_tensors, 21);
+  EXPECT_EQ(info.tensors_by_dtype.at("F32"), 21);
+  EXPECT_EQ(info.file_bytes, std::filesystem::file_size(dir / "model.safetensors"));
+}
+
+TEST(LoadModel, SaveThenLoadBf16AndF16RoundEachValue) {
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    testing::TempDir dir;
+    const ModelWeights m = MakeRandomModel(PresetConfig("tiny"), 5);
+    SaveModel(dir.path(), m, dtype);
+    const ModelWeights back = LoadModel(dir.path());
+    EXPECT_EQ(back.dtype_on_disk, dtype);
+    EXPECT_EQ(back.config.torch_dtype, dtype == DType::kBF16 ? "bfloat16" : "float16");
+    for (const auto& [name, t] : m.tensors) {
+      const std::vector<float>& got = back.Get(name).data;
+      for (size_t i = 0; i < t.data.size(); ++i) {
+        ASSERT_EQ(got[i], RoundToDType(t.data[i], dtype)) << name << "[" << i << "]";
+      }
+    }
+  }
+}
+
+TEST(LoadModel, MissingTensor) {
+  testing::TempDir dir;
+  const ModelWeights m = MakeRandomModel(PresetConfig("tiny"), 1);
+  auto tensors = ToWrite(m);
+  tensors.erase(std::remove_if(tensors.begin(), tensors.end(),
+                               [](const TensorToWrite& t) { return t.name == "model.norm.weight"; }),
+                tensors.end());
+  WriteModelDir(dir.path(), m.config, tensors);
+  EXPECT_THAT(LoadError(dir.path()),
+              AllOf(HasSubstr("missing tensor \"model.norm.weight\" (expected shape [64])"),
+                    HasSubstr("model.safetensors")));
+}
+
+TEST(LoadModel, MissingHeadOfUntiedModelSaysWhy) {
+  testing::TempDir dir;
+  const ModelWeights m = MakeRandomModel(PresetConfig("tiny"), 1);
+  auto tensors = ToWrite(m);
+  tensors.pop_back();  // lm_head.weight
+  WriteModelDir(dir.path(), m.config, tensors);
+  EXPECT_THAT(LoadError(dir.path()),
+              AllOf(HasSubstr("missing tensor \"lm_head.weight\" (expected shape [256, 64])"),
+                    HasSubstr("tie_word_embeddings is false")));
+}
+
+TEST(LoadModel, UnexpectedTensor) {
+  testing::TempDir dir;
+  const ModelWeights m = MakeRandomModel(PresetConfig("tiny"), 1);
+  auto tensors = ToWrite(m);
+  tensors.push_back({"model.layers.2.mlp.up_proj.weight", DType::kF32, {2, 2}, {1, 2, 3, 4}});
+  WriteModelDir(dir.path(), m.config, tensors);
+  EXPECT_THAT(LoadError(dir.path()),
+              AllOf(HasSubstr("unexpected tensor \"model.layers.2.mlp.up_proj.weight\" of shape "
+                              "[2, 2]"),
+                    HasSubstr("2 layers")));
+}
+
+TEST(LoadModel, WrongShape) {
+  testing::TempDir dir;
+  const ModelWeights m = MakeRandomModel(PresetConfig("tiny"), 1);
+  auto tensors = ToWrite(m);
+  for (auto& t : tensors) {
+    if (t.name == "model.layers.1.self_attn.k_proj.weight") {
+      t.shape = {64, 32};  // transposed
+    }
+  }
+  WriteModelDir(dir.path(), m.config, tensors);
+  EXPECT_THAT(LoadError(dir.path()),
+              HasSubstr("tensor \"model.layers.1.self_attn.k_proj.weight\" has shape [64, 32], "
+                        "but config.json implies [32, 64]"));
+}
+
+TEST(LoadModel, TiedModelIgnoresStoredHeadLikeTransformers) {
+  testing::TempDir dir;
+  LlamaConfig tied = PresetConfig("tiny");
+  tied.tie_word_embeddings = true;
+  const ModelWeights m = MakeRandomModel(tied, 1);
+  auto tensors = ToWrite(m);
+  tensors.push_back({"lm_head.weight", DType::kF32, {256, 64}, std::vector<float>(256 * 64, 9.0f)});
+  tensors.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq", DType::kF32, {8},
+                     std::vector<float>(8, 1.0f)});
+  WriteModelDir(dir.path(), tied, tensors);
+  const ModelWeights back = LoadModel(dir.path());
+  EXPECT_EQ(back.tensors.count("lm_head.weight"), 0u);
+  EXPECT_EQ(&back.LmHead(), &back.Get("model.embed_tokens.weight"));
+  EXPECT_EQ(back.NumParameters(), m.NumParameters());
+  const ModelFileInfo info = InspectModel(dir.path());
+  EXPECT_EQ(info.ignored_tensors.size(), 2u);
+}
+
+TEST(LoadModel, DirectoryProblems) {
+  testing::TempDir dir;
+  EXPECT_THAT(LoadError(dir / "absent"), HasSubstr("does not exist"));
+  std::ofstream(dir / "file") << "x";
+  EXPECT_THAT(LoadError(dir / "file"), HasSubstr("is not a directory"));
+  std::ofstream(dir / "config.json") << ConfigToJson(PresetConfig("tiny"));
+  EXPECT_THAT(LoadError(dir.path()), HasSubstr("has no model.safetensors"));
+  std::ofstream(dir / "config.json") << "{}";
+  EXPECT_THAT(LoadError(dir.path()),
+              AllOf(HasSubstr("config.json"), HasSubstr("missing required field")));
+}
+
+TEST(LoadModel, ShardedCheckpoint) {
+  testing::TempDir dir;
+  const ModelWeights m = MakeRandomModel(PresetConfig("tiny"), 2);
+  const auto tensors = ToWrite(m);
+  std::vector<TensorToWrite> first(tensors.begin(), tensors.begin() + 10);
+  std::vector<TensorToWrite> second(tensors.begin() + 10, tensors.end());
+  std::ofstream(dir / "config.json") << ConfigToJson(m.config);
+  WriteSafetensors(dir / "model-00001-of-00002.safetensors", first);
+  WriteSafetensors(dir / "model-00002-of-00002.safetensors", second);
+  nlohmann::json index;
+  for (const auto& t : first) index["weight_map"][t.name] = "model-00001-of-00002.safetensors";
+  for (const auto& t : second) index["weight_map"][t.name] = "model-00002-of-00002.safetensors";
+  std::ofstream(dir / "model.safetensors.index.json") << index.dump();
+  const ModelWeights back = LoadModel(dir.path());
+  for (const auto& [name, t] : m.tensors) EXPECT_EQ(back.Get(name).data, t.data) << name;
+  EXPECT_EQ(InspectModel(dir.path()).safetensors_files.size(), 2u);
+
+  // The same tensor in two shards is refused.
+  second.push_back(first.front());
+  WriteSafetensors(dir / "model-00002-of-00002.safetensors", second);
+  EXPECT_THAT(LoadError(dir.path()),
+              AllOf(HasSubstr("tensor \"model.embed_tokens.weight\" is in both")));
+}
+
+TEST(SaveModel, RefusesModelsNotMatchingTheirConfig) {
+  testing::TempDir dir;
+  ModelWeights m = MakeRandomModel(PresetConfig("tiny"), 1);
+  m.tensors.erase("model.norm.weight");
+  try {
+    SaveModel(dir.path(), m, DType::kF32);
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("no tensor \"model.norm.weight\""));
+  }
+}
+
+}  // namespace
+}  // namespace kvdiff::format
