@@ -119,8 +119,14 @@ Tokenizer Tokenizer::ReadLlama2c(const std::filesystem::path& path, int64_t voca
     KVDIFF_CHECK(length >= 0 && length <= max_token_length,
                  "tokenizer {}: token {} has length {}, expected 0..{} (max_token_length)", name, id,
                  length, max_token_length);
-    entry.piece.resize(length);
-    take(entry.piece.data(), length, fmt::format("the {} bytes of token {}", length, id));
+    // Check the bytes are there before allocating them: a corrupt length must not allocate.
+    const std::string what = fmt::format("the {} bytes of token {}", length, id);
+    KVDIFF_CHECK(data.size() - offset >= static_cast<size_t>(length),
+                 "tokenizer {}: truncated while reading {}: expected {} bytes at offset {}, the "
+                 "file has {} bytes ({} left)",
+                 name, what, length, offset, data.size(), data.size() - offset);
+    entry.piece.assign(data.data() + offset, static_cast<size_t>(length));
+    offset += length;
     entries.push_back(std::move(entry));
   }
   KVDIFF_CHECK(offset == data.size(),

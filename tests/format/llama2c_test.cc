@@ -346,5 +346,29 @@ TEST(Llama2cTest, Stories260K) {
   EXPECT_EQ(tok.VocabSize(), 512);
 }
 
+// Random headers (mixing small, negative, huge and boundary values) over a small file: always a
+// refusal with InputError, never a crash or a huge allocation. Seeded, so a failure replays.
+TEST(Llama2cTest, RandomHeadersAreRefused) {
+  kvdiff::testing::TempDir dir;
+  std::mt19937 rng(7);
+  const std::vector<int32_t> special = {0, 1, 2, 3, 4, 8, 64, -1, -512, INT32_MAX, INT32_MIN, 1 << 20};
+  for (int trial = 0; trial < 300; ++trial) {
+    int32_t fields[7];
+    for (int32_t& f : fields) {
+      f = rng() % 2 ? special[rng() % special.size()] : static_cast<int32_t>(rng() % 128);
+    }
+    std::string bytes(reinterpret_cast<const char*>(fields), sizeof(fields));
+    bytes += std::string(rng() % 4096, '\0');
+    WriteBytes(dir / "h.bin", bytes);
+    try {
+      ReadLlama2cCheckpoint(dir / "h.bin");
+      ADD_FAILURE() << "trial " << trial << ": a random header was accepted";
+    } catch (const InputError&) {
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "trial " << trial << ": unexpected " << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvdiff::format

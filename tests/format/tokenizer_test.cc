@@ -9,6 +9,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include "harness/format/error.h"
@@ -334,6 +335,39 @@ TEST(TokenizerTest, RefusesMalformedJson) {
                                   "pieces": [{"bytes": [300], "score": 0}]})");
               }),
               HasSubstr("pieces[0].bytes must hold integers 0..255, got 300"));
+}
+
+// Damaged copies of tok512.bin never crash or allocate wildly: each either loads or throws
+// InputError. Seeded, so a failure replays.
+TEST(TokenizerTest, CorruptedTok512LoadsOrThrowsInputError) {
+  KVDIFF_REQUIRE_SHARED_DATA(data);
+  kvdiff::testing::TempDir dir;
+  const std::string good = ReadBytes(data / "stories260K" / "tok512.bin");
+  std::mt19937 rng(512);
+  int refused = 0, trials = 0;
+  auto attempt = [&](const std::string& bytes, const std::string& what) {
+    WriteBytes(dir / "t.bin", bytes);
+    ++trials;
+    try {
+      Tokenizer tok = Tokenizer::ReadLlama2c(dir / "t.bin", 512);
+      tok.Encode("Once upon a time", true);  // a loaded tokenizer is usable
+    } catch (const InputError&) {
+      ++refused;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << what << ": unexpected " << typeid(e).name() << ": " << e.what();
+    }
+  };
+  for (size_t cut = 0; cut < good.size(); cut += 37) attempt(good.substr(0, cut), fmt::format("cut at {}", cut));
+  for (int t = 0; t < 300; ++t) {
+    std::string bytes = good;
+    const size_t at = rng() % bytes.size();
+    bytes[at] = static_cast<char>(rng());
+    // Large values in a length or the header are the dangerous ones: force some.
+    if (t % 3 == 0 && at + 4 <= bytes.size()) bytes[at + 3] = static_cast<char>(0x7F);
+    attempt(bytes, fmt::format("trial {} byte {}", t, at));
+  }
+  EXPECT_GE(refused, static_cast<int>(good.size() / 37));  // every truncation is refused
+  EXPECT_LT(refused, trials);  // a score or piece byte changed can still load
 }
 
 }  // namespace
