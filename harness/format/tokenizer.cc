@@ -140,8 +140,20 @@ Tokenizer Tokenizer::ReadLlama2c(const std::filesystem::path& path, int64_t voca
 }
 
 std::string Tokenizer::ToJson() const {
-  nlohmann::ordered_json pieces = nlohmann::ordered_json::array();
-  for (const Entry& entry : entries_) {
+  // One piece per line: the file stays diffable and readable (index in "pieces" = token id).
+  nlohmann::ordered_json head;
+  head["format"] = kTokenizerFormatName;
+  head["version"] = 1;
+  head["max_token_length"] = max_token_length_;
+  head["bos_token_id"] = bos_id_;
+  head["eos_token_id"] = eos_id_;
+  std::string out = "{\n";
+  for (const auto& [key, value] : head.items()) {
+    out += fmt::format(" {}: {},\n", nlohmann::json(key).dump(), value.dump());
+  }
+  out += " \"pieces\": [\n";
+  for (size_t id = 0; id < entries_.size(); ++id) {
+    const Entry& entry = entries_[id];
     nlohmann::ordered_json item;
     if (IsValidUtf8(entry.piece)) {
       item["piece"] = entry.piece;
@@ -151,16 +163,10 @@ std::string Tokenizer::ToJson() const {
       item["bytes"] = bytes;
     }
     item["score"] = entry.score;
-    pieces.push_back(std::move(item));
+    out += "  " + item.dump() + (id + 1 < entries_.size() ? ",\n" : "\n");
   }
-  nlohmann::ordered_json doc;
-  doc["format"] = kTokenizerFormatName;
-  doc["version"] = 1;
-  doc["max_token_length"] = max_token_length_;
-  doc["bos_token_id"] = bos_id_;
-  doc["eos_token_id"] = eos_id_;
-  doc["pieces"] = std::move(pieces);
-  return doc.dump(1) + "\n";
+  out += " ]\n}\n";
+  return out;
 }
 
 void Tokenizer::Save(const std::filesystem::path& path) const {
