@@ -155,18 +155,21 @@ void AttentionScratch::Reserve(int threads, int64_t floats) {
 
 namespace {
 
-// One query row against keys 0..visible-1 of one KV head (decode): dot products, softmax, and the
-// weighted sum of value rows in position order.
+// One query row against keys 0..visible-1 of one KV head (decode): scores = K·q by Eigen's GEMV
+// over the strided cache rows, softmax, then out = Vᵀ·weights (an axpy per position, vectorized
+// over head_dim). Both products are a single call per head, so the thread running it does not
+// matter. No allocation: the operands are maps over the cache and the per-thread scratch.
 void AttendOneRow(const float* q, const float* keys, const float* values, int64_t visible,
                   int64_t kv_dim, int64_t d, float scale, float* scores, float* out) {
-  for (int64_t j = 0; j < visible; ++j) scores[j] = Dot(q, keys + j * kv_dim, d) * scale;
+  ConstStridedMap k(keys, visible, d, Eigen::OuterStride<>(kv_dim));    // (visible, d)
+  ConstStridedMap v(values, visible, d, Eigen::OuterStride<>(kv_dim));  // (visible, d)
+  Eigen::Map<const Eigen::VectorXf> q_vec(q, d);
+  Eigen::Map<Eigen::VectorXf> s(scores, visible);
+  s.noalias() = k * q_vec;
+  s *= scale;
   Softmax(scores, visible);
-  std::fill(out, out + d, 0.0f);
-  for (int64_t j = 0; j < visible; ++j) {
-    const float p = scores[j];
-    const float* v = values + j * kv_dim;
-    for (int64_t c = 0; c < d; ++c) out[c] += p * v[c];
-  }
+  Eigen::Map<Eigen::VectorXf> o(out, d);
+  o.noalias() = v.transpose() * s;
 }
 
 // A block of query rows [i0, i0 + rows) of one head (prefill): scores by GEMM, masked softmax per

@@ -17,9 +17,21 @@ namespace {
 // the parallel regions of one decode step (RMSNorm, RoPE: microseconds), short enough that a
 // model nobody is calling does not burn a core the rest of the machine (and CI) needs.
 constexpr auto kSpinBeforeSleep = std::chrono::microseconds(200);
-
 // Pause-spins before a waiting thread starts yielding its core (a few microseconds).
 constexpr int kSpinsBeforeYield = 2000;
+// Chunks per thread: enough that a slow or late thread leaves its share to the others.
+constexpr int64_t kChunksPerThread = 4;
+
+constexpr uint64_t kClosed = uint64_t{1} << 31;
+constexpr uint64_t kCountMask = kClosed - 1;
+
+void Relax(int& spins) {
+  if (++spins < kSpinsBeforeYield) {
+    KVDIFF_CPU_RELAX();
+  } else {
+    std::this_thread::yield();
+  }
+}
 
 }  // namespace
 
@@ -40,17 +52,28 @@ ThreadPool::~ThreadPool() {
   for (auto& worker : workers_) worker.join();
 }
 
-std::pair<int64_t, int64_t> ThreadPool::Chunk(int64_t n, int64_t grain, int threads, int t) {
+std::pair<int64_t, int64_t> ThreadPool::Chunk(int64_t n, int64_t grain, int64_t chunks,
+                                              int64_t c) {
   // Whole grains are dealt out as evenly as possible; the last chunk also takes the remainder.
   const int64_t grains = (n + grain - 1) / grain;
-  auto bound = [&](int k) { return std::min(n, grain * ((grains * k) / threads)); };
-  return {bound(t), t + 1 == threads ? n : bound(t + 1)};
+  auto bound = [&](int64_t k) { return std::min(n, grain * ((grains * k) / chunks)); };
+  return {bound(c), c + 1 == chunks ? n : bound(c + 1)};
+}
+
+void ThreadPool::Work(int thread_index) {
+  while (true) {
+    const int64_t c = next_chunk_.fetch_add(1);
+    if (c >= job_chunks_) return;
+    auto [begin, end] = Chunk(job_n_, job_grain_, job_chunks_, c);
+    if (begin < end) job_call_(job_fn_, begin, end, thread_index);
+  }
 }
 
 void ThreadPool::Run(int64_t n, int64_t grain, Trampoline call, void* fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
-  if (size_ == 1 || n <= grain) {
+  const int64_t grains = (n + grain - 1) / grain;
+  if (size_ == 1 || grains == 1) {
     call(fn, 0, n, 0);
     return;
   }
@@ -58,23 +81,21 @@ void ThreadPool::Run(int64_t n, int64_t grain, Trampoline call, void* fn) {
   job_fn_ = fn;
   job_n_ = n;
   job_grain_ = grain;
-  pending_.store(size_ - 1);
-  generation_.fetch_add(1);  // publishes the job (seq_cst: ordered before reading sleepers_)
+  job_chunks_ = std::min<int64_t>(grains, kChunksPerThread * size_);
+  next_chunk_.store(0);
+  const uint64_t generation = generation_.load() + 1;
+  state_.store(generation << 32);  // open, nobody inside
+  generation_.store(generation);   // seq_cst: ordered before reading sleepers_
   if (sleepers_.load() > 0) {
     std::lock_guard<std::mutex> lock(mutex_);
     wake_.notify_all();
   }
-  auto [begin, end] = Chunk(n, grain, size_, 0);
-  if (begin < end) call(fn, begin, end, 0);
-  // A worker that lost its core (other processes, more threads than cores) only comes back if we
-  // give the core up: spin briefly, then yield.
-  for (int spins = 0; pending_.load(std::memory_order_acquire) > 0; ++spins) {
-    if (spins < kSpinsBeforeYield) {
-      KVDIFF_CPU_RELAX();
-    } else {
-      std::this_thread::yield();
-    }
-  }
+  Work(0);
+  // Every chunk is claimed: close the job and wait for the workers inside it (they may still be
+  // finishing a chunk). Workers that arrive later see it closed and go back to waiting.
+  state_.fetch_or(kClosed);
+  int spins = 0;
+  while ((state_.load() & kCountMask) != 0) Relax(spins);
 }
 
 void ThreadPool::WorkerLoop(int index) {
@@ -83,13 +104,9 @@ void ThreadPool::WorkerLoop(int index) {
     // Wait for a new generation: spin first, then sleep.
     auto spin_start = std::chrono::steady_clock::now();
     int spins = 0;
-    while (generation_.load(std::memory_order_acquire) == seen) {
-      if (spins < kSpinsBeforeYield) {
-        KVDIFF_CPU_RELAX();
-      } else {
-        std::this_thread::yield();
-      }
-      if (++spins % 256 == 0 && std::chrono::steady_clock::now() - spin_start > kSpinBeforeSleep) {
+    while (generation_.load() == seen) {
+      Relax(spins);
+      if (spins % 256 == 0 && std::chrono::steady_clock::now() - spin_start > kSpinBeforeSleep) {
         sleepers_.fetch_add(1);
         std::unique_lock<std::mutex> lock(mutex_);
         wake_.wait(lock, [&] { return generation_.load() != seen; });
@@ -97,11 +114,20 @@ void ThreadPool::WorkerLoop(int index) {
         break;
       }
     }
-    seen = generation_.load(std::memory_order_acquire);
+    seen = generation_.load();
     if (stop_.load()) return;
-    auto [begin, end] = Chunk(job_n_, job_grain_, size_, index);
-    if (begin < end) job_call_(job_fn_, begin, end, index);
-    pending_.fetch_sub(1, std::memory_order_release);
+    // Join the job of generation `seen` if it is still open.
+    uint64_t state = state_.load();
+    bool joined = false;
+    while ((state >> 32) == seen && !(state & kClosed)) {
+      if (state_.compare_exchange_weak(state, state + 1)) {
+        joined = true;
+        break;
+      }
+    }
+    if (!joined) continue;
+    Work(index);
+    state_.fetch_sub(1);
   }
 }
 

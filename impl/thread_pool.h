@@ -1,7 +1,8 @@
 // A small persistent thread pool for the forward pass. Decode runs ~120 parallel regions per token
-// (a few microseconds each on small matrices), so workers spin briefly between regions instead of
-// sleeping on a condition variable every time; after a short idle spell they do sleep, so an idle
-// model costs no CPU.
+// (tens of microseconds each), so workers spin briefly between regions instead of sleeping on a
+// condition variable every time; after a short idle spell they do sleep, so an idle model costs no
+// CPU. Work is claimed dynamically in chunks and a worker that wakes late simply misses the job:
+// on a busy machine (CI, several builds) the caller never waits for a thread that has not started.
 #pragma once
 
 #include <atomic>
@@ -9,6 +10,7 @@
 #include <cstdint>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -24,11 +26,11 @@ class ThreadPool {
 
   int Size() const { return size_; }
 
-  // Splits [0, n) into Size() contiguous chunks whose boundaries are multiples of `grain` and runs
-  // fn(begin, end, thread_index) once per non-empty chunk, the caller taking chunk 0. The split is
-  // static: which thread computes an element never changes its arithmetic, so kernels that compute
-  // each output element in a fixed order give identical results for any thread count.
-  // Not reentrant: one ParallelFor at a time per pool (Model serializes its forward calls).
+  // Runs fn(begin, end, thread_index) over chunks covering [0, n) exactly once, chunk boundaries
+  // at multiples of `grain`; thread_index < Size() identifies the executing thread (for per-thread
+  // scratch). Which thread runs a chunk varies from call to call, so kernels must compute each
+  // output element the same way whatever its chunk: then results are identical for any thread
+  // count. Not reentrant: one ParallelFor at a time per pool (Model serializes its forward calls).
   template <typename Fn>
   void ParallelFor(int64_t n, int64_t grain, Fn&& fn) {
     using F = std::remove_reference_t<Fn>;
@@ -36,23 +38,29 @@ class ThreadPool {
         const_cast<void*>(static_cast<const void*>(&fn)));
   }
 
-  // Chunk t of Size() over [0, n) rounded to grain (exposed for tests).
-  static std::pair<int64_t, int64_t> Chunk(int64_t n, int64_t grain, int threads, int t);
+  // Chunk c of `chunks` over [0, n), rounded to grain (exposed for tests).
+  static std::pair<int64_t, int64_t> Chunk(int64_t n, int64_t grain, int64_t chunks, int64_t c);
 
  private:
   using Trampoline = void (*)(void*, int64_t, int64_t, int);
   void Run(int64_t n, int64_t grain, Trampoline call, void* fn);
+  void Work(int thread_index);  // claims and runs chunks of the current job until none is left
   void WorkerLoop(int index);
 
   int size_;
   std::vector<std::thread> workers_;
-  // The current job, published by bumping generation_.
+  // The current job. Workers read it only after joining it (see state_).
   Trampoline job_call_ = nullptr;
   void* job_fn_ = nullptr;
   int64_t job_n_ = 0;
   int64_t job_grain_ = 1;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  int64_t job_chunks_ = 0;
+  std::atomic<int64_t> next_chunk_{0};
+  // state_ = generation << 32 | closed << 31 | workers inside the job. A worker joins by
+  // incrementing the count while the job is open; the caller closes it when all chunks are
+  // claimed and waits only for the workers that joined.
+  std::atomic<uint64_t> state_{0};
+  std::atomic<uint64_t> generation_{0};  // what sleeping/spinning workers watch
   std::atomic<int> sleepers_{0};
   std::atomic<bool> stop_{false};
   std::mutex mutex_;

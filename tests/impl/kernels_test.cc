@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <mutex>
 #include <random>
 #include <vector>
 
@@ -43,22 +44,26 @@ TEST(ThreadPoolTest, ChunksCoverTheRangeOnGrainBoundaries) {
   }
 }
 
-TEST(ThreadPoolTest, EveryIndexRunsExactlyOnceOnTheThreadOfItsChunk) {
+TEST(ThreadPoolTest, EveryIndexRunsExactlyOnceInChunksOnGrainBoundaries) {
   ThreadPool pool(3);
   for (int round = 0; round < 200; ++round) {
     std::vector<int> hits(1000, 0);
     std::vector<int> owner(1000, -1);
+    std::vector<int64_t> begins;
+    std::mutex mutex;
     pool.ParallelFor(1000, 7, [&](int64_t b, int64_t e, int t) {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        begins.push_back(b);
+      }
+      ASSERT_TRUE(t >= 0 && t < 3);
       for (int64_t i = b; i < e; ++i) {
         ++hits[i];
         owner[i] = t;
       }
     });
-    for (int i = 0; i < 1000; ++i) {
-      ASSERT_EQ(hits[i], 1) << "index " << i << " round " << round;
-      auto [b, e] = ThreadPool::Chunk(1000, 7, 3, owner[i]);
-      ASSERT_TRUE(i >= b && i < e);
-    }
+    for (int i = 0; i < 1000; ++i) ASSERT_EQ(hits[i], 1) << "index " << i << " round " << round;
+    for (int64_t b : begins) ASSERT_EQ(b % 7, 0);
   }
 }
 
