@@ -260,6 +260,8 @@ CampaignReport RunCampaign(std::shared_ptr<const format::ModelWeights> weights,
                            const ModelSpec& model, const std::vector<const Backend*>& backends,
                            const CampaignOptions& options) {
   KVDIFF_CHECK(options.cases >= 0, "--cases: expected a count >= 0, got {}", options.cases);
+  KVDIFF_CHECK(options.tolerance_abs >= 0 && std::isfinite(options.tolerance_abs),
+               "--tolerance: expected a finite number >= 0, got {}", options.tolerance_abs);
   const auto start = std::chrono::steady_clock::now();
   CampaignReport report;
   report.model = model;
@@ -268,11 +270,12 @@ CampaignReport RunCampaign(std::shared_ptr<const format::ModelWeights> weights,
   report.seed = options.seed;
   report.cases = options.cases;
   report.shard = options.shard;
+  report.tolerance = options.tolerance_abs;
   const std::vector<int64_t> indices = ShardCases(options.cases, options.shard);
   for (int64_t k : indices) {
     Scenario sc = GenerateCase(weights->config, model, options.seed, k);
     sc.backends = report.backends;
-    report.tolerance = sc.tolerance_abs;
+    sc.tolerance_abs = options.tolerance_abs;
     ValidateScenario(sc, weights->config);  // a generator bug must not pass as a backend bug
     const RunReport run = RunScenario(sc, weights, backends, options.run);
     CaseResult result;

@@ -37,6 +37,7 @@ struct CampaignOptions {
   int64_t cases = 0;
   Shard shard;
   std::filesystem::path out_dir = "kvdiff-failures";  // failing cases are written here
+  double tolerance_abs = 1e-4;
   RunOptions run;
   // Called after every case with (done, total, failures) for a progress line.
   std::function<void(int64_t, int64_t, int64_t)> progress;

@@ -28,7 +28,8 @@ struct CheckArgs {
   std::string json;
   std::string junit;
   std::string out_dir = "kvdiff-failures";
-  int threads = 0;
+  double tolerance = 1e-4;
+  int threads = 1;
 };
 
 int Check(const CheckArgs& args, bool model_seed_given) {
@@ -47,6 +48,7 @@ int Check(const CheckArgs& args, bool model_seed_given) {
   options.cases = args.cases;
   options.shard = harness::ParseShard(args.shard);
   options.out_dir = args.out_dir;
+  options.tolerance_abs = args.tolerance;
   options.run.threads = args.threads;
   const std::vector<std::string> names = args.backends.empty()
                                              ? harness::DefaultBackends()
@@ -102,7 +104,12 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--junit", args->junit, "Write a JUnit XML report (one testcase per case)");
   cmd->add_option("--out-dir", args->out_dir, "Where failing cases are written")
       ->default_val("kvdiff-failures");
+  cmd->add_option("--tolerance", args->tolerance, "Gate on max |a-b| of logits")
+      ->default_val(1e-4);
+  // One thread by default: a case's tensors are tiny, and threads cost more than they give there
+  // (spread a campaign over machines or processes with --shard instead).
   cmd->add_option("--threads", args->threads, "Threads per backend (0: every core)")
+      ->default_val(1)
       ->check(CLI::NonNegativeNumber);
   cmd->callback([args, model_seed, &exit_code] {
     exit_code = Check(*args, model_seed->count() > 0);

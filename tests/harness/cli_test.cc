@@ -1,0 +1,156 @@
+// kvdiff run and kvdiff check through the binary: exit codes 0/1/2 and the reports on disk.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/harness/harness_test_util.h"
+#include "tests/test_support.h"
+
+namespace kvdiff::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Steps5Then10(const std::string& driver) {
+  return R"({"model": {"preset": "tiny", "seed": 3}, "driver": ")" + driver + R"(",
+    "backends": ["impl"],
+    "steps": [{"op": "prefill", "tokens": [5, 17, 3, 99, 42]}, {"op": "decode", "n": 10}]})";
+}
+
+TEST(RunCli, PassingScenarioExitsZeroAndWritesReports) {
+  TempDir dir;
+  WriteFile(dir / "ok.json", Steps5Then10("session"));
+  const auto r = RunKvdiff("run ok.json --threads 1 --json out.json --junit out.xml", dir.path());
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("PASS"));
+  EXPECT_THAT(r.out, HasSubstr("decode(main,n=10)"));
+  EXPECT_EQ(r.out.find('\033'), std::string::npos) << "no colour when stdout is not a terminal";
+  const auto j = nlohmann::json::parse(ReadFile(dir / "out.json"));
+  EXPECT_EQ(j.at("passed"), true);
+  EXPECT_EQ(j.at("first_divergence"), nullptr);
+  EXPECT_EQ(j.at("scenario"), "ok");
+  const std::string xml = ReadFile(dir / "out.xml");
+  EXPECT_EQ(XmlProblem(xml, nullptr), "") << xml;
+  EXPECT_EQ(XmlAttribute(xml, "testsuite", "failures"), "0");
+}
+
+TEST(RunCli, Pos0ExitsOneAtTheFirstDecodeStep) {
+  TempDir dir;
+  WriteFile(dir / "pos0.json", Steps5Then10("pos0"));
+  const auto r = RunKvdiff("run pos0.json --threads 1 --json out.json --localize", dir.path());
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("first divergence: step 1 decode(main,n=10)"));
+  EXPECT_THAT(r.out, HasSubstr("localized: first beyond tolerance at layer 0 attention"));
+  const auto j = nlohmann::json::parse(ReadFile(dir / "out.json"));
+  EXPECT_EQ(j.at("first_divergence").at("step"), 1);
+  EXPECT_EQ(j.at("first_divergence").at("row"), 0);
+  EXPECT_EQ(j.at("first_divergence").at("position"), 5);
+  EXPECT_EQ(j.at("localization").at("layer"), 0);
+}
+
+TEST(RunCli, ShippedScenariosBehaveAsTheirDescriptionsSay) {
+  TempDir dir;
+  const std::string s = KVDIFF_SOURCE_DIR "/harness/scenarios/";
+  EXPECT_EQ(RunKvdiff("run " + s + "example.json --backends impl --threads 1", dir.path()).exit_code, 0);
+  EXPECT_EQ(RunKvdiff("run " + s + "pos0.json --threads 1", dir.path()).exit_code, 1);
+  const auto reuse = RunKvdiff("run " + s + "reuse.json --backends impl --threads 1", dir.path());
+  EXPECT_EQ(reuse.exit_code, 1);
+  EXPECT_THAT(reuse.out, HasSubstr("cannot broadcast [5, 5] to [1, "));
+  const auto reuse1 = RunKvdiff("run " + s + "reuse1.json --backends impl --threads 1", dir.path());
+  EXPECT_EQ(reuse1.exit_code, 1);
+  EXPECT_THAT(reuse1.out, HasSubstr("first divergence: step 3 prefill(second,n=1)"));
+  EXPECT_EQ(reuse1.out.find("error:"), std::string::npos) << "reuse1 is silent: no error";
+}
+
+TEST(RunCli, SessionDriverOnThePos0StepsExitsZero) {
+  TempDir dir;
+  WriteFile(dir / "s.json", Steps5Then10("session"));
+  EXPECT_EQ(RunKvdiff("run s.json --threads 1", dir.path()).exit_code, 0);
+}
+
+TEST(RunCli, BadInputExitsTwoWithTheStepAndField) {
+  TempDir dir;
+  WriteFile(dir / "bad.json", R"({"model": {"preset": "tiny", "seed": 3},
+    "steps": [{"op": "prefill", "tokens": [5, 17, 3, 99, 42], "chunks": [3, 1]}]})");
+  const auto r = RunKvdiff("run bad.json", dir.path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("steps[0].chunks: sizes sum to 4 but tokens has 5"));
+  EXPECT_THAT(r.err, HasSubstr("bad.json"));
+  EXPECT_EQ(RunKvdiff("run missing.json", dir.path()).exit_code, 2);
+  EXPECT_EQ(RunKvdiff("run", dir.path()).exit_code, 2);
+  EXPECT_EQ(RunKvdiff("run bad.json --backends impl,gpu", dir.path()).exit_code, 2);
+  WriteFile(dir / "pos0ref.json", R"({"model": {"preset": "tiny", "seed": 3}, "driver": "pos0",
+    "backends": ["impl", "ref"], "steps": [{"op": "prefill", "tokens": [1]}]})");
+  const auto p = RunKvdiff("run pos0ref.json", dir.path());
+  EXPECT_EQ(p.exit_code, 2);
+  EXPECT_THAT(p.err, HasSubstr("driver \"pos0\" does not apply to backend \"ref\""));
+  WriteFile(dir / "vocab.json", R"({"model": {"preset": "tiny", "seed": 3},
+    "steps": [{"op": "prefill", "tokens": [1, 100000]}]})");
+  const auto v = RunKvdiff("run vocab.json", dir.path());
+  EXPECT_EQ(v.exit_code, 2);
+  EXPECT_THAT(v.err, HasSubstr("steps[0].tokens[1]: token id 100000 is outside the vocabulary"));
+}
+
+TEST(RunCli, ModelDirectoryOnTheCommandLineOverridesTheScenario) {
+  TempDir dir;
+  const auto made = RunKvdiff("make-model --preset tiny --seed 3 --out model", dir.path());
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  WriteFile(dir / "ok.json", Steps5Then10("session"));
+  const auto r = RunKvdiff("run ok.json --threads 1 --model model --json out.json", dir.path());
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(nlohmann::json::parse(ReadFile(dir / "out.json")).at("model").at("source").get<std::string>(),
+              HasSubstr("path model"));
+  // A relative path in the file is resolved against the file's folder, not the working folder.
+  std::filesystem::create_directories(dir / "sub");
+  WriteFile(dir / "sub" / "rel.json", R"({"model": {"path": "../model"}, "backends": ["impl"],
+    "steps": [{"op": "prefill", "tokens": [1, 2]}]})");
+  EXPECT_EQ(RunKvdiff("run sub/rel.json --threads 1", dir.path()).exit_code, 0);
+}
+
+TEST(CheckCli, SmallCampaignPassesAndReportsItsCases) {
+  TempDir dir;
+  const auto r = RunKvdiff("check --cases 40 --seed 3 --threads 1 --json c.json --junit c.xml",
+                           dir.path());
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("PASS: 40 cases"));
+  const auto j = nlohmann::json::parse(ReadFile(dir / "c.json"));
+  EXPECT_EQ(j.at("case_indices").size(), 40u);
+  EXPECT_GT(j.at("rows_compared").get<int64_t>(), 40);
+  EXPECT_LE(j.at("worst_diff").get<double>(), 1e-4);
+  const std::string xml = ReadFile(dir / "c.xml");
+  EXPECT_EQ(XmlProblem(xml, nullptr), "");
+  EXPECT_EQ(XmlAttribute(xml, "testsuite", "tests"), "40");
+  EXPECT_FALSE(std::filesystem::exists(dir / "kvdiff-failures")) << "nothing failed, nothing written";
+}
+
+TEST(CheckCli, FailingCaseIsWrittenAsAReplayableScenario) {
+  // A tolerance of 0 makes a case fail on ordinary float rounding (cached and uncached sums run
+  // in different orders), which is exactly what we need to see the failure path end to end.
+  TempDir dir;
+  const auto r = RunKvdiff("check --cases 30 --seed 1 --threads 1 --backends impl --out-dir fails "
+                           "--json c.json --tolerance 0",
+                           dir.path());
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("replay: kvdiff run "));
+  const auto j = nlohmann::json::parse(ReadFile(dir / "c.json"));
+  std::string file;
+  for (const auto& c : j.at("results"))
+    if (!c.at("passed").get<bool>()) { file = c.at("scenario_file"); break; }
+  ASSERT_FALSE(file.empty());
+  const auto replay = RunKvdiff("run " + file + " --threads 1", dir.path());
+  EXPECT_EQ(replay.exit_code, 1) << replay.out << replay.err;
+}
+
+TEST(CheckCli, UsageErrorsExitTwo) {
+  TempDir dir;
+  EXPECT_EQ(RunKvdiff("check", dir.path()).exit_code, 2) << "--cases is required";
+  const auto shard = RunKvdiff("check --cases 4 --shard 5/4", dir.path());
+  EXPECT_EQ(shard.exit_code, 2);
+  EXPECT_THAT(shard.err, HasSubstr("--shard"));
+  EXPECT_EQ(RunKvdiff("check --cases 4 --preset huge", dir.path()).exit_code, 2);
+  EXPECT_EQ(RunKvdiff("check --cases 4 --model m --preset tiny", dir.path()).exit_code, 2);
+}
+
+}  // namespace
+}  // namespace kvdiff::testing

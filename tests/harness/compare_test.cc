@@ -1,0 +1,95 @@
+// The comparison arithmetic on hand-made rows.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "harness/compare.h"
+#include "harness/format/error.h"
+
+namespace kvdiff::harness {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+RowComparison Compare(const std::vector<float>& a, const std::vector<float>& b, double tol) {
+  return CompareRows(a.data(), b.data(), static_cast<int64_t>(a.size()), tol);
+}
+
+TEST(CompareRows, IdenticalRowsAgree) {
+  const std::vector<float> a = {0.5f, 3.0f, -1.0f, 2.0f};
+  const RowComparison c = Compare(a, a, 0.0);
+  EXPECT_FALSE(c.nonfinite);
+  EXPECT_EQ(c.max_abs_diff, 0.0);
+  EXPECT_EQ(c.argmax_a, 1);
+  EXPECT_EQ(c.argmax_b, 1);
+  EXPECT_TRUE(c.argmax_agrees());
+  EXPECT_EQ(c.top5_overlap, 4);  // only 4 values in the row
+  EXPECT_DOUBLE_EQ(c.margin, 1.0);  // 3.0 - 2.0
+  EXPECT_TRUE(c.within_tolerance);
+}
+
+TEST(CompareRows, MaxDiffArgmaxAndMarginOfTheOracle) {
+  //                           0     1     2     3     4     5     6
+  const std::vector<float> a = {1.0f, 5.0f, 2.0f, 0.0f, 4.0f, 0.5f, 3.0f};
+  const std::vector<float> b = {1.0f, 4.0f, 2.5f, 0.0f, 4.25f, 0.5f, 3.0f};
+  const RowComparison c = Compare(a, b, 0.5);
+  EXPECT_DOUBLE_EQ(c.max_abs_diff, 1.0);
+  EXPECT_EQ(c.max_diff_index, 1);
+  EXPECT_EQ(c.argmax_a, 1);
+  EXPECT_EQ(c.argmax_b, 4);
+  EXPECT_FALSE(c.argmax_agrees());
+  EXPECT_DOUBLE_EQ(c.margin, 0.25);  // b: 4.25 - 4.0
+  // top5(a) = {1,4,6,2,0}; top5(b) = {4,1,6,2,0}: all five shared.
+  EXPECT_EQ(c.top5_overlap, 5);
+  EXPECT_FALSE(c.within_tolerance);
+  EXPECT_TRUE(Compare(a, b, 1.0).within_tolerance) << "the gate is max |a-b| <= tolerance";
+}
+
+TEST(CompareRows, TopFiveOverlapCountsSharedIndices) {
+  // a's top five: 0..4; b's top five: 3..7 -> shared {3, 4}.
+  const std::vector<float> a = {9, 8, 7, 6, 5, 0, 0, 0, 0, 0};
+  const std::vector<float> b = {0, 0, 0, 6, 5, 9, 8, 7, 0, 0};
+  EXPECT_EQ(Compare(a, b, 100).top5_overlap, 2);
+  EXPECT_EQ(Compare(a, a, 0).top5_overlap, 5);
+}
+
+TEST(CompareRows, NonFiniteIsReportedFirstWithBothValues) {
+  const std::vector<float> a = {1.0f, 2.0f, 100.0f, kNaN, 1.0f, 1.0f};
+  const std::vector<float> b = {1.0f, 2.0f, 0.0f, 3.0f, 1.0f, kInf};
+  const RowComparison c = Compare(a, b, 1e9);
+  EXPECT_TRUE(c.nonfinite);
+  EXPECT_EQ(c.nonfinite_index, 3);
+  EXPECT_TRUE(std::isnan(c.nonfinite_a));
+  EXPECT_EQ(c.nonfinite_b, 3.0f);
+  EXPECT_TRUE(std::isinf(c.max_abs_diff));
+  EXPECT_FALSE(c.within_tolerance) << "a NaN never passes, whatever the tolerance";
+  EXPECT_EQ(c.argmax_a, 2) << "NaN never wins the argmax";
+}
+
+TEST(CompareRows, InfinityInTheOracleAlsoFails) {
+  const std::vector<float> a = {1.0f, 2.0f};
+  const std::vector<float> b = {-kInf, 2.0f};
+  const RowComparison c = Compare(a, b, 1.0);
+  EXPECT_TRUE(c.nonfinite);
+  EXPECT_EQ(c.nonfinite_index, 0);
+  EXPECT_EQ(c.nonfinite_b, -kInf);
+  EXPECT_FALSE(c.within_tolerance);
+}
+
+TEST(CompareRows, ArgmaxTakesTheFirstOfATie) {
+  const std::vector<float> a = {1.0f, 3.0f, 3.0f};
+  EXPECT_EQ(Argmax(a.data(), 3), 1);
+  const RowComparison c = Compare(a, a, 0);
+  EXPECT_EQ(c.margin, 0.0) << "a tie has no margin";
+}
+
+TEST(CompareRows, RefusesAnEmptyRow) {
+  const float x = 0;
+  EXPECT_THROW(CompareRows(&x, &x, 0, 1e-4), InputError);
+}
+
+}  // namespace
+}  // namespace kvdiff::harness

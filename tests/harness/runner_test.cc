@@ -1,0 +1,220 @@
+// The runner on the tiny model (impl backend, in process): the session driver agrees with the
+// oracle, the misuse drivers diverge exactly where the seed says, errors are outcomes, and the
+// JSON / JUnit / terminal reports carry it all.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/backend.h"
+#include "harness/drivers.h"
+#include "harness/format/error.h"
+#include "harness/report.h"
+#include "harness/runner.h"
+#include "harness/scenario.h"
+#include "tests/harness/harness_test_util.h"
+
+namespace kvdiff::harness {
+namespace {
+
+using ::testing::HasSubstr;
+
+class RunnerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ModelSpec spec;
+    spec.preset = "tiny";
+    spec.seed = 3;
+    weights_ = new std::shared_ptr<const format::ModelWeights>(LoadModelFor(spec));
+    impl_ = MakeBackend("impl", *weights_, 1).release();
+  }
+  static void TearDownTestSuite() {
+    delete impl_;
+    delete weights_;
+  }
+
+  RunReport Run(const std::string& json, bool localize = false) {
+    Scenario sc = ParseScenario(json);
+    sc.name = "test";
+    PrepareScenario(sc, **weights_);
+    RunOptions options;
+    options.threads = 1;
+    options.localize = localize;
+    return RunScenario(sc, *weights_, {impl_}, options);
+  }
+
+  static std::shared_ptr<const format::ModelWeights>* weights_;
+  static Backend* impl_;
+};
+std::shared_ptr<const format::ModelWeights>* RunnerTest::weights_ = nullptr;
+Backend* RunnerTest::impl_ = nullptr;
+
+std::string Scenario5Then10(const std::string& driver) {
+  return R"({"model": {"preset": "tiny", "seed": 3}, "driver": ")" + driver + R"(",
+    "steps": [{"op": "prefill", "tokens": [5, 17, 3, 99, 42]}, {"op": "decode", "n": 10}]})";
+}
+
+TEST_F(RunnerTest, SessionDriverAgreesWithTheOracleOnEveryRow) {
+  const RunReport r = Run(R"({"model": {"preset": "tiny", "seed": 3},
+    "steps": [{"op": "prefill", "tokens": [5, 17, 3, 99, 42], "chunks": [3, 2]},
+              {"op": "decode", "n": 10},
+              {"op": "fork", "from": "main", "to": "f"},
+              {"op": "truncate", "conversation": "f", "length": 7},
+              {"op": "prefill", "conversation": "f", "tokens": [1, 2, 3], "chunks": [1, 1, 1]},
+              {"op": "decode", "conversation": "f", "n": 3},
+              {"op": "reset"},
+              {"op": "prefill", "tokens": [9]},
+              {"op": "new_conversation", "name": "second"},
+              {"op": "prefill", "conversation": "second", "tokens": [7]}]})");
+  EXPECT_TRUE(r.Passed());
+  EXPECT_EQ(r.ExitCode(), 0);
+  EXPECT_EQ(r.rows_compared, 5 + 10 + 3 + 3 + 1 + 1);
+  EXPECT_LE(r.worst_diff, 1e-4);
+  ASSERT_EQ(r.steps.size(), 10u);
+  EXPECT_EQ(r.steps[0].outcomes[0].status, PathStatus::kPass);
+  EXPECT_EQ(r.steps[0].outcomes[0].rows.size(), 5u);
+  EXPECT_EQ(r.steps[2].outcomes[0].status, PathStatus::kNoRows);
+  // Positions follow each conversation's own history.
+  EXPECT_EQ(r.steps[4].outcomes[0].rows[0].position, 7);
+  EXPECT_EQ(r.steps[7].outcomes[0].rows[0].position, 0);
+  // The decode rows' inputs are the argmaxes of the rows before them.
+  const auto& decode = r.steps[1].outcomes[0].rows;
+  for (size_t k = 1; k < decode.size(); ++k) EXPECT_EQ(decode[k].token, decode[k - 1].cmp.argmax_a);
+  EXPECT_EQ(decode[0].token, r.steps[0].outcomes[0].rows[4].cmp.argmax_a);
+}
+
+TEST_F(RunnerTest, Pos0DivergesAtTheRowThatChoosesTheSecondGeneratedToken) {
+  const RunReport r = Run(Scenario5Then10("pos0"), /*localize=*/true);
+  EXPECT_FALSE(r.Passed());
+  EXPECT_EQ(r.ExitCode(), 1);
+  EXPECT_EQ(r.steps[0].outcomes[0].status, PathStatus::kPass) << "index_pos 0 is right for the prompt";
+  ASSERT_TRUE(r.first_divergence.has_value());
+  const Divergence& d = *r.first_divergence;
+  EXPECT_EQ(d.step, 1);
+  EXPECT_EQ(d.row.row, 0);
+  EXPECT_EQ(d.row.position, 5);
+  EXPECT_EQ(d.kind, "oracle");
+  // Its input is the first generated token (the prompt's last row's argmax), and the row picks
+  // the second.
+  EXPECT_EQ(d.row.token, r.steps[0].outcomes[0].rows[4].cmp.argmax_a);
+  EXPECT_GT(d.row.cmp.max_abs_diff, 1e-2) << "a wrong position moves logits far beyond 1e-4";
+  ASSERT_TRUE(r.localization.has_value());
+  EXPECT_TRUE(r.localization->found);
+  EXPECT_EQ(r.localization->layer, 0);
+  EXPECT_EQ(r.localization->block, "attention") << "RoPE at the wrong position: attention first";
+  EXPECT_EQ(r.localization->attention_diffs.size(),
+            static_cast<size_t>((*weights_)->config.num_hidden_layers));
+}
+
+TEST_F(RunnerTest, SessionDriverOnTheSameStepsPasses) {
+  EXPECT_TRUE(Run(Scenario5Then10("session")).Passed());
+}
+
+TEST_F(RunnerTest, ReuseWithAFiveTokenPromptThrowsAndTheRunGoesOn) {
+  const auto nh = (*weights_)->config.num_attention_heads;
+  const RunReport r = Run(R"({"model": {"preset": "tiny", "seed": 3}, "driver": "reuse",
+    "steps": [{"op": "prefill", "tokens": [5, 17, 3, 99, 42]}, {"op": "decode", "n": 19},
+              {"op": "new_conversation", "name": "second"},
+              {"op": "prefill", "conversation": "second", "tokens": [8, 17, 3, 120, 42]},
+              {"op": "decode", "conversation": "second", "n": 3},
+              {"op": "new_conversation", "name": "third"},
+              {"op": "prefill", "conversation": "third", "tokens": [4, 4]}]})");
+  EXPECT_EQ(r.ExitCode(), 1);
+  EXPECT_EQ(r.steps[1].outcomes[0].status, PathStatus::kPass);
+  EXPECT_EQ(r.steps[3].outcomes[0].status, PathStatus::kError);
+  EXPECT_EQ(r.steps[3].outcomes[0].message,
+            "cannot broadcast [5, 5] to [1, " + std::to_string(nh) + ", 5, 29]");
+  EXPECT_EQ(r.steps[4].outcomes[0].status, PathStatus::kSkipped);
+  EXPECT_THAT(r.steps[4].outcomes[0].message, HasSubstr("conversation \"second\" failed at step 3"));
+  EXPECT_NE(r.steps[6].outcomes[0].status, PathStatus::kSkipped) << "the next conversation runs";
+  ASSERT_TRUE(r.first_error.has_value());
+  EXPECT_EQ(r.first_error->step, 3);
+  EXPECT_EQ(r.first_error->backend, "impl");
+}
+
+TEST_F(RunnerTest, ReuseWithAOneTokenPromptIsSilentAndWrong) {
+  const RunReport r = Run(R"({"model": {"preset": "tiny", "seed": 3}, "driver": "reuse",
+    "steps": [{"op": "prefill", "tokens": [5, 17, 3, 99, 42]}, {"op": "decode", "n": 19},
+              {"op": "new_conversation", "name": "second"},
+              {"op": "prefill", "conversation": "second", "tokens": [8]}]})");
+  EXPECT_FALSE(r.first_error.has_value()) << "no error: the mask is skipped for one token";
+  ASSERT_TRUE(r.first_divergence.has_value());
+  EXPECT_EQ(r.first_divergence->step, 3);
+  EXPECT_EQ(r.first_divergence->row.position, 0);
+  EXPECT_EQ(r.first_divergence->row.conversation, "second");
+}
+
+TEST(PlanBackends, Pos0IsRefusedForANamedReferenceAndLeftOutOfTheDefault) {
+  Scenario sc = ParseScenario(Scenario5Then10("pos0"));
+  try {
+    PlanBackends({"impl", "ref"}, sc, nullptr);
+    ADD_FAILURE() << "pos0 on ref was accepted";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("driver \"pos0\" does not apply to backend \"ref\""));
+  }
+  std::vector<std::string> notes;
+  EXPECT_EQ(PlanBackends({}, sc, &notes), (std::vector<std::string>{"impl"}));
+  EXPECT_EQ(notes.size(), DefaultBackends().size() - 1);
+  sc.driver = DriverKind::kReuse;
+  EXPECT_EQ(PlanBackends({"impl", "ref64"}, sc, nullptr),
+            (std::vector<std::string>{"impl", "ref64"}));
+}
+
+TEST_F(RunnerTest, JsonReportReadsBack) {
+  const RunReport r = Run(Scenario5Then10("pos0"));
+  const auto j = nlohmann::json::parse(ReportToJson(r).dump(2));
+  EXPECT_EQ(j.at("kvdiff_version"), KVDIFF_VERSION);
+  EXPECT_EQ(j.at("passed"), false);
+  EXPECT_EQ(j.at("exit_code"), 1);
+  EXPECT_EQ(j.at("driver"), "pos0");
+  EXPECT_DOUBLE_EQ(j.at("tolerance").at("abs").get<double>(), 1e-4);
+  EXPECT_EQ(j.at("model").at("config").at("vocab_size"), (*weights_)->config.vocab_size);
+  EXPECT_THAT(j.at("model").at("source").get<std::string>(), HasSubstr("tiny"));
+  EXPECT_EQ(j.at("first_divergence").at("step"), 1);
+  EXPECT_EQ(j.at("first_divergence").at("position"), 5);
+  EXPECT_EQ(j.at("first_divergence").at("comparison").at("within_tolerance"), false);
+  ASSERT_EQ(j.at("steps").size(), 2u);
+  EXPECT_EQ(j.at("steps")[1].at("params"), "decode(main,n=10)");
+  EXPECT_EQ(j.at("steps")[1].at("outcomes")[0].at("status"), "FAIL");
+  EXPECT_EQ(j.at("steps")[1].at("outcomes")[0].at("rows").size(), 10u);
+  EXPECT_EQ(j.at("rows_compared"), 15);
+}
+
+TEST_F(RunnerTest, JUnitIsWellFormedWithOneTestcasePerStep) {
+  const RunReport r = Run(Scenario5Then10("pos0"));
+  const std::string xml = ReportToJUnit(r);
+  std::vector<std::string> names;
+  EXPECT_EQ(testing::XmlProblem(xml, &names), "") << xml;
+  EXPECT_EQ(std::count(names.begin(), names.end(), "testcase"), 2);
+  EXPECT_EQ(std::count(names.begin(), names.end(), "failure"), 1);
+  EXPECT_EQ(testing::XmlAttribute(xml, "testsuite", "tests"), "2");
+  EXPECT_EQ(testing::XmlAttribute(xml, "testsuite", "failures"), "1");
+  EXPECT_THAT(xml, HasSubstr("name=\"step 01 decode(main,n=10)\""));
+}
+
+TEST(XmlEscape, EscapesMarkupAndDropsWhatXmlCannotHold) {
+  EXPECT_EQ(XmlEscape("a<b>&\"c'"), "a&lt;b&gt;&amp;&quot;c&apos;");
+  EXPECT_EQ(XmlEscape(std::string("x\x01y\x7f", 4)), "x?y?");
+  EXPECT_EQ(XmlEscape("line\nnext"), "line&#10;next");
+  const std::string doc = "<r a=\"" + XmlEscape("<&\"\n\x02") + "\">" + XmlEscape("]]> & <") + "</r>";
+  EXPECT_EQ(testing::XmlProblem(doc, nullptr), "");
+  // The checker itself catches the mistakes it is there for.
+  EXPECT_NE(testing::XmlProblem("<r>a & b</r>", nullptr), "");
+  EXPECT_NE(testing::XmlProblem("<r><s></r></s>", nullptr), "");
+  EXPECT_NE(testing::XmlProblem("<r a=x/>", nullptr), "");
+}
+
+TEST_F(RunnerTest, TerminalReportHasOneLinePerStepAndColourOnlyOnRequest) {
+  const RunReport r = Run(Scenario5Then10("pos0"));
+  const std::string plain = FormatTerminal(r, false);
+  EXPECT_EQ(plain.find('\033'), std::string::npos);
+  EXPECT_THAT(plain, HasSubstr("prefill(main,n=5)"));
+  EXPECT_THAT(plain, HasSubstr("decode(main,n=10)"));
+  EXPECT_THAT(plain, HasSubstr("first divergence: step 1 decode(main,n=10)"));
+  EXPECT_THAT(plain, HasSubstr("position 5"));
+  EXPECT_THAT(plain, HasSubstr("margin"));
+  EXPECT_NE(FormatTerminal(r, true).find("\033["), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvdiff::harness

@@ -1,0 +1,283 @@
+// Scenario parsing and validation: valid files, and every refusal naming the step and field.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "harness/campaign.h"
+#include "harness/format/error.h"
+#include "harness/format/model_files.h"
+#include "harness/scenario.h"
+
+namespace kvdiff::harness {
+namespace {
+
+using ::testing::HasSubstr;
+
+const char* kExample = R"({"model": {"preset": "tiny", "seed": 3}, "driver": "session",
+  "tolerance": {"abs": 1e-4},
+  "steps": [{"op": "prefill", "tokens": [5, 17, 3, 99, 42], "chunks": [3, 2]},
+            {"op": "decode", "n": 10},
+            {"op": "new_conversation", "name": "second"},
+            {"op": "prefill", "conversation": "second", "tokens": [7]},
+            {"op": "truncate", "conversation": "main", "length": 4},
+            {"op": "fork", "from": "main", "to": "side"},
+            {"op": "reset", "conversation": "side"}]})";
+
+// The message of the InputError that parsing text throws ("" when it does not throw).
+std::string ParseError(const std::string& text) {
+  try {
+    ParseScenario(text);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string StepsError(const std::string& steps) {
+  return ParseError(R"({"model": {"preset": "tiny", "seed": 1}, "steps": )" + steps + "}");
+}
+
+format::LlamaConfig TinyConfig() { return format::PresetConfig("tiny"); }
+
+std::string ValidateError(const std::string& steps) {
+  try {
+    ValidateScenario(
+        ParseScenario(R"({"model": {"preset": "tiny", "seed": 1}, "steps": )" + steps + "}"),
+        TinyConfig());
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ScenarioParse, ReadsEveryStepOfTheExample) {
+  const Scenario sc = ParseScenario(kExample);
+  ASSERT_TRUE(sc.model.preset.has_value());
+  EXPECT_EQ(*sc.model.preset, "tiny");
+  EXPECT_EQ(sc.model.seed, 3u);
+  EXPECT_EQ(sc.driver, DriverKind::kSession);
+  EXPECT_DOUBLE_EQ(sc.tolerance_abs, 1e-4);
+  ASSERT_EQ(sc.steps.size(), 7u);
+  EXPECT_EQ(sc.steps[0].op, Op::kPrefill);
+  EXPECT_EQ(sc.steps[0].conversation, "main");
+  EXPECT_EQ(sc.steps[0].tokens, (Tokens{5, 17, 3, 99, 42}));
+  EXPECT_EQ(sc.steps[0].chunks, (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(sc.steps[1].n, 10);
+  EXPECT_EQ(sc.steps[2].name, "second");
+  EXPECT_EQ(sc.steps[3].conversation, "second");
+  EXPECT_EQ(sc.steps[4].length, 4);
+  EXPECT_EQ(sc.steps[5].from, "main");
+  EXPECT_EQ(sc.steps[5].to, "side");
+  EXPECT_EQ(sc.steps[6].op, Op::kReset);
+  EXPECT_NO_THROW(ValidateScenario(sc, TinyConfig()));
+}
+
+TEST(ScenarioParse, ParameterStrings) {
+  const Scenario sc = ParseScenario(kExample);
+  EXPECT_EQ(sc.steps[0].ParamString(), "prefill(main,n=5,chunks=3+2)");
+  EXPECT_EQ(sc.steps[1].ParamString(), "decode(main,n=10)");
+  EXPECT_EQ(sc.steps[2].ParamString(), "new_conversation(second)");
+  EXPECT_EQ(sc.steps[3].ParamString(), "prefill(second,n=1)");
+  EXPECT_EQ(sc.steps[4].ParamString(), "truncate(main,length=4)");
+  EXPECT_EQ(sc.steps[5].ParamString(), "fork(main->side)");
+  EXPECT_EQ(sc.steps[6].ParamString(), "reset(side)");
+}
+
+TEST(ScenarioParse, DefaultsWhenFieldsAreLeftOut) {
+  const Scenario sc = ParseScenario(
+      R"({"model": {"preset": "tiny"}, "steps": [{"op": "prefill", "tokens": [1]}]})");
+  EXPECT_EQ(sc.model.seed, 0u);
+  EXPECT_DOUBLE_EQ(sc.tolerance_abs, 1e-4);
+  EXPECT_TRUE(sc.backends.empty());
+  EXPECT_EQ(sc.driver, DriverKind::kSession);
+  EXPECT_TRUE(sc.steps[0].chunks.empty());
+}
+
+TEST(ScenarioParse, RelativeModelPathIsResolvedAgainstTheFilesFolder) {
+  const Scenario sc = ParseScenario(
+      R"({"model": {"path": "../models/tiny"}, "steps": [{"op": "prefill", "tokens": [1]}]})",
+      "/data/scenarios");
+  ASSERT_TRUE(sc.model.path.has_value());
+  EXPECT_EQ(sc.model.path->string(), "/data/models/tiny");
+  const Scenario abs = ParseScenario(
+      R"({"model": {"path": "/m/x"}, "steps": [{"op": "prefill", "tokens": [1]}]})", "/data");
+  EXPECT_EQ(abs.model.path->string(), "/m/x");
+}
+
+TEST(ScenarioParse, ToJsonReadsBackTheSame) {
+  const Scenario sc = ParseScenario(kExample);
+  const Scenario back = ParseScenario(sc.ToJson().dump());
+  ASSERT_EQ(back.steps.size(), sc.steps.size());
+  for (size_t i = 0; i < sc.steps.size(); ++i) {
+    EXPECT_EQ(back.steps[i].ParamString(), sc.steps[i].ParamString());
+    EXPECT_EQ(back.steps[i].tokens, sc.steps[i].tokens);
+  }
+  EXPECT_EQ(back.model.Describe(), sc.model.Describe());
+}
+
+TEST(ScenarioParse, ChunksMustSumToTheTokenCount) {
+  EXPECT_EQ(StepsError(R"([{"op": "prefill", "tokens": [1, 2, 3, 4, 5], "chunks": [2, 2]}])"),
+            "steps[0].chunks: sizes sum to 4 but tokens has 5");
+  EXPECT_THAT(StepsError(R"([{"op": "prefill", "tokens": [1, 2], "chunks": [2, 0]}])"),
+              HasSubstr("steps[0].chunks[1]: expected a chunk size >= 1, got 0"));
+}
+
+TEST(ScenarioParse, StepErrorsNameTheIndexAndField) {
+  EXPECT_THAT(StepsError(R"([{"op": "prefill", "tokens": [1]}, {"op": "jump"}])"),
+              HasSubstr("steps[1].op: unknown op \"jump\""));
+  EXPECT_THAT(StepsError(R"([{"op": "prefill", "tokenz": [1]}])"),
+              HasSubstr("steps[0]: unknown field \"tokenz\""));
+  EXPECT_THAT(StepsError(R"([{"op": "prefill", "tokens": [1]}, {"op": "decode"}])"),
+              HasSubstr("steps[1]: \"decode\" needs the field \"n\""));
+  EXPECT_THAT(StepsError(R"([{"op": "prefill", "tokens": [1]}, {"op": "decode", "n": 0}])"),
+              HasSubstr("steps[1].n: expected an integer >= 1, got 0"));
+  EXPECT_THAT(StepsError(R"([{"op": "prefill", "tokens": [1]}, {"op": "decode", "n": "3"}])"),
+              HasSubstr("steps[1].n: expected an integer, got string \"3\""));
+  EXPECT_THAT(StepsError(R"([{"op": "prefill", "tokens": [1, -2]}])"),
+              HasSubstr("steps[0].tokens[1]: expected a non-negative integer token id, got -2"));
+  EXPECT_THAT(StepsError(R"([{"op": "prefill", "tokens": []}])"),
+              HasSubstr("steps[0].tokens: must not be empty"));
+  EXPECT_THAT(StepsError(R"([{"op": "prefill", "tokens": [1], "text": "hi"}])"),
+              HasSubstr("steps[0]: \"prefill\" needs exactly one of \"tokens\" or \"text\""));
+  EXPECT_THAT(StepsError(R"([{"op": "fork", "from": "main"}])"),
+              HasSubstr("steps[0]: \"fork\" needs the field \"to\""));
+  EXPECT_THAT(StepsError(R"([{"op": "truncate", "length": -1}])"),
+              HasSubstr("steps[0].length: expected an integer >= 0, got -1"));
+  EXPECT_THAT(StepsError(R"([{"op": "reset", "conversation": ""}])"),
+              HasSubstr("steps[0].conversation: a conversation name must not be empty"));
+  EXPECT_THAT(StepsError(R"([{"op": "new_conversation", "conversation": "x"}])"),
+              HasSubstr("steps[0]: unknown field \"conversation\""));
+  EXPECT_THAT(StepsError(R"([7])"), HasSubstr("steps[0]: expected an object, got number 7"));
+  EXPECT_THAT(StepsError(R"([{"tokens": [1]}])"), HasSubstr("steps[0]: missing field \"op\""));
+  EXPECT_THAT(StepsError(R"([])"), HasSubstr("steps: expected a non-empty array"));
+}
+
+TEST(ScenarioParse, TopLevelErrors) {
+  EXPECT_THAT(ParseError("{"), HasSubstr("scenario: invalid JSON"));
+  EXPECT_THAT(ParseError("[1]"), HasSubstr("expected a JSON object at the top, got array"));
+  EXPECT_THAT(ParseError(R"({"steps": [{"op": "reset"}]})"),
+              HasSubstr("scenario: missing field \"model\""));
+  EXPECT_THAT(ParseError(R"({"model": {"preset": "tiny"}, "steps": [{"op": "reset"}],
+                              "colour": 1})"),
+              HasSubstr("scenario: unknown field \"colour\""));
+  EXPECT_THAT(ParseError(R"({"model": {"preset": "tiny", "path": "x"}, "steps": [{"op": "reset"}]})"),
+              HasSubstr("model: unknown field \"preset\""));
+  EXPECT_THAT(ParseError(R"({"model": {"preset": "tiny"}, "driver": "pos1",
+                              "steps": [{"op": "reset"}]})"),
+              HasSubstr("driver: unknown driver \"pos1\" (expected session, pos0 or reuse)"));
+  EXPECT_THAT(ParseError(R"({"model": {"preset": "tiny"}, "tolerance": {"abs": -1},
+                              "steps": [{"op": "reset"}]})"),
+              HasSubstr("tolerance.abs: expected a finite number >= 0, got -1"));
+  EXPECT_THAT(ParseError(R"({"model": {"preset": "tiny"}, "tolerance": {"rel": 1},
+                              "steps": [{"op": "reset"}]})"),
+              HasSubstr("tolerance: unknown field \"rel\""));
+  EXPECT_THAT(ParseError(R"({"model": {"preset": "tiny"}, "backends": ["impl", "cuda"],
+                              "steps": [{"op": "reset"}]})"),
+              HasSubstr("backends[1]: unknown backend \"cuda\""));
+  EXPECT_THAT(ParseError(R"({"model": {"preset": "tiny"}, "backends": ["impl", "impl"],
+                              "steps": [{"op": "reset"}]})"),
+              HasSubstr("backends[1]: \"impl\" is listed twice"));
+}
+
+TEST(ScenarioValidate, RefusesWhatNoBackendCouldRun) {
+  EXPECT_THAT(ValidateError(R"([{"op": "decode", "n": 2}])"),
+              HasSubstr("steps[0]: decode on conversation \"main\" has no previous row"));
+  EXPECT_THAT(ValidateError(R"([{"op": "prefill", "tokens": [1, 2]},
+                                {"op": "truncate", "length": 1}, {"op": "decode", "n": 1}])"),
+              HasSubstr("steps[2]: decode on conversation \"main\" has no previous row"));
+  EXPECT_THAT(ValidateError(R"([{"op": "prefill", "conversation": "other", "tokens": [1]}])"),
+              HasSubstr("steps[0].conversation: no conversation named \"other\""));
+  EXPECT_THAT(ValidateError(R"([{"op": "fork", "from": "nope", "to": "x"}])"),
+              HasSubstr("steps[0].from: no conversation named \"nope\""));
+  EXPECT_THAT(ValidateError(R"([{"op": "fork", "from": "main", "to": "main"}])"),
+              HasSubstr("steps[0].to: conversation \"main\" already exists"));
+  EXPECT_THAT(ValidateError(R"([{"op": "new_conversation", "name": "main"}])"),
+              HasSubstr("steps[0].name: conversation \"main\" already exists"));
+  EXPECT_THAT(ValidateError(R"([{"op": "prefill", "tokens": [1, 2]},
+                                {"op": "truncate", "length": 3}])"),
+              HasSubstr("steps[1].length: cannot truncate conversation \"main\" to 3: it has 2"));
+  const auto vocab = TinyConfig().vocab_size;
+  EXPECT_THAT(ValidateError(R"([{"op": "prefill", "tokens": [1, )" + std::to_string(vocab) + "]}]"),
+              HasSubstr("steps[0].tokens[1]: token id " + std::to_string(vocab) +
+                        " is outside the vocabulary [0, " + std::to_string(vocab) + ")"));
+  const auto max_pos = TinyConfig().max_position_embeddings;
+  EXPECT_THAT(ValidateError(R"([{"op": "prefill", "tokens": [1]}, {"op": "decode", "n": )" +
+                            std::to_string(max_pos) + "}]"),
+              HasSubstr("steps[1].n: conversation \"main\" would reach " +
+                        std::to_string(max_pos + 1) + " positions"));
+  // Truncating to the current length keeps the last row, so decode may follow.
+  EXPECT_EQ(ValidateError(R"([{"op": "prefill", "tokens": [1, 2]},
+                              {"op": "truncate", "length": 2}, {"op": "decode", "n": 1},
+                              {"op": "fork", "from": "main", "to": "f"},
+                              {"op": "decode", "conversation": "f", "n": 1}])"),
+            "");
+}
+
+TEST(BackendList, ParsesAndRefuses) {
+  EXPECT_EQ(ParseBackendList("impl,ref64"), (std::vector<std::string>{"impl", "ref64"}));
+  auto error = [](const std::string& s) {
+    try {
+      ParseBackendList(s);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_THAT(error("impl,,ref"), HasSubstr("--backends: empty name"));
+  EXPECT_THAT(error("impl,gpu"), HasSubstr("--backends: unknown backend \"gpu\""));
+  EXPECT_THAT(error("ref,ref"), HasSubstr("--backends: \"ref\" is listed twice"));
+}
+
+TEST(Shards, ParseAndPartition) {
+  EXPECT_EQ(ParseShard("2/5").index, 2);
+  EXPECT_EQ(ParseShard("2/5").count, 5);
+  for (const char* bad : {"0/4", "5/4", "1/0", "1-4", "a/b", "1/4x", ""}) {
+    try {
+      ParseShard(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const InputError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("--shard")) << bad;
+    }
+  }
+  std::set<int64_t> all;
+  size_t total = 0;
+  for (int64_t i = 1; i <= 4; ++i) {
+    const auto cases = ShardCases(1000, Shard{i, 4});
+    EXPECT_EQ(cases.size(), 250u);
+    for (int64_t k : cases) EXPECT_EQ(k % 4, i - 1);
+    total += cases.size();
+    all.insert(cases.begin(), cases.end());
+  }
+  EXPECT_EQ(total, 1000u);  // disjoint ...
+  EXPECT_EQ(all.size(), 1000u);  // ... and covering 0..999
+  EXPECT_EQ(*all.rbegin(), 999);
+  EXPECT_EQ(ShardCases(3, Shard{4, 4}).size(), 0u);
+}
+
+TEST(GenerateCase, IsAFunctionOfSeedAndIndexAndAlwaysValid) {
+  const auto config = TinyConfig();
+  ModelSpec model;
+  model.preset = "tiny";
+  model.seed = 7;
+  EXPECT_EQ(GenerateCase(config, model, 5, 17).ToJson(), GenerateCase(config, model, 5, 17).ToJson());
+  EXPECT_NE(GenerateCase(config, model, 5, 17).ToJson(), GenerateCase(config, model, 5, 18).ToJson());
+  EXPECT_NE(GenerateCase(config, model, 5, 17).ToJson(), GenerateCase(config, model, 6, 17).ToJson());
+  std::set<Op> ops;
+  bool chunked = false;
+  for (int64_t k = 0; k < 300; ++k) {
+    const Scenario sc = GenerateCase(config, model, 1, k);
+    EXPECT_NO_THROW(ValidateScenario(sc, config)) << sc.ToJson().dump();
+    // A generated case replays from its file.
+    EXPECT_EQ(ParseScenario(sc.ToJson().dump()).ToJson(), sc.ToJson());
+    for (const Step& s : sc.steps) {
+      ops.insert(s.op);
+      chunked = chunked || s.chunks.size() > 1;
+    }
+  }
+  EXPECT_EQ(ops.size(), 6u) << "every op appears somewhere in 300 cases";
+  EXPECT_TRUE(chunked);
+}
+
+}  // namespace
+}  // namespace kvdiff::harness
