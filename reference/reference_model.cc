@@ -356,12 +356,12 @@ struct ReferenceModel::Impl {
   }
 
   void CheckTokens(const Tokens& tokens, int64_t past_seen_tokens) const {
-    KVDIFF_CHECK(!tokens.empty(), "reference forward: tokens is empty (expected at least one token)");
+    // The same words as impl's checks, so a user sees one message whichever backend refused.
+    KVDIFF_CHECK(!tokens.empty(), "tokens is empty (expected at least one token)");
     for (size_t i = 0; i < tokens.size(); ++i) {
       KVDIFF_CHECK(tokens[i] >= 0 && tokens[i] < config.vocab_size,
-                   "reference forward: token id {} at index {} is out of range [0, {}) "
-                   "(vocab_size {})",
-                   tokens[i], i, config.vocab_size, config.vocab_size);
+                   "token id {} at index {} is out of range for vocab_size {}", tokens[i], i,
+                   config.vocab_size);
     }
     const int64_t total = past_seen_tokens + static_cast<int64_t>(tokens.size());
     KVDIFF_CHECK(total <= config.max_position_embeddings,
