@@ -46,11 +46,18 @@ std::string TokenText(Token t) { return std::to_string(t); }
 
 std::string DivergenceText(const Divergence& d) {
   const RowComparison& c = d.row.cmp;
+  // In a decode step, row r's input was chosen by the row before it, and its own argmax chooses
+  // generated token r + 2 of the step (counting the token the previous row chose as 1).
+  const std::string which =
+      d.params.rfind("decode(", 0) == 0
+          ? fmt::format("row {} of the step: the row that chooses generated token {}", d.row.row,
+                        d.row.row + 2)
+          : fmt::format("row {} of the step", d.row.row);
   std::string out = fmt::format(
       "first divergence: step {} {}: {} vs {}\n"
-      "  conversation {}, position {}, input token {} (row {} of the step)\n",
+      "  conversation {}, position {}, input token {} ({})\n",
       d.step, d.params, d.a, d.b, d.row.conversation, d.row.position, TokenText(d.row.token),
-      d.row.row);
+      which);
   if (c.nonfinite) {
     out += fmt::format("  not finite: logit {} is {} in {} and {} in {}\n", c.nonfinite_index,
                        c.nonfinite_a, d.a, c.nonfinite_b, d.b);
