@@ -22,7 +22,7 @@ struct CompareOptions {
 
 struct RowResult {
   bool finite = true;
-  int64_t bad_col = -1;      // first non-finite column (when !finite)
+  int64_t bad_col = -1;  // first non-finite column (when !finite)
   double max_diff = 0;
   int64_t max_col = 0;
   int64_t argmax_a = 0, argmax_b = 0;

@@ -64,8 +64,7 @@ void AddInfoCommand(CLI::App& app, int& exit_code) {
   auto dir = std::make_shared<std::string>();
   CLI::App* cmd = app.add_subcommand(
       "info", "Show a model's config, parameter count and size, after validating its files");
-  cmd->add_option("--model", *dir, "Model directory (config.json + model.safetensors)")
-      ->required();
+  cmd->add_option("--model", *dir, "Model directory (config.json + model.safetensors)")->required();
   cmd->callback([dir, &exit_code] {
     RunInfo(*dir);
     exit_code = 0;

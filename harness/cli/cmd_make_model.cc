@@ -43,13 +43,13 @@ void RunMakeModel(const MakeModelOptions& o) {
   const std::filesystem::path dir = o.out;
   format::SaveModel(dir, model, dtype);
   const auto bytes = std::filesystem::file_size(dir / "model.safetensors");
-  fmt::print("wrote {} and {}: {} seed {}, {}, {} layers, hidden {}, vocab {}, {} head, "
-             "{} parameters, {} bytes\n",
-             (dir / "config.json").string(), (dir / "model.safetensors").string(),
-             o.preset.empty() ? "config " + o.config_path + "," : "preset " + o.preset + ",",
-             o.seed, format::DTypeName(dtype), config.num_hidden_layers, config.hidden_size,
-             config.vocab_size, config.tie_word_embeddings ? "tied" : "untied",
-             model.NumParameters(), bytes);
+  fmt::print(
+      "wrote {} and {}: {} seed {}, {}, {} layers, hidden {}, vocab {}, {} head, "
+      "{} parameters, {} bytes\n",
+      (dir / "config.json").string(), (dir / "model.safetensors").string(),
+      o.preset.empty() ? "config " + o.config_path + "," : "preset " + o.preset + ",", o.seed,
+      format::DTypeName(dtype), config.num_hidden_layers, config.hidden_size, config.vocab_size,
+      config.tie_word_embeddings ? "tied" : "untied", model.NumParameters(), bytes);
 }
 
 }  // namespace

@@ -31,8 +31,8 @@ const json* Find(const json& object, const char* key) {
 
 int64_t IntegerValue(const json& value, const std::string& field) {
   // 576.0 is not accepted: HF writes integers, and a float here is a sign of a wrong file.
-  KVDIFF_CHECK(value.is_number_integer(),
-               "config.json field \"{}\": expected an integer, found {}", field, Describe(value));
+  KVDIFF_CHECK(value.is_number_integer(), "config.json field \"{}\": expected an integer, found {}",
+               field, Describe(value));
   if (value.is_number_unsigned()) {
     uint64_t u = value.get<uint64_t>();
     KVDIFF_CHECK(u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
@@ -77,8 +77,10 @@ int64_t TokenId(const json& object, const char* field, int64_t fallback) {
 }
 
 RopeScaling ParseRopeScaling(const json& value) {
-  KVDIFF_CHECK(value.is_object(), "config.json field \"rope_scaling\": expected null or an object, "
-               "found {}", Describe(value));
+  KVDIFF_CHECK(value.is_object(),
+               "config.json field \"rope_scaling\": expected null or an object, "
+               "found {}",
+               Describe(value));
   RopeScaling scaling;
   const json* type = Find(value, "rope_type");
   if (type == nullptr) type = Find(value, "type");  // older transformers spelling
@@ -87,8 +89,8 @@ RopeScaling ParseRopeScaling(const json& value) {
                "found {}",
                type ? Describe(*type) : std::string("nothing"));
   scaling.type = type->get<std::string>();
-  // Refused, never ignored: running "linear" or "yarn" as unscaled RoPE would give wrong logits that
-  // still look plausible.
+  // Refused, never ignored: running "linear" or "yarn" as unscaled RoPE would give wrong logits
+  // that still look plausible.
   KVDIFF_CHECK(scaling.type == "llama3",
                "config.json field \"rope_scaling\": unsupported rope scaling type \"{}\" "
                "(kvdiff implements only \"llama3\", or null for none)",
@@ -172,8 +174,8 @@ void LlamaConfig::Validate() const {
   KVDIFF_CHECK(std::isfinite(rms_norm_eps) && rms_norm_eps > 0,
                "config.json field \"rms_norm_eps\": expected a positive finite number, found {}",
                rms_norm_eps);
-  KVDIFF_CHECK(torch_dtype == "float32" || torch_dtype == "bfloat16" ||
-                   torch_dtype == "float16" || torch_dtype == "float64",
+  KVDIFF_CHECK(torch_dtype == "float32" || torch_dtype == "bfloat16" || torch_dtype == "float16" ||
+                   torch_dtype == "float64",
                "config.json field \"torch_dtype\": expected \"float32\", \"bfloat16\", \"float16\" "
                "or \"float64\", found \"{}\"",
                torch_dtype);
@@ -296,9 +298,9 @@ LlamaConfig LoadConfig(const std::filesystem::path& config_json) {
 }
 
 std::string ConfigToJson(const LlamaConfig& config) {
-  // nlohmann's default object is a std::map, so keys come out sorted: a stable order, byte-identical
-  // files. The extra HF keys (architectures, model_type, hidden_act, biases) make the directory
-  // loadable by transformers as it is.
+  // nlohmann's default object is a std::map, so keys come out sorted: a stable order,
+  // byte-identical files. The extra HF keys (architectures, model_type, hidden_act, biases) make
+  // the directory loadable by transformers as it is.
   json j;
   j["architectures"] = json::array({"LlamaForCausalLM"});
   j["model_type"] = "llama";

@@ -30,8 +30,8 @@ struct LlamaConfig {
   std::optional<RopeScaling> rope_scaling;
   double rms_norm_eps = 1e-5;
   bool tie_word_embeddings = false;
-  int64_t bos_token_id = 1;  // -1 when config.json has null
-  int64_t eos_token_id = 2;  // the first id when config.json lists several; -1 when null
+  int64_t bos_token_id = 1;             // -1 when config.json has null
+  int64_t eos_token_id = 2;             // the first id when config.json lists several; -1 when null
   std::string torch_dtype = "float32";  // "float32", "bfloat16", "float16" or "float64"
 
   int64_t QDim() const { return num_attention_heads * head_dim; }
@@ -44,10 +44,10 @@ struct LlamaConfig {
 
 // Parses the text of a config.json. Missing optional fields take transformers' LlamaConfig
 // defaults (num_key_value_heads = num_attention_heads, rope_theta 10000, rms_norm_eps 1e-6,
-// tie_word_embeddings false, bos 1, eos 2, torch_dtype float32); unknown keys are ignored, since real
-// configs carry many (architectures, attention_bias, ...). rope_scaling of type "default" is the
-// unscaled rotary embedding, same as null. Throws InputError (naming the field) on bad JSON, a missing
-// or ill-typed field, an unsupported rope_scaling, or a config that fails Validate().
+// tie_word_embeddings false, bos 1, eos 2, torch_dtype float32); unknown keys are ignored, since
+// real configs carry many (architectures, attention_bias, ...). rope_scaling of type "default" is
+// the unscaled rotary embedding, same as null. Throws InputError (naming the field) on bad JSON, a
+// missing or ill-typed field, an unsupported rope_scaling, or a config that fails Validate().
 LlamaConfig ParseConfig(const std::string& json_text);
 LlamaConfig LoadConfig(const std::filesystem::path& config_json);
 // The config.json text for a config (stable key order, so files are byte-identical across runs).

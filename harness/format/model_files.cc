@@ -66,9 +66,9 @@ Checkpoint OpenCheckpoint(const std::filesystem::path& dir) {
     } catch (const nlohmann::json::parse_error& e) {
       throw InputError(fmt::format("{}: invalid JSON: {}", index_path.string(), e.what()));
     }
-    KVDIFF_CHECK(index.is_object() && index.contains("weight_map") &&
-                     index["weight_map"].is_object(),
-                 "{}: expected an object with a \"weight_map\" object", index_path.string());
+    KVDIFF_CHECK(
+        index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
+        "{}: expected an object with a \"weight_map\" object", index_path.string());
     std::set<std::string> shard_names;
     for (const auto& [name, shard] : index["weight_map"].items()) {
       KVDIFF_CHECK(shard.is_string(), "{}: weight_map entry \"{}\" must be a file name, found {}",
@@ -102,15 +102,14 @@ Checkpoint OpenCheckpoint(const std::filesystem::path& dir) {
     expected_names.insert(spec.name);
     auto it = ck.file_of.find(spec.name);
     if (it == ck.file_of.end()) {
-      missing.push_back(fmt::format("\"{}\" (expected shape {})", spec.name,
-                                    ShapeString(spec.shape)));
+      missing.push_back(
+          fmt::format("\"{}\" (expected shape {})", spec.name, ShapeString(spec.shape)));
       continue;
     }
     const TensorView& view = ck.files[it->second].Get(spec.name);
-    KVDIFF_CHECK(view.shape == spec.shape,
-                 "{}: tensor \"{}\" has shape {}, but config.json implies {}",
-                 ck.paths[it->second].string(), spec.name, ShapeString(view.shape),
-                 ShapeString(spec.shape));
+    KVDIFF_CHECK(
+        view.shape == spec.shape, "{}: tensor \"{}\" has shape {}, but config.json implies {}",
+        ck.paths[it->second].string(), spec.name, ShapeString(view.shape), ShapeString(spec.shape));
   }
   if (!missing.empty()) {
     std::string hint;
@@ -145,21 +144,22 @@ Checkpoint OpenCheckpoint(const std::filesystem::path& dir) {
 //  * Every sublayer reads RMSNorm(x) * w with w = 1 + 0.1 z: a vector with unit RMS (the noise
 //    makes a wrong norm weight visible).
 //  * q, k: entries N(0, (2/sqrt(hidden))^2), so each q and k component has variance
-//    hidden * 4/hidden = 4, and the score q.k/sqrt(d) has standard deviation 4 * sqrt(d)/sqrt(d) = 4.
-//    Scores spread over several units make softmax peaked: a few keys carry the attention, so one
-//    stale or mis-rotated key moves the output by O(1). RoPE rotates q and k (norm-preserving), so
-//    relative positions change the scores by the same O(1) amounts.
+//    hidden * 4/hidden = 4, and the score q.k/sqrt(d) has standard deviation 4 * sqrt(d)/sqrt(d)
+//    = 4. Scores spread over several units make softmax peaked: a few keys carry the attention, so
+//    one stale or mis-rotated key moves the output by O(1). RoPE rotates q and k (norm-preserving),
+//    so relative positions change the scores by the same O(1) amounts.
 //  * v: N(0, 1/hidden) gives unit-variance values; o: N(0, r^2/q_dim) gives each attention branch
 //    output variance about r^2, where r is the embedding scale (the residual's unit).
 //  * gate, up: N(0, 1/hidden), so their outputs are ~N(0, 1) and E[silu(g)^2 u^2] ~ 0.356 (by
 //    quadrature); down: N(0, r^2/(0.356 intermediate)) gives each MLP branch variance about r^2.
 //  * The residual therefore grows from r^2 to about (1 + 2 layers) r^2 in variance: std 2.2 r for
-//    tiny, 7.8 r for 30 layers. Deliberately not scaled down per layer: the context (attention) must
-//    dominate the token's own embedding, or a tied head just predicts the input token again.
-//  * Head: untied, embedding N(0, 1) and lm_head N(0, 9/hidden): the final normalized state has unit
-//    RMS, so logits have standard deviation 3 (a spread of ~15 over 256 tokens). Tied, the embedding
-//    is the head, so it is N(0, 9/hidden) itself and r = 3/sqrt(hidden); logits again have std ~3.
-//    Logits of a few units keep float32 rounding (~1e-6) far below the 1e-4 gate.
+//    tiny, 7.8 r for 30 layers. Deliberately not scaled down per layer: the context (attention)
+//    must dominate the token's own embedding, or a tied head just predicts the input token again.
+//  * Head: untied, embedding N(0, 1) and lm_head N(0, 9/hidden): the final normalized state has
+//  unit
+//    RMS, so logits have standard deviation 3 (a spread of ~15 over 256 tokens). Tied, the
+//    embedding is the head, so it is N(0, 9/hidden) itself and r = 3/sqrt(hidden); logits again
+//    have std ~3. Logits of a few units keep float32 rounding (~1e-6) far below the 1e-4 gate.
 // tests/format/model_files_test.cc measures the score and logit statistics.
 struct WeightScales {
   double embed, norm_noise, qk, v, o, gate_up, down, lm_head;
@@ -266,17 +266,24 @@ ModelWeights LoadModel(const std::filesystem::path& dir) {
 void SaveModel(const std::filesystem::path& dir, const ModelWeights& model, DType dtype) {
   LlamaConfig config = model.config;
   switch (dtype) {
-    case DType::kF32: config.torch_dtype = "float32"; break;
-    case DType::kF16: config.torch_dtype = "float16"; break;
-    case DType::kBF16: config.torch_dtype = "bfloat16"; break;
-    case DType::kF64: config.torch_dtype = "float64"; break;
+    case DType::kF32:
+      config.torch_dtype = "float32";
+      break;
+    case DType::kF16:
+      config.torch_dtype = "float16";
+      break;
+    case DType::kBF16:
+      config.torch_dtype = "bfloat16";
+      break;
+    case DType::kF64:
+      config.torch_dtype = "float64";
+      break;
   }
   config.Validate();
   std::vector<TensorViewToWrite> views;
   for (const TensorSpec& spec : ExpectedTensors(config)) {
     auto it = model.tensors.find(spec.name);
-    KVDIFF_CHECK(it != model.tensors.end(), "SaveModel: the model has no tensor \"{}\"",
-                 spec.name);
+    KVDIFF_CHECK(it != model.tensors.end(), "SaveModel: the model has no tensor \"{}\"", spec.name);
     const Tensor& t = it->second;
     KVDIFF_CHECK(t.shape == spec.shape, "SaveModel: tensor \"{}\" has shape {}, expected {}",
                  spec.name, ShapeString(t.shape), ShapeString(spec.shape));

@@ -1,5 +1,6 @@
 // kvdiff's own pseudo-random numbers: the same bits on every platform, compiler and standard
-// library (std::normal_distribution and std::hash are implementation-defined, so they are not used).
+// library (std::normal_distribution and std::hash are implementation-defined, so they are not
+// used).
 //   SplitMix64 (Steele, Lea, Flood 2014) seeds xoshiro256** (Blackman, Vigna 2018);
 //   Fnv1a64 names a stream; Normal() is Irwin-Hall: the sum of 12 uniforms minus 6.
 #pragma once

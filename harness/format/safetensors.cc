@@ -7,6 +7,7 @@
 #include "harness/format/safetensors.h"
 
 #include <fcntl.h>
+#include <fmt/ranges.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -19,8 +20,6 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <utility>
-
-#include <fmt/ranges.h>
 
 #include "harness/format/error.h"
 
@@ -80,7 +79,7 @@ uint16_t FloatToHalf(float f) {
   }
   // 65520 = the midpoint between the largest half (65504) and 2^16: it and above round to inf.
   if (abs >= 0x477FF000u) return sign | 0x7C00u;
-  if (abs >= 0x38800000u) {  // >= 2^-14: a normal half
+  if (abs >= 0x38800000u) {                               // >= 2^-14: a normal half
     const uint32_t rebias = abs - (uint32_t{112} << 23);  // exponent bias 127 -> 15
     const uint32_t lsb = (rebias >> 13) & 1u;
     // Round to nearest, ties to even; a carry into the exponent is the correct result.
@@ -88,9 +87,9 @@ uint16_t FloatToHalf(float f) {
   }
   if (abs < 0x33000000u) return sign;  // < 2^-25 (half of the smallest subnormal): rounds to 0
   // Subnormal half: value = m * 2^-24 with m < 1024. Shift the 24-bit float significand.
-  const uint32_t exponent = abs >> 23;             // 102 .. 112
+  const uint32_t exponent = abs >> 23;  // 102 .. 112
   const uint32_t significand = (abs & 0x7FFFFFu) | 0x800000u;
-  const uint32_t shift = 126 - exponent;           // 14 .. 24
+  const uint32_t shift = 126 - exponent;  // 14 .. 24
   uint32_t m = significand >> shift;
   const uint32_t remainder = significand & ((1u << shift) - 1);
   const uint32_t halfway = 1u << (shift - 1);
@@ -111,9 +110,9 @@ uint16_t FloatToBFloat16(float f) {
 
 // Non-negative integer from a JSON value, or an error naming where it was found.
 uint64_t NonNegativeInt(const json& value, const std::string& what) {
-  KVDIFF_CHECK(value.is_number_unsigned() ||
-                   (value.is_number_integer() && value.get<int64_t>() >= 0),
-               "{}: expected a non-negative integer, found {}", what, value.dump());
+  KVDIFF_CHECK(
+      value.is_number_unsigned() || (value.is_number_integer() && value.get<int64_t>() >= 0),
+      "{}: expected a non-negative integer, found {}", what, value.dump());
   return value.get<uint64_t>();
 }
 
@@ -121,10 +120,14 @@ uint64_t NonNegativeInt(const json& value, const std::string& what) {
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-    case DType::kF64: return "F64";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF64:
+      return "F64";
   }
   return "?";
 }
@@ -134,16 +137,20 @@ DType ParseDType(const std::string& name) {
   if (name == "F16") return DType::kF16;
   if (name == "BF16") return DType::kBF16;
   if (name == "F64") return DType::kF64;
-  throw InputError(fmt::format("unsupported dtype \"{}\" (expected one of F32, F16, BF16, F64)",
-                               name));
+  throw InputError(
+      fmt::format("unsupported dtype \"{}\" (expected one of F32, F16, BF16, F64)", name));
 }
 
 size_t DTypeSize(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return 4;
-    case DType::kF16: return 2;
-    case DType::kBF16: return 2;
-    case DType::kF64: return 8;
+    case DType::kF32:
+      return 4;
+    case DType::kF16:
+      return 2;
+    case DType::kBF16:
+      return 2;
+    case DType::kF64:
+      return 8;
   }
   return 0;
 }
@@ -208,8 +215,8 @@ SafetensorsFile SafetensorsFile::Open(const std::filesystem::path& path) {
   try {
     header = json::parse(header_begin, header_begin + header_len);
   } catch (const json::parse_error& e) {
-    throw InputError(fmt::format("{}: the {}-byte header is not valid JSON: {}", file, header_len,
-                                 e.what()));
+    throw InputError(
+        fmt::format("{}: the {}-byte header is not valid JSON: {}", file, header_len, e.what()));
   }
   KVDIFF_CHECK(header.is_object(), "{}: the header must be a JSON object, found {}", file,
                header.type_name());
@@ -238,8 +245,10 @@ SafetensorsFile SafetensorsFile::Open(const std::filesystem::path& path) {
       continue;
     }
     const std::string where = fmt::format("{}: tensor \"{}\"", file, name);
-    KVDIFF_CHECK(entry.is_object(), "{}: expected an object with dtype, shape and data_offsets, "
-                 "found {}", where, entry.type_name());
+    KVDIFF_CHECK(entry.is_object(),
+                 "{}: expected an object with dtype, shape and data_offsets, "
+                 "found {}",
+                 where, entry.type_name());
     for (const char* key : {"dtype", "shape", "data_offsets"}) {
       KVDIFF_CHECK(entry.contains(key), "{}: missing \"{}\"", where, key);
     }
@@ -253,8 +262,9 @@ SafetensorsFile SafetensorsFile::Open(const std::filesystem::path& path) {
       throw InputError(fmt::format("{}: {}", where, e.what()));
     }
     const json& shape = entry["shape"];
-    KVDIFF_CHECK(shape.is_array(), "{}: \"shape\" must be a list of non-negative integers, found {}",
-                 where, shape.dump());
+    KVDIFF_CHECK(shape.is_array(),
+                 "{}: \"shape\" must be a list of non-negative integers, found {}", where,
+                 shape.dump());
     uint64_t num_elements = 1;
     for (const json& dim : shape) {
       const uint64_t d = NonNegativeInt(dim, where + " shape " + shape.dump());
@@ -269,14 +279,15 @@ SafetensorsFile SafetensorsFile::Open(const std::filesystem::path& path) {
                  "{}: \"data_offsets\" must be [begin, end], found {}", where, offsets.dump());
     const uint64_t begin = NonNegativeInt(offsets[0], where + " data_offsets begin");
     const uint64_t end = NonNegativeInt(offsets[1], where + " data_offsets end");
-    KVDIFF_CHECK(begin <= end, "{}: data_offsets [{}, {}] end before they begin", where, begin, end);
+    KVDIFF_CHECK(begin <= end, "{}: data_offsets [{}, {}] end before they begin", where, begin,
+                 end);
     KVDIFF_CHECK(end <= data_size,
                  "{}: data_offsets [{}, {}] out of range: the data section has {} bytes", where,
                  begin, end, data_size);
     const uint64_t expected_bytes = num_elements * DTypeSize(view.dtype);
     KVDIFF_CHECK(end - begin == expected_bytes,
-                 "{}: data_offsets [{}, {}] hold {} bytes, but shape {} of {} needs {} bytes", where,
-                 begin, end, end - begin, ShapeString(view.shape), DTypeName(view.dtype),
+                 "{}: data_offsets [{}, {}] hold {} bytes, but shape {} of {} needs {} bytes",
+                 where, begin, end, end - begin, ShapeString(view.shape), DTypeName(view.dtype),
                  expected_bytes);
     view.data = data + begin;
     view.nbytes = end - begin;
@@ -316,8 +327,8 @@ const TensorView& SafetensorsFile::Get(const std::string& name) const {
   if (it == tensors_.end()) {
     std::vector<std::string> names;
     for (const auto& [n, v] : tensors_) names.push_back(n);
-    std::string listed = fmt::format("{}", fmt::join(names.begin(),
-                                     names.begin() + std::min<size_t>(names.size(), 8), ", "));
+    std::string listed = fmt::format(
+        "{}", fmt::join(names.begin(), names.begin() + std::min<size_t>(names.size(), 8), ", "));
     if (names.size() > 8) listed += fmt::format(", ... ({} in all)", names.size());
     throw InputError(fmt::format("{}: no tensor named \"{}\" (the file has: {})",
                                  mapping_ ? mapping_->path : std::string("safetensors file"), name,
@@ -486,7 +497,8 @@ void WriteSafetensorsViews(const std::filesystem::path& path,
       case DType::kBF16:
         half.resize(t.num_values);
         for (size_t i = 0; i < t.num_values; ++i) {
-          half[i] = t.dtype == DType::kF16 ? FloatToHalf(t.values[i]) : FloatToBFloat16(t.values[i]);
+          half[i] =
+              t.dtype == DType::kF16 ? FloatToHalf(t.values[i]) : FloatToBFloat16(t.values[i]);
         }
         out.Write(half.data(), half.size() * 2);
         break;
@@ -497,9 +509,12 @@ void WriteSafetensorsViews(const std::filesystem::path& path,
 
 float RoundToDType(float value, DType dtype) {
   switch (dtype) {
-    case DType::kF16: return HalfToFloat(FloatToHalf(value));
-    case DType::kBF16: return BFloat16ToFloat(FloatToBFloat16(value));
-    default: return value;
+    case DType::kF16:
+      return HalfToFloat(FloatToHalf(value));
+    case DType::kBF16:
+      return BFloat16ToFloat(FloatToBFloat16(value));
+    default:
+      return value;
   }
 }
 

@@ -60,8 +60,8 @@ struct TensorToWrite {
 
 // Writes tensors in the order given (offsets follow that order), JSON header keys sorted, header
 // padded with spaces to a multiple of 8. Deterministic: same input, same bytes.
-// Written to a temporary file in the same directory, then renamed: an interrupted write never leaves
-// a half file under `path`.
+// Written to a temporary file in the same directory, then renamed: an interrupted write never
+// leaves a half file under `path`.
 void WriteSafetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 

@@ -1,12 +1,13 @@
 // config.json parsing and validation: real configs, defaults, llama3 rope scaling, and every
 // refusal with the field named in the message.
+#include "harness/format/config.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "harness/format/config.h"
 #include "harness/format/error.h"
 #include "harness/format/model_files.h"
 #include "tests/test_support.h"
@@ -79,9 +80,12 @@ constexpr const char* kLlama32Config = R"({
 
 // A minimal valid config; tests replace one field at a time.
 nlohmann::json Minimal() {
-  return {{"hidden_size", 64},        {"intermediate_size", 128},
-          {"num_hidden_layers", 2},   {"num_attention_heads", 4},
-          {"num_key_value_heads", 2}, {"vocab_size", 256},
+  return {{"hidden_size", 64},
+          {"intermediate_size", 128},
+          {"num_hidden_layers", 2},
+          {"num_attention_heads", 4},
+          {"num_key_value_heads", 2},
+          {"vocab_size", 256},
           {"max_position_embeddings", 512}};
 }
 

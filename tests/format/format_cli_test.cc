@@ -75,10 +75,10 @@ TEST_F(Cli, MakeModelDtypeAndTiedOverride) {
   EXPECT_EQ(file.Get("model.norm.weight").dtype, DType::kBF16);
 
   // --config with a file: the tied tiny config, untied again on the command line.
-  ASSERT_EQ(Run("make-model --config " + P("m/config.json") + " --untied --dtype f16 --out " +
-                P("n"))
-                .exit_code,
-            0);
+  ASSERT_EQ(
+      Run("make-model --config " + P("m/config.json") + " --untied --dtype f16 --out " + P("n"))
+          .exit_code,
+      0);
   const SafetensorsFile f16 = SafetensorsFile::Open(dir_ / "n" / "model.safetensors");
   EXPECT_TRUE(f16.Has("lm_head.weight"));
   EXPECT_EQ(f16.Get("lm_head.weight").dtype, DType::kF16);

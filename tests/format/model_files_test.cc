@@ -1,6 +1,8 @@
 // Model directories: expected tensors, presets, loading errors, sharded checkpoints, and the
 // deterministic random weights (PRNG re-implemented here from its published definition, and the
 // weight scales measured).
+#include "harness/format/model_files.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -11,7 +13,6 @@
 #include <set>
 
 #include "harness/format/error.h"
-#include "harness/format/model_files.h"
 #include "harness/format/prng.h"
 #include "tests/test_support.h"
 
@@ -330,9 +331,10 @@ TEST(LoadModel, MissingTensor) {
   testing::TempDir dir;
   const ModelWeights m = MakeRandomModel(PresetConfig("tiny"), 1);
   auto tensors = ToWrite(m);
-  tensors.erase(std::remove_if(tensors.begin(), tensors.end(),
-                               [](const TensorToWrite& t) { return t.name == "model.norm.weight"; }),
-                tensors.end());
+  tensors.erase(
+      std::remove_if(tensors.begin(), tensors.end(),
+                     [](const TensorToWrite& t) { return t.name == "model.norm.weight"; }),
+      tensors.end());
   WriteModelDir(dir.path(), m.config, tensors);
   EXPECT_THAT(LoadError(dir.path()),
               AllOf(HasSubstr("missing tensor \"model.norm.weight\" (expected shape [64])"),
@@ -384,7 +386,9 @@ TEST(LoadModel, TiedModelIgnoresStoredHeadLikeTransformers) {
   const ModelWeights m = MakeRandomModel(tied, 1);
   auto tensors = ToWrite(m);
   tensors.push_back({"lm_head.weight", DType::kF32, {256, 64}, std::vector<float>(256 * 64, 9.0f)});
-  tensors.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq", DType::kF32, {8},
+  tensors.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq",
+                     DType::kF32,
+                     {8},
                      std::vector<float>(8, 1.0f)});
   WriteModelDir(dir.path(), tied, tensors);
   const ModelWeights back = LoadModel(dir.path());

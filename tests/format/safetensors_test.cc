@@ -1,5 +1,7 @@
 // safetensors: every malformed-file case, written byte by byte, must give a clear error; the 16-bit
 // conversions are checked exhaustively against values computed independently in the test.
+#include "harness/format/safetensors.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "harness/format/error.h"
-#include "harness/format/safetensors.h"
 #include "tests/test_support.h"
 
 namespace kvdiff::format {
@@ -193,8 +194,8 @@ TEST(Safetensors, ReadsUnalignedHandWrittenFile) {
 
 TEST(Safetensors, EmptyAndScalarTensors) {
   testing::TempDir dir;
-  WriteSafetensors(dir / "e.safetensors", {{"empty", DType::kF32, {0, 4}, {}},
-                                           {"scalar", DType::kBF16, {}, {3.0f}}});
+  WriteSafetensors(dir / "e.safetensors",
+                   {{"empty", DType::kF32, {0, 4}, {}}, {"scalar", DType::kBF16, {}, {3.0f}}});
   const SafetensorsFile f = SafetensorsFile::Open(dir / "e.safetensors");
   EXPECT_TRUE(f.ReadFloat("empty").empty());
   EXPECT_EQ(f.ReadFloat("scalar"), std::vector<float>{3.0f});
@@ -205,7 +206,8 @@ double HalfValue(uint16_t h) {
   const int sign = h >> 15, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
   double v;
   if (exponent == 0x1F) {
-    v = mantissa ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+    v = mantissa ? std::numeric_limits<double>::quiet_NaN()
+                 : std::numeric_limits<double>::infinity();
   } else if (exponent == 0) {
     v = std::ldexp(mantissa, -24);
   } else {
@@ -217,7 +219,8 @@ double BFloat16Value(uint16_t b) {
   const int sign = b >> 15, exponent = (b >> 7) & 0xFF, mantissa = b & 0x7F;
   double v;
   if (exponent == 0xFF) {
-    v = mantissa ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+    v = mantissa ? std::numeric_limits<double>::quiet_NaN()
+                 : std::numeric_limits<double>::infinity();
   } else if (exponent == 0) {
     v = std::ldexp(mantissa, -133);
   } else {
@@ -272,7 +275,9 @@ void CheckAllPatterns(DType dtype, double (*decode)(uint16_t)) {
   }
 }
 
-TEST(Safetensors, EveryHalfPatternDecodesAndRoundTrips) { CheckAllPatterns(DType::kF16, HalfValue); }
+TEST(Safetensors, EveryHalfPatternDecodesAndRoundTrips) {
+  CheckAllPatterns(DType::kF16, HalfValue);
+}
 TEST(Safetensors, EveryBFloat16PatternDecodesAndRoundTrips) {
   CheckAllPatterns(DType::kBF16, BFloat16Value);
 }
@@ -287,13 +292,19 @@ float NearestEven(float x, double (*decode)(uint16_t), double overflow_threshold
   if (decode == BFloat16Value) hi = 0x7F80;
   while (hi - lo > 1) {
     const uint32_t mid = (lo + hi) / 2;
-    if (decode(static_cast<uint16_t>(mid)) <= ax) lo = mid; else hi = mid;
+    if (decode(static_cast<uint16_t>(mid)) <= ax)
+      lo = mid;
+    else
+      hi = mid;
   }
   const double below = decode(static_cast<uint16_t>(lo)), above = decode(static_cast<uint16_t>(hi));
   double r;
-  if (ax - below < above - ax) r = below;
-  else if (ax - below > above - ax) r = above;
-  else r = (lo % 2 == 0) ? below : above;
+  if (ax - below < above - ax)
+    r = below;
+  else if (ax - below > above - ax)
+    r = above;
+  else
+    r = (lo % 2 == 0) ? below : above;
   return static_cast<float>(std::copysign(r, static_cast<double>(x)));
 }
 
@@ -342,7 +353,12 @@ TEST(Safetensors, NamedRoundingCases) {
 TEST(Safetensors, F32AndF64RoundTripExactly) {
   testing::TempDir dir;
   const float denorm = std::numeric_limits<float>::denorm_min();
-  const std::vector<float> values = {0.0f, -0.0f, 1.0f, -3.25f, 1e-40f, denorm,
+  const std::vector<float> values = {0.0f,
+                                     -0.0f,
+                                     1.0f,
+                                     -3.25f,
+                                     1e-40f,
+                                     denorm,
                                      std::numeric_limits<float>::max(),
                                      std::numeric_limits<float>::infinity(),
                                      -std::numeric_limits<float>::infinity(),
@@ -408,9 +424,9 @@ TEST(Safetensors, WriterRejectsBadInputAndLeavesNoFile) {
                                 {{"w", DType::kF32, {1}, {1.0f}}, {"w", DType::kF32, {1}, {1.0f}}}),
                InputError);
   EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
-  EXPECT_THROW(WriteSafetensors(dir / "no" / "such" / "dir.safetensors",
-                                {{"w", DType::kF32, {1}, {1.0f}}}),
-               InputError);
+  EXPECT_THROW(
+      WriteSafetensors(dir / "no" / "such" / "dir.safetensors", {{"w", DType::kF32, {1}, {1.0f}}}),
+      InputError);
 }
 
 TEST(Safetensors, OverwritesAtomicallyAndReleaseKeepsDataReadable) {
