@@ -106,12 +106,20 @@ TEST(KernelsTest, SoftmaxMatchesDoubleLoopAndSurvivesLargeScores) {
   EXPECT_LT(MaxAbsDiff(x, expected), 1e-6);
 }
 
+TEST(KernelsTest, SoftmaxPropagatesNaN) {
+  std::vector<float> x = {1.0f, NAN, 2.0f, 0.5f};
+  Softmax(x.data(), 4);
+  for (float v : x) EXPECT_TRUE(std::isnan(v));  // a NaN must never be hidden by a kernel
+}
+
 TEST(KernelsTest, SwiGluMatchesDoubleLoop) {
-  auto g = RandomVector(40, 6, 8.0f), u = RandomVector(40, 7, 3.0f);
-  std::vector<float> out(40);
-  SwiGlu(g.data(), u.data(), 40, out.data());
-  std::vector<double> expected(40);
-  for (int i = 0; i < 40; ++i) expected[i] = g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i];
+  auto g = RandomVector(400, 6, 30.0f), u = RandomVector(400, 7, 3.0f);
+  g[0] = 95.0f;   // beyond the float exp range on both sides
+  g[1] = -95.0f;
+  std::vector<float> out(400);
+  SwiGlu(g.data(), u.data(), 400, out.data());
+  std::vector<double> expected(400);
+  for (int i = 0; i < 400; ++i) expected[i] = g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i];
   EXPECT_LT(MaxAbsDiff(out, expected), 1e-5);
 }
 
