@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <iostream>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,9 @@ struct Variant {
            (llama3 ? ",llama3" : "");
   }
 };
+
+// ctest shows this instead of the parameter's bytes.
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.Label(); }
 
 class ImplVsRef : public ::testing::TestWithParam<Variant> {};
 
