@@ -13,7 +13,8 @@
 namespace kvdiff::cli {
 
 void AddConvertCommand(CLI::App& app, int& exit_code) {
-  CLI::App* convert = app.add_subcommand("convert", "Convert a model from another format to HF layout");
+  CLI::App* convert =
+      app.add_subcommand("convert", "Convert a model from another format to HF layout");
   convert->require_subcommand(1);
 
   struct Options {
@@ -30,20 +31,23 @@ void AddConvertCommand(CLI::App& app, int& exit_code) {
   llama2c->add_option("--checkpoint", opts->checkpoint, "llama2.c checkpoint file")
       ->required()
       ->check(CLI::ExistingFile);
-  llama2c->add_option("--tokenizer", opts->tokenizer,
-                      "llama2.c tokenizer.bin (e.g. tok512.bin); without it the model has no "
-                      "tokenizer and `generate` needs --tokens")
+  llama2c
+      ->add_option("--tokenizer", opts->tokenizer,
+                   "llama2.c tokenizer.bin (e.g. tok512.bin); without it the model has no "
+                   "tokenizer and `generate` needs --tokens")
       ->check(CLI::ExistingFile);
   llama2c->add_option("--out", opts->out, "output model directory (created)")->required();
   llama2c->callback([opts, &exit_code] {
     format::ConvertLlama2c(opts->checkpoint, opts->tokenizer, opts->out);
-    const format::LlamaConfig config = format::LoadConfig(std::filesystem::path(opts->out) / "config.json");
-    fmt::print("wrote {}: config.json, model.safetensors (hidden {}, layers {}, heads {}/{} kv, "
-               "vocab {}, context {}, {} classifier){}\n",
-               opts->out, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
-               config.num_key_value_heads, config.vocab_size, config.max_position_embeddings,
-               config.tie_word_embeddings ? "tied" : "untied",
-               opts->tokenizer.empty() ? "" : std::string(", ") + format::kTokenizerFileName);
+    const format::LlamaConfig config =
+        format::LoadConfig(std::filesystem::path(opts->out) / "config.json");
+    fmt::print(
+        "wrote {}: config.json, model.safetensors (hidden {}, layers {}, heads {}/{} kv, "
+        "vocab {}, context {}, {} classifier){}\n",
+        opts->out, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
+        config.num_key_value_heads, config.vocab_size, config.max_position_embeddings,
+        config.tie_word_embeddings ? "tied" : "untied",
+        opts->tokenizer.empty() ? "" : std::string(", ") + format::kTokenizerFileName);
     exit_code = 0;
   });
 }

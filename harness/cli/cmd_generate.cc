@@ -94,7 +94,8 @@ void AddGenerateCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--backend", opts->backend, "impl, ref or ref64")->capture_default_str();
-  auto* cached = cmd->add_flag("--cached", opts->cached, "one Session, one Append per token (default)");
+  auto* cached =
+      cmd->add_flag("--cached", opts->cached, "one Session, one Append per token (default)");
   auto* uncached = cmd->add_flag("--uncached", opts->uncached,
                                  "recompute ForwardFull over the whole history every step");
   cached->excludes(uncached);

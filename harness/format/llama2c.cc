@@ -42,8 +42,9 @@ class FloatReader {
   std::vector<float> Read(int64_t count, const char* what) {
     std::vector<float> out(static_cast<size_t>(count));
     in_.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(count * 4));
-    KVDIFF_CHECK(in_.gcount() == count * 4, "llama2.c checkpoint {}: short read of {} ({} of {} bytes)",
-                 path_.string(), what, static_cast<int64_t>(in_.gcount()), count * 4);
+    KVDIFF_CHECK(in_.gcount() == count * 4,
+                 "llama2.c checkpoint {}: short read of {} ({} of {} bytes)", path_.string(), what,
+                 static_cast<int64_t>(in_.gcount()), count * 4);
     return out;
   }
   void Skip(int64_t count) { in_.seekg(count * 4, std::ios::cur); }
@@ -73,17 +74,20 @@ void Llama2cHeader::Validate() const {
   positive(n_heads, "n_heads");
   positive(n_kv_heads, "n_kv_heads");
   positive(seq_len, "seq_len");
-  KVDIFF_CHECK(vocab_size != 0 && vocab_size != INT32_MIN,
-               "llama2.c header: vocab_size must be non-zero (negative = untied classifier), got {} ({})",
-               vocab_size, all);
+  KVDIFF_CHECK(
+      vocab_size != 0 && vocab_size != INT32_MIN,
+      "llama2.c header: vocab_size must be non-zero (negative = untied classifier), got {} ({})",
+      vocab_size, all);
   const int64_t vocab = vocab_size < 0 ? -static_cast<int64_t>(vocab_size) : vocab_size;
   // Token ids 1 (BOS) and 2 (EOS) must exist.
-  KVDIFF_CHECK(vocab >= 3, "llama2.c header: |vocab_size| must be at least 3 (unk, BOS, EOS), got {} ({})",
+  KVDIFF_CHECK(vocab >= 3,
+               "llama2.c header: |vocab_size| must be at least 3 (unk, BOS, EOS), got {} ({})",
                vocab_size, all);
   KVDIFF_CHECK(dim % n_heads == 0, "llama2.c header: n_heads {} must divide dim {} ({})", n_heads,
                dim, all);
   KVDIFF_CHECK(n_heads % n_kv_heads == 0,
-               "llama2.c header: n_kv_heads {} must divide n_heads {} ({})", n_kv_heads, n_heads, all);
+               "llama2.c header: n_kv_heads {} must divide n_heads {} ({})", n_kv_heads, n_heads,
+               all);
   KVDIFF_CHECK((dim / n_heads) % 2 == 0,
                "llama2.c header: head_dim = dim / n_heads = {} must be even for RoPE ({})",
                dim / n_heads, all);
@@ -95,15 +99,15 @@ int64_t Llama2cHeader::ExpectedFileBytes() const {
   const int64_t head_dim = dim / n_heads;
   const int64_t kv_dim = CheckedMul(n_kv_heads, head_dim);
   const int64_t d = dim, h = hidden_dim, l = n_layers;
-  int64_t floats = CheckedMul(vocab, d);                               // token_embedding
-  floats = CheckedAdd(floats, CheckedMul(l, d));                       // rms_att
-  floats = CheckedAdd(floats, CheckedMul(l, CheckedMul(d, d)));        // wq
+  int64_t floats = CheckedMul(vocab, d);                                  // token_embedding
+  floats = CheckedAdd(floats, CheckedMul(l, d));                          // rms_att
+  floats = CheckedAdd(floats, CheckedMul(l, CheckedMul(d, d)));           // wq
   floats = CheckedAdd(floats, CheckedMul(2 * l, CheckedMul(kv_dim, d)));  // wk, wv
-  floats = CheckedAdd(floats, CheckedMul(l, CheckedMul(d, d)));        // wo
-  floats = CheckedAdd(floats, CheckedMul(l, d));                       // rms_ffn
-  floats = CheckedAdd(floats, CheckedMul(3 * l, CheckedMul(h, d)));    // w1, w2, w3
-  floats = CheckedAdd(floats, d);                                      // rms_final
-  floats = CheckedAdd(floats, CheckedMul(seq_len, head_dim));          // freq_cis real + imag
+  floats = CheckedAdd(floats, CheckedMul(l, CheckedMul(d, d)));           // wo
+  floats = CheckedAdd(floats, CheckedMul(l, d));                          // rms_ffn
+  floats = CheckedAdd(floats, CheckedMul(3 * l, CheckedMul(h, d)));       // w1, w2, w3
+  floats = CheckedAdd(floats, d);                                         // rms_final
+  floats = CheckedAdd(floats, CheckedMul(seq_len, head_dim));             // freq_cis real + imag
   if (!SharedClassifier()) floats = CheckedAdd(floats, CheckedMul(vocab, d));  // wcls
   return CheckedAdd(kLlama2cHeaderBytes, CheckedMul(floats, 4));
 }
@@ -195,18 +199,18 @@ ModelWeights ReadLlama2cCheckpoint(const std::filesystem::path& checkpoint) {
   in.seekg(kLlama2cHeaderBytes);
   FloatReader reader(in, checkpoint);
   // Stacks over layers, in file order.
-  auto embedding = reader.Read(vocab * d, "token_embedding");     // (vocab, dim)
-  auto rms_att = reader.Read(layers * d, "rms_att");              // (layers, dim)
-  auto wq = reader.Read(layers * d * d, "wq");                    // (layers, dim, dim)
-  auto wk = reader.Read(layers * kv * d, "wk");                   // (layers, kv_dim, dim)
-  auto wv = reader.Read(layers * kv * d, "wv");                   // (layers, kv_dim, dim)
-  auto wo = reader.Read(layers * d * d, "wo");                    // (layers, dim, dim)
-  auto rms_ffn = reader.Read(layers * d, "rms_ffn");              // (layers, dim)
-  auto w1 = reader.Read(layers * h * d, "w1");                    // (layers, hidden, dim)
-  auto w2 = reader.Read(layers * d * h, "w2");                    // (layers, dim, hidden)
-  auto w3 = reader.Read(layers * h * d, "w3");                    // (layers, hidden, dim)
-  auto rms_final = reader.Read(d, "rms_final");                   // (dim)
-  reader.Skip(c.max_position_embeddings * hd);                    // freq_cis_real, freq_cis_imag
+  auto embedding = reader.Read(vocab * d, "token_embedding");  // (vocab, dim)
+  auto rms_att = reader.Read(layers * d, "rms_att");           // (layers, dim)
+  auto wq = reader.Read(layers * d * d, "wq");                 // (layers, dim, dim)
+  auto wk = reader.Read(layers * kv * d, "wk");                // (layers, kv_dim, dim)
+  auto wv = reader.Read(layers * kv * d, "wv");                // (layers, kv_dim, dim)
+  auto wo = reader.Read(layers * d * d, "wo");                 // (layers, dim, dim)
+  auto rms_ffn = reader.Read(layers * d, "rms_ffn");           // (layers, dim)
+  auto w1 = reader.Read(layers * h * d, "w1");                 // (layers, hidden, dim)
+  auto w2 = reader.Read(layers * d * h, "w2");                 // (layers, dim, hidden)
+  auto w3 = reader.Read(layers * h * d, "w3");                 // (layers, hidden, dim)
+  auto rms_final = reader.Read(d, "rms_final");                // (dim)
+  reader.Skip(c.max_position_embeddings * hd);                 // freq_cis_real, freq_cis_imag
   if (!header.SharedClassifier()) {
     model.tensors["lm_head.weight"] = {{vocab, d}, reader.Read(vocab * d, "wcls")};
   }

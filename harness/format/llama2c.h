@@ -5,8 +5,8 @@
 // seq_len; a negative vocab_size means an untied classifier is stored last), then float32 arrays
 // (out_features, in_features): token_embedding (vocab, dim), rms_att (layers, dim),
 // wq (layers, dim, dim), wk (layers, kv_dim, dim), wv (layers, kv_dim, dim), wo (layers, dim, dim),
-// rms_ffn (layers, dim), w1 (layers, hidden, dim), w2 (layers, dim, hidden), w3 (layers, hidden, dim),
-// rms_final (dim), two unused RoPE tables (seq_len, head_dim / 2) each, [wcls (vocab, dim)].
+// rms_ffn (layers, dim), w1 (layers, hidden, dim), w2 (layers, dim, hidden), w3 (layers, hidden,
+// dim), rms_final (dim), two unused RoPE tables (seq_len, head_dim / 2) each, [wcls (vocab, dim)].
 #pragma once
 
 #include <cstdint>

@@ -65,20 +65,22 @@ Tokenizer::Tokenizer(std::vector<Entry> entries, int32_t max_token_length, Token
       bos_id_(bos_id),
       eos_id_(eos_id) {
   const int64_t n = VocabSize();
-  KVDIFF_CHECK(n >= kByteTokenOffset + kNumByteTokens,
-               "tokenizer: expected at least {} tokens (<unk>, BOS, EOS and 256 byte tokens), got {}",
-               kByteTokenOffset + kNumByteTokens, n);
+  KVDIFF_CHECK(
+      n >= kByteTokenOffset + kNumByteTokens,
+      "tokenizer: expected at least {} tokens (<unk>, BOS, EOS and 256 byte tokens), got {}",
+      kByteTokenOffset + kNumByteTokens, n);
   KVDIFF_CHECK(max_token_length > 0, "tokenizer: max_token_length must be positive, got {}",
                max_token_length);
-  KVDIFF_CHECK(bos_id >= 0 && bos_id < n, "tokenizer: bos_token_id {} outside the vocabulary [0, {})",
-               bos_id, n);
-  KVDIFF_CHECK(eos_id >= 0 && eos_id < n, "tokenizer: eos_token_id {} outside the vocabulary [0, {})",
-               eos_id, n);
+  KVDIFF_CHECK(bos_id >= 0 && bos_id < n,
+               "tokenizer: bos_token_id {} outside the vocabulary [0, {})", bos_id, n);
+  KVDIFF_CHECK(eos_id >= 0 && eos_id < n,
+               "tokenizer: eos_token_id {} outside the vocabulary [0, {})", eos_id, n);
   // Byte fallback computes ids as byte + 3 and decoding reads "<0xNN>" pieces: both must agree.
   for (int b = 0; b < kNumByteTokens; ++b) {
     const std::string& piece = entries_[b + kByteTokenOffset].piece;
-    KVDIFF_CHECK(ParseBytePiece(piece) == b, "tokenizer: token {} must be the byte token {}, got \"{}\"",
-                 b + kByteTokenOffset, BytePiece(b), piece);
+    KVDIFF_CHECK(ParseBytePiece(piece) == b,
+                 "tokenizer: token {} must be the byte token {}, got \"{}\"", b + kByteTokenOffset,
+                 BytePiece(b), piece);
   }
   index_.reserve(entries_.size());
   for (int64_t id = 0; id < n; ++id) {
@@ -98,17 +100,18 @@ Tokenizer Tokenizer::ReadLlama2c(const std::filesystem::path& path, int64_t voca
   size_t offset = 0;
   // Reads `size` bytes at the cursor, or throws naming what was being read.
   auto take = [&](void* out, size_t size, const std::string& what) {
-    KVDIFF_CHECK(data.size() - offset >= size,
-                 "tokenizer {}: truncated while reading {}: expected {} bytes at offset {}, the file "
-                 "has {} bytes ({} left)",
-                 name, what, size, offset, data.size(), data.size() - offset);
+    KVDIFF_CHECK(
+        data.size() - offset >= size,
+        "tokenizer {}: truncated while reading {}: expected {} bytes at offset {}, the file "
+        "has {} bytes ({} left)",
+        name, what, size, offset, data.size(), data.size() - offset);
     std::memcpy(out, data.data() + offset, size);
     offset += size;
   };
   int32_t max_token_length = 0;
   take(&max_token_length, sizeof(max_token_length), "the header (int32 max_token_length)");
-  KVDIFF_CHECK(max_token_length > 0, "tokenizer {}: max_token_length must be positive, got {}", name,
-               max_token_length);
+  KVDIFF_CHECK(max_token_length > 0, "tokenizer {}: max_token_length must be positive, got {}",
+               name, max_token_length);
 
   std::vector<Entry> entries;
   for (int64_t id = 0; vocab_size < 0 ? offset < data.size() : id < vocab_size; ++id) {
@@ -117,8 +120,8 @@ Tokenizer Tokenizer::ReadLlama2c(const std::filesystem::path& path, int64_t voca
     take(&entry.score, sizeof(float), fmt::format("the score of token {}", id));
     take(&length, sizeof(int32_t), fmt::format("the length of token {}", id));
     KVDIFF_CHECK(length >= 0 && length <= max_token_length,
-                 "tokenizer {}: token {} has length {}, expected 0..{} (max_token_length)", name, id,
-                 length, max_token_length);
+                 "tokenizer {}: token {} has length {}, expected 0..{} (max_token_length)", name,
+                 id, length, max_token_length);
     // Check the bytes are there before allocating them: a corrupt length must not allocate.
     const std::string what = fmt::format("the {} bytes of token {}", length, id);
     KVDIFF_CHECK(data.size() - offset >= static_cast<size_t>(length),

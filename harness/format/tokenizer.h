@@ -32,7 +32,8 @@ class Tokenizer {
 
   // Validates: at least 3 tokens (unk, BOS, EOS), pieces no longer than max_token_length, no
   // duplicate piece, bos/eos ids inside the vocabulary. Throws InputError naming what is wrong.
-  Tokenizer(std::vector<Entry> entries, int32_t max_token_length, Token bos_id = 1, Token eos_id = 2);
+  Tokenizer(std::vector<Entry> entries, int32_t max_token_length, Token bos_id = 1,
+            Token eos_id = 2);
 
   // llama2.c's tokenizer.bin: int32 max_token_length, then per token float32 score, int32 length,
   // bytes. vocab_size < 0 reads records until the end of the file; otherwise exactly vocab_size

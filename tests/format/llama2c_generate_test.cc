@@ -68,11 +68,10 @@ TEST(KVDIFF_ANCHOR_SUITE, Stories260KGreedyFromBosOnEveryPath) {
   kvdiff::testing::TempDir dir;
   const auto model = dir / "stories260K";
   const auto err = dir / "stderr.txt";
-  RunResult convert = RunKvdiff({"convert", "llama2c", "--checkpoint",
-                                 (data / "stories260K" / "stories260K.bin").string(), "--tokenizer",
-                                 (data / "stories260K" / "tok512.bin").string(), "--out",
-                                 model.string()},
-                                err);
+  RunResult convert = RunKvdiff(
+      {"convert", "llama2c", "--checkpoint", (data / "stories260K" / "stories260K.bin").string(),
+       "--tokenizer", (data / "stories260K" / "tok512.bin").string(), "--out", model.string()},
+      err);
   ASSERT_EQ(convert.exit_code, 0) << convert.err;
   EXPECT_THAT(convert.out, HasSubstr("tokenizer.kvdiff.json"));
 
@@ -109,14 +108,15 @@ TEST(KVDIFF_ANCHOR_SUITE, Stories260KGreedyFromBosOnEveryPath) {
   EXPECT_EQ(count, 40);
 
   // --tokens 1 is the same start as --prompt "" (which encodes to BOS alone).
-  RunResult from_ids = RunKvdiff(
-      {"generate", "--model", model.string(), "--tokens", "1", "-n", n, "--ids"}, err);
+  RunResult from_ids =
+      RunKvdiff({"generate", "--model", model.string(), "--tokens", "1", "-n", n, "--ids"}, err);
   ASSERT_EQ(from_ids.exit_code, 0) << from_ids.err;
   EXPECT_EQ(from_ids.out, first_ids);
 
   // A text prompt is echoed, then continued.
   RunResult prompted = RunKvdiff(
-      {"generate", "--model", model.string(), "--prompt", "Once upon a time, Lily", "-n", "10"}, err);
+      {"generate", "--model", model.string(), "--prompt", "Once upon a time, Lily", "-n", "10"},
+      err);
   ASSERT_EQ(prompted.exit_code, 0) << prompted.err;
   EXPECT_THAT(prompted.out, StartsWith("Once upon a time, Lily"));
   EXPECT_GT(prompted.out.size(), std::string("Once upon a time, Lily").size() + 10);
@@ -138,16 +138,18 @@ TEST(Llama2cGenerateTest, CommandsRefuseBadInput) {
                              "--out", (dir / "cut").string()},
                             err);
   EXPECT_EQ(cut.exit_code, 2);
-  EXPECT_THAT(cut.err, HasSubstr("implies 1056540 bytes (tied classifier), the file has 1000000 bytes"));
+  EXPECT_THAT(cut.err,
+              HasSubstr("implies 1056540 bytes (tied classifier), the file has 1000000 bytes"));
   EXPECT_FALSE(std::filesystem::exists(dir / "cut"));
 
   // A model converted without a tokenizer: --prompt is refused, --tokens --ids works.
   const auto model = dir / "notok";
-  ASSERT_EQ(RunKvdiff({"convert", "llama2c", "--checkpoint",
-                       (data / "stories260K" / "stories260K.bin").string(), "--out", model.string()},
-                      err)
-                .exit_code,
-            0);
+  ASSERT_EQ(
+      RunKvdiff({"convert", "llama2c", "--checkpoint",
+                 (data / "stories260K" / "stories260K.bin").string(), "--out", model.string()},
+                err)
+          .exit_code,
+      0);
   RunResult no_tok =
       RunKvdiff({"generate", "--model", model.string(), "--prompt", "Hi", "-n", "3"}, err);
   EXPECT_EQ(no_tok.exit_code, 2);
@@ -159,9 +161,9 @@ TEST(Llama2cGenerateTest, CommandsRefuseBadInput) {
       {"generate", "--model", model.string(), "--tokens", "1,512", "-n", "3", "--ids"}, err);
   EXPECT_EQ(bad_id.exit_code, 2);
   EXPECT_THAT(bad_id.err, HasSubstr("token id 512 outside the vocabulary [0, 512)"));
-  RunResult both = RunKvdiff({"generate", "--model", model.string(), "--tokens", "1", "--ids",
-                              "--cached", "--uncached"},
-                             err);
+  RunResult both = RunKvdiff(
+      {"generate", "--model", model.string(), "--tokens", "1", "--ids", "--cached", "--uncached"},
+      err);
   EXPECT_EQ(both.exit_code, 2);
 }
 #endif

@@ -59,9 +59,9 @@ RawCheckpoint MakeRaw(const Llama2cHeader& h, uint32_t seed) {
 
 std::string Serialize(const RawCheckpoint& raw) {
   std::string out(reinterpret_cast<const char*>(&raw.header), sizeof(int32_t) * 7);
-  for (const auto* v : {&raw.embedding, &raw.rms_att, &raw.wq, &raw.wk, &raw.wv, &raw.wo,
-                        &raw.rms_ffn, &raw.w1, &raw.w2, &raw.w3, &raw.rms_final, &raw.freq,
-                        &raw.wcls}) {
+  for (const auto* v :
+       {&raw.embedding, &raw.rms_att, &raw.wq, &raw.wk, &raw.wv, &raw.wo, &raw.rms_ffn, &raw.w1,
+        &raw.w2, &raw.w3, &raw.rms_final, &raw.freq, &raw.wcls}) {
     out.append(reinterpret_cast<const char*>(v->data()), v->size() * sizeof(float));
   }
   return out;
@@ -187,8 +187,10 @@ TEST(Llama2cTest, PermutationTurnsInterleavedRopeIntoRotateHalf) {
   std::mt19937 rng(3);
   std::normal_distribution<double> normal;
   for (int64_t layer = 0; layer < 2; ++layer) {
-    const auto& q_hf_w = model.Get(fmt::format("model.layers.{}.self_attn.q_proj.weight", layer)).data;
-    const auto& k_hf_w = model.Get(fmt::format("model.layers.{}.self_attn.k_proj.weight", layer)).data;
+    const auto& q_hf_w =
+        model.Get(fmt::format("model.layers.{}.self_attn.q_proj.weight", layer)).data;
+    const auto& k_hf_w =
+        model.Get(fmt::format("model.layers.{}.self_attn.k_proj.weight", layer)).data;
     for (int64_t pos_q : {0, 1, 5, 15}) {
       for (int64_t pos_k : {int64_t{0}, int64_t{3}, pos_q}) {
         std::vector<double> xq(d), xk(d);
@@ -215,8 +217,8 @@ TEST(Llama2cTest, PermutationTurnsInterleavedRopeIntoRotateHalf) {
         const auto s_l2c = Scores(q_l2c, k_l2c, nh, nkv, hd);
         const auto s_hf = Scores(q_hf, k_hf, nh, nkv, hd);
         for (int64_t h = 0; h < nh; ++h) {
-          EXPECT_NEAR(s_hf[h], s_l2c[h], 1e-9) << "layer " << layer << " head " << h << " pos_q "
-                                               << pos_q << " pos_k " << pos_k;
+          EXPECT_NEAR(s_hf[h], s_l2c[h], 1e-9)
+              << "layer " << layer << " head " << h << " pos_q " << pos_q << " pos_k " << pos_k;
         }
         // Not vacuous: the unpermuted rows under rotate-half RoPE give other scores once the
         // positions differ.
@@ -227,7 +229,8 @@ TEST(Llama2cTest, PermutationTurnsInterleavedRopeIntoRotateHalf) {
           RopeHalf(k_raw, hd, pos_k);
           const auto s_wrong = Scores(q_raw, k_raw, nh, nkv, hd);
           double max_diff = 0;
-          for (int64_t h = 0; h < nh; ++h) max_diff = std::max(max_diff, std::abs(s_wrong[h] - s_l2c[h]));
+          for (int64_t h = 0; h < nh; ++h)
+            max_diff = std::max(max_diff, std::abs(s_wrong[h] - s_l2c[h]));
           EXPECT_GT(max_diff, 1e-3) << "pos_q " << pos_q << " pos_k " << pos_k;
         }
       }
@@ -268,8 +271,9 @@ TEST(Llama2cTest, RefusesFilesInconsistentWithTheHeader) {
                                     "has {} bytes",
                                     size + 300 * 32 * 4, size)));
   WriteBytes(dir / "tiny.bin", good.substr(0, 10));
-  EXPECT_THAT(ErrorOf([&] { ReadLlama2cCheckpoint(dir / "tiny.bin"); }),
-              HasSubstr("expected at least 28 bytes for the header (7 int32), the file has 10 bytes"));
+  EXPECT_THAT(
+      ErrorOf([&] { ReadLlama2cCheckpoint(dir / "tiny.bin"); }),
+      HasSubstr("expected at least 28 bytes for the header (7 int32), the file has 10 bytes"));
   EXPECT_THAT(ErrorOf([&] { ReadLlama2cCheckpoint(dir / "absent.bin"); }),
               HasSubstr("not a readable file"));
 }
@@ -284,22 +288,28 @@ TEST(Llama2cTest, RefusesAbsurdHeaders) {
     return ErrorOf([&] { ReadLlama2cCheckpoint(dir / "h.bin"); });
   };
   EXPECT_THAT(error_for({0, 48, 2, 4, 2, 300, 16}), HasSubstr("dim must be positive, got 0"));
-  EXPECT_THAT(error_for({32, -1, 2, 4, 2, 300, 16}), HasSubstr("hidden_dim must be positive, got -1"));
-  EXPECT_THAT(error_for({32, 48, 2, -4, 2, 300, 16}), HasSubstr("n_heads must be positive, got -4"));
+  EXPECT_THAT(error_for({32, -1, 2, 4, 2, 300, 16}),
+              HasSubstr("hidden_dim must be positive, got -1"));
+  EXPECT_THAT(error_for({32, 48, 2, -4, 2, 300, 16}),
+              HasSubstr("n_heads must be positive, got -4"));
   EXPECT_THAT(error_for({32, 48, 2, 4, 2, 300, 0}), HasSubstr("seq_len must be positive, got 0"));
   EXPECT_THAT(error_for({32, 48, 2, 4, 2, 0, 16}), HasSubstr("vocab_size must be non-zero"));
   EXPECT_THAT(error_for({32, 48, 2, 4, 2, 2, 16}), HasSubstr("|vocab_size| must be at least 3"));
   EXPECT_THAT(error_for({30, 48, 2, 4, 2, 300, 16}), HasSubstr("n_heads 4 must divide dim 30"));
-  EXPECT_THAT(error_for({32, 48, 2, 4, 3, 300, 16}), HasSubstr("n_kv_heads 3 must divide n_heads 4"));
+  EXPECT_THAT(error_for({32, 48, 2, 4, 3, 300, 16}),
+              HasSubstr("n_kv_heads 3 must divide n_heads 4"));
   EXPECT_THAT(error_for({12, 48, 2, 4, 2, 300, 16}),
               HasSubstr("head_dim = dim / n_heads = 3 must be even"));
   // Sizes whose byte count does not fit in 64 bits, and ones that fit but not this file.
-  EXPECT_THAT(error_for({1 << 30, 1 << 30, 1 << 30, 2, 1, 300, 16}), HasSubstr("overflows 64 bits"));
+  EXPECT_THAT(error_for({1 << 30, 1 << 30, 1 << 30, 2, 1, 300, 16}),
+              HasSubstr("overflows 64 bits"));
   EXPECT_THAT(error_for({1 << 16, 1 << 16, 1 << 10, 2, 1, 300, 16}),
               HasSubstr("the file has 92 bytes"));
   // The message names every header field.
-  EXPECT_THAT(error_for({30, 48, 2, 4, 2, 300, 16}),
-              HasSubstr("dim=30 hidden_dim=48 n_layers=2 n_heads=4 n_kv_heads=2 vocab_size=300 seq_len=16"));
+  EXPECT_THAT(
+      error_for({30, 48, 2, 4, 2, 300, 16}),
+      HasSubstr(
+          "dim=30 hidden_dim=48 n_layers=2 n_heads=4 n_kv_heads=2 vocab_size=300 seq_len=16"));
 }
 
 TEST(Llama2cTest, ConvertsAndLoadsSynthetic) {
@@ -351,7 +361,8 @@ TEST(Llama2cTest, Stories260K) {
 TEST(Llama2cTest, RandomHeadersAreRefused) {
   kvdiff::testing::TempDir dir;
   std::mt19937 rng(7);
-  const std::vector<int32_t> special = {0, 1, 2, 3, 4, 8, 64, -1, -512, INT32_MAX, INT32_MIN, 1 << 20};
+  const std::vector<int32_t> special = {0,  1,  2,    3,         4,         8,
+                                        64, -1, -512, INT32_MAX, INT32_MIN, 1 << 20};
   for (int trial = 0; trial < 300; ++trial) {
     int32_t fields[7];
     for (int32_t& f : fields) {

@@ -131,8 +131,9 @@ TEST(TokenizerTest, EncodeMatchesScalarReimplementationOnTok512) {
     EXPECT_EQ(PiecesOf(tok, tokens), NaiveEncodePieces(tok, text)) << "text: " << text;
   }
   // Random strings over an alphabet mixing frequent letters, spaces, and multibyte characters.
-  const std::vector<std::string> alphabet = {"a", "e", "t", " ", "h", "o", "n", "s", ".", ",",
-                                             "L", "\xC3\xA9", "\xE2\x82\xAC", "\x01", "\xFF"};
+  const std::vector<std::string> alphabet = {
+      "a",    "e",   "t", " ", "h", "o", "n", "s", ".", ",", "L", "\xC3\xA9", "\xE2\x82\xAC",
+      "\x01", "\xFF"};
   std::mt19937 rng(6);
   for (int trial = 0; trial < 200; ++trial) {
     std::string text;
@@ -183,8 +184,8 @@ TEST(TokenizerTest, DecodeRules) {
   const Token once = tok.Lookup(" Once");
   EXPECT_EQ(tok.Decode(once, /*prev_token=*/1), "Once");  // after BOS the space goes
   EXPECT_EQ(tok.Decode(once, /*prev_token=*/0), " Once");
-  EXPECT_EQ(tok.Decode(3 + 0x41, 5), "A");                  // <0x41>
-  EXPECT_EQ(tok.Decode(3 + 0x20, 1), " ");                  // a byte token keeps its space
+  EXPECT_EQ(tok.Decode(3 + 0x41, 5), "A");  // <0x41>
+  EXPECT_EQ(tok.Decode(3 + 0x20, 1), " ");  // a byte token keeps its space
   EXPECT_EQ(tok.Decode(3 + 0xFF, 5), std::string(1, '\xFF'));
   try {
     tok.Decode(static_cast<Token>(tok.VocabSize()), 0);
@@ -202,14 +203,16 @@ TEST(TokenizerTest, TiesMergeTheFirstPair) {
   EXPECT_EQ(PiecesOf(later_wins, later_wins.Encode("aba", false)),
             (std::vector<std::string>{" ", "a", "ba"}));
   // Merges repeat until nothing merges: " ab" + "a" -> " aba".
-  Tokenizer chain = SmallTokenizer({{" ", 0}, {"a", 0}, {"b", 0}, {" a", -1}, {" ab", -2}, {" aba", -3}});
+  Tokenizer chain =
+      SmallTokenizer({{" ", 0}, {"a", 0}, {"b", 0}, {" a", -1}, {" ab", -2}, {" aba", -3}});
   EXPECT_EQ(PiecesOf(chain, chain.Encode("aba", false)), (std::vector<std::string>{" aba"}));
 }
 
 TEST(TokenizerTest, JsonFileRoundTrips) {
   kvdiff::testing::TempDir dir;
   // "\xFF\xFE" is not UTF-8: it is stored as a byte array.
-  Tokenizer tok = SmallTokenizer({{" ", -0.5f}, {"he", -1.25f}, {"\xFF\xFE", -3.0f}, {"\xC3\xA9", -7.0f}});
+  Tokenizer tok =
+      SmallTokenizer({{" ", -0.5f}, {"he", -1.25f}, {"\xFF\xFE", -3.0f}, {"\xC3\xA9", -7.0f}});
   tok.Save(dir / kTokenizerFileName);
   const std::string text = ReadBytes(dir / kTokenizerFileName);
   EXPECT_THAT(text, HasSubstr("\"format\": \"kvdiff-llama2c-tokenizer\""));
@@ -232,7 +235,8 @@ TEST(TokenizerTest, RealTokenizerJsonRoundTrips) {
   Tokenizer tok = Tokenizer::ReadLlama2c(data / "stories260K" / "tok512.bin");
   tok.Save(dir / kTokenizerFileName);
   Tokenizer loaded = Tokenizer::Load(dir / kTokenizerFileName);
-  for (const std::string& text : kSamples) EXPECT_EQ(loaded.Encode(text, true), tok.Encode(text, true));
+  for (const std::string& text : kSamples)
+    EXPECT_EQ(loaded.Encode(text, true), tok.Encode(text, true));
 }
 
 std::string ErrorOf(const std::function<void()>& f) {
@@ -293,8 +297,9 @@ TEST(TokenizerTest, RefusesMalformedLlama2cFiles) {
 
 TEST(TokenizerTest, RefusesInconsistentVocabularies) {
   std::vector<Tokenizer::Entry> entries = {{"<unk>", 0}, {"<s>", 0}, {"</s>", 0}};
-  EXPECT_THAT(ErrorOf([&] { Tokenizer(entries, 8); }),
-              HasSubstr("expected at least 259 tokens (<unk>, BOS, EOS and 256 byte tokens), got 3"));
+  EXPECT_THAT(
+      ErrorOf([&] { Tokenizer(entries, 8); }),
+      HasSubstr("expected at least 259 tokens (<unk>, BOS, EOS and 256 byte tokens), got 3"));
   for (int b = 0; b < 256; ++b) entries.push_back({fmt::format("<0x{:02X}>", b), 0});
   std::vector<Tokenizer::Entry> swapped = entries;
   std::swap(swapped[3].piece, swapped[4].piece);
@@ -314,7 +319,8 @@ TEST(TokenizerTest, RefusesInconsistentVocabularies) {
 
 TEST(TokenizerTest, RefusesMalformedJson) {
   EXPECT_THAT(ErrorOf([] { Tokenizer::Parse("{"); }), HasSubstr("not valid JSON"));
-  EXPECT_THAT(ErrorOf([] { Tokenizer::Parse("[]"); }), HasSubstr("expected a JSON object, got array"));
+  EXPECT_THAT(ErrorOf([] { Tokenizer::Parse("[]"); }),
+              HasSubstr("expected a JSON object, got array"));
   EXPECT_THAT(ErrorOf([] { Tokenizer::Parse(R"({"format": "hf"})"); }),
               HasSubstr("field \"format\" must be \"kvdiff-llama2c-tokenizer\", got \"hf\""));
   const std::string head =
@@ -357,7 +363,8 @@ TEST(TokenizerTest, CorruptedTok512LoadsOrThrowsInputError) {
       ADD_FAILURE() << what << ": unexpected " << typeid(e).name() << ": " << e.what();
     }
   };
-  for (size_t cut = 0; cut < good.size(); cut += 37) attempt(good.substr(0, cut), fmt::format("cut at {}", cut));
+  for (size_t cut = 0; cut < good.size(); cut += 37)
+    attempt(good.substr(0, cut), fmt::format("cut at {}", cut));
   for (int t = 0; t < 300; ++t) {
     std::string bytes = good;
     const size_t at = rng() % bytes.size();
