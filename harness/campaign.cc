@@ -185,16 +185,22 @@ int64_t CampaignReport::Failures() const {
 
 std::string CampaignReport::Summary() const {
   std::string out;
+  // The first few failures in full; all of them are in --json and in the out-dir.
+  constexpr int64_t kListed = 10;
+  int64_t listed = 0;
   for (const auto& r : results) {
-    if (r.passed) continue;
+    if (r.passed || listed++ >= kListed) continue;
     out += fmt::format("FAIL case {}: {}\n  replay: kvdiff run {}\n", r.index, r.failure,
                        r.scenario_file);
   }
+  if (listed > kListed) {
+    out += fmt::format("... and {} more failing cases (all listed in --json)\n", listed - kListed);
+  }
   out += fmt::format(
-      "{}: {} cases ({} of {}, shard {}/{}, seed {}), {} failed; {} rows compared, worst "
+      "{}: {} of {} cases run (shard {}/{}, seed {}), {} failed; {} rows compared, worst "
       "difference {} (tolerance {}); {:.2f} s\n",
-      Passed() ? "PASS" : "FAIL", results.size(), results.size(), cases, shard.index, shard.count,
-      seed, Failures(), rows_compared, FormatDiff(worst_diff), FormatDiff(tolerance), seconds);
+      Passed() ? "PASS" : "FAIL", results.size(), cases, shard.index, shard.count, seed,
+      Failures(), rows_compared, FormatDiff(worst_diff), FormatDiff(tolerance), seconds);
   return out;
 }
 
@@ -296,7 +302,7 @@ CampaignReport RunCampaign(std::shared_ptr<const format::ModelWeights> weights,
             fmt::format("step {} {}: {} threw: {}", e.step, e.params, e.backend, e.message);
       }
       const auto file = options.out_dir / fmt::format("check-seed{}-case{}.json", options.seed, k);
-      WriteTextFile(file, sc.ToJson().dump(2) + "\n");
+      WriteTextFile(file, sc.ToText());
       result.scenario_file = file.string();
     }
     report.rows_compared += run.rows_compared;

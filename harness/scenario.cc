@@ -262,6 +262,23 @@ nlohmann::json Scenario::ToJson() const {
   return out;
 }
 
+std::string Scenario::ToText() const {
+  const json j = ToJson();
+  std::string out = "{\n";
+  bool first = true;
+  for (const char* key : {"description", "model", "driver", "tolerance", "backends"}) {
+    if (!j.contains(key)) continue;
+    out += fmt::format("{}  \"{}\": {}", first ? "" : ",\n", key, j.at(key).dump());
+    first = false;
+  }
+  out += ",\n  \"steps\": [\n";
+  const json& steps = j.at("steps");
+  for (size_t i = 0; i < steps.size(); ++i) {
+    out += fmt::format("    {}{}\n", steps[i].dump(), i + 1 < steps.size() ? "," : "");
+  }
+  return out + "  ]\n}\n";
+}
+
 Scenario ParseScenario(const std::string& json_text, const std::filesystem::path& base_dir) {
   json root;
   try {

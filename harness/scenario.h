@@ -49,6 +49,8 @@ struct ModelSpec {
   std::optional<std::filesystem::path> path;  // {"path": "DIR"}, resolved against the file's folder
   std::string Describe() const;               // "preset tiny, seed 3" or "path /abs/dir"
   nlohmann::json ToJson() const;
+  // ToJson() as a readable file: one line per top-level field and per step.
+  std::string ToText() const;
 };
 
 struct Scenario {
@@ -62,6 +64,8 @@ struct Scenario {
 
   // The scenario as a file `kvdiff run` reads back (text steps keep their text).
   nlohmann::json ToJson() const;
+  // ToJson() as a readable file: one line per top-level field and per step.
+  std::string ToText() const;
 };
 
 // Parses scenario JSON text. base_dir resolves a relative model path. Throws InputError naming the

@@ -19,7 +19,7 @@ TEST(CheckCampaign, TwoHundredCasesOnTinyPass) {
   // Default backends: impl and, when built with LibTorch, ref.
   const auto r = RunKvdiff("check --cases 200 --threads 1 --json c.json", dir.path());
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_THAT(r.out, HasSubstr("PASS: 200 cases"));
+  EXPECT_THAT(r.out, HasSubstr("PASS: 200 of 200 cases run"));
   const auto j = nlohmann::json::parse(ReadFile(dir / "c.json"));
   EXPECT_EQ(j.at("failures"), 0);
   EXPECT_EQ(j.at("case_indices").size(), 200u);

@@ -270,6 +270,7 @@ TEST(GenerateCase, IsAFunctionOfSeedAndIndexAndAlwaysValid) {
     EXPECT_NO_THROW(ValidateScenario(sc, config)) << sc.ToJson().dump();
     // A generated case replays from its file.
     EXPECT_EQ(ParseScenario(sc.ToJson().dump()).ToJson(), sc.ToJson());
+    EXPECT_EQ(ParseScenario(sc.ToText()).ToJson(), sc.ToJson());
     for (const Step& s : sc.steps) {
       ops.insert(s.op);
       chunked = chunked || s.chunks.size() > 1;
