@@ -20,13 +20,9 @@ using ::kvdiff::testing::RandomTokens;
 using ::kvdiff::testing::Rows;
 using ::kvdiff::testing::Slice;
 
-// The project gate is 1e-4, but this preset's random weights (30 layers, scores with std 4, logits
-// spanning +-15) sit at the float32 noise floor: transformers' own float32 path (ref) is 2.4e-4
-// from the float64 answer (ref64) on this prompt, cached and uncached float32 runs differ by
-// 1.2e-4, and impl measured that a one-ulp change of every embedding value moves the logits by
-// 2e-4. No float32 implementation can hold 1e-4 here; 1e-3 is ~4x the measured floor and still
-// 1000x below what a wrong position or a stale cache does (O(1)). The tiny preset keeps 1e-4.
-constexpr double kTolerance = 1e-3;
+// The project gate. With attention tempered by depth (format's random weights), measured on this
+// prompt: ref vs ref64 5.7e-5, ref cached vs uncached 5.4e-5, impl vs ref 6.5e-5.
+constexpr double kTolerance = 1e-4;
 constexpr int kThreads = 2;
 constexpr int64_t kPromptLength = 16;
 
