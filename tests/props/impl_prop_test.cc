@@ -13,6 +13,7 @@ Target Impl() { return Target{ImplFactory(), nullptr}; }
 Target ImplTiny() {
   Target target = Impl();
   target.models = GenPresetModel("tiny");
+  target.max_positions = 64;  // of its 512
   return target;
 }
 
@@ -24,11 +25,11 @@ RC_GTEST_PROP(ImplProps, OneTokenPromptAfterResetLeaksNothing, ()) {
 }
 RC_GTEST_PROP(ImplProps, TruncateThenAppendEqualsScratch, ()) { TruncateProperty(Impl()); }
 RC_GTEST_PROP(ImplProps, ForkEvolvesIndependently, ()) { ForkProperty(Impl()); }
-KVDIFF_PROP(ImplProps, StatefulConversations, 50) { StatefulProperty(Impl()); }
+KVDIFF_PROP(ImplProps, StatefulConversations, 200) { StatefulProperty(Impl()); }
 
 KVDIFF_PROP(ImplTinyProps, ChunkingInvariance, 30) { ChunkingProperty(ImplTiny()); }
 KVDIFF_PROP(ImplTinyProps, DecodeMatchesUncachedGreedy, 30) { DecodeProperty(ImplTiny()); }
-KVDIFF_PROP(ImplTinyProps, StatefulConversations, 10) { StatefulProperty(ImplTiny()); }
+KVDIFF_PROP(ImplTinyProps, StatefulConversations, 30) { StatefulProperty(ImplTiny()); }
 
 }  // namespace
 }  // namespace kvdiff::props

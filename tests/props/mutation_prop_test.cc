@@ -12,9 +12,11 @@
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/detail/TestListenerAdapter.h>
+#include <rapidcheck/gtest.h>
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <sstream>
@@ -162,6 +164,16 @@ TEST(Mutants, EveryMutantIsCaughtWithASmallCounterexample) {
   }
   std::cout << fmt::format("{} mutants, {} missed\n", Mutants().size(), missed);
   std::cout.flush();
+}
+
+// What a real failure looks like, through the same runner as every RC_GTEST_PROP: the shrunk
+// counterexample, and at exit the RC_PARAMS="reproduce=..." line that replays it. Opt-in, since
+// it fails on purpose: KVDIFF_PROP_DEMO=1 ./props_mutation_test --gtest_filter='MutantDemo.*'
+TEST(MutantDemo, Pos0DecodeFailsOnPurpose) {
+  if (std::getenv("KVDIFF_PROP_DEMO") == nullptr) {
+    GTEST_SKIP() << "set KVDIFF_PROP_DEMO=1 to see a real failure report and its replay line";
+  }
+  rc::detail::checkGTest([] { DecodeProperty(RawTarget(DriverFault::kPos0)); });
 }
 
 }  // namespace

@@ -26,7 +26,7 @@ CaseSetup Setup(const Target& target) {
   if (target.oracle) setup.oracle_owned = target.oracle(weights);
   setup.oracle = setup.oracle_owned ? setup.oracle_owned.get() : setup.system.get();
   setup.vocab = setup.model.config.vocab_size;
-  setup.capacity = setup.model.Capacity();
+  setup.capacity = target.Capacity(setup.model);
   LastCaseSize() = CaseSize{};
   LastCaseSize().layers = setup.model.config.num_hidden_layers;
   std::ostringstream printed;

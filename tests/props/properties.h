@@ -7,6 +7,7 @@
 
 #include <rapidcheck.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -31,6 +32,12 @@ struct Target {
   BackendFactory oracle;  // optional: another implementation (impl == ref, or a mutant vs impl)
   rc::Gen<ModelCase> models = GenSmallModel();
   double tolerance = kTolerance;
+  // Positions a case may use: the model's max_position_embeddings, capped here for presets whose
+  // context (512, 8192) would make a case take seconds instead of milliseconds. 0: no cap.
+  int64_t max_positions = 0;
+  int64_t Capacity(const ModelCase& model) const {
+    return max_positions > 0 ? std::min(max_positions, model.Capacity()) : model.Capacity();
+  }
 };
 
 // "impl" through harness::MakeBackend, one thread (the models are tiny; threads only cost here).

@@ -9,6 +9,7 @@ namespace {
 Target ImplSmollm2() {
   Target target{ImplFactory(), nullptr};
   target.models = GenPresetModel("smollm2-135m");
+  target.max_positions = 12;  // of its 8192: a case must stay in seconds
   return target;
 }
 

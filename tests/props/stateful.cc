@@ -229,7 +229,7 @@ void StatefulProperty(const Target& target) {
 
   Conversations initial;
   initial.histories.emplace_back();  // conversation 0 exists from the start
-  initial.capacity = model.Capacity();
+  initial.capacity = target.Capacity(model);
   initial.vocab = model.config.vocab_size;
   initial.oracle = std::make_shared<const Oracle>(oracle_backend);
   Sessions sut;
