@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -62,7 +63,12 @@ int Check(const CheckArgs& args, bool model_seed_given) {
   }
   const bool tty = isatty(fileno(stderr)) != 0;
   if (tty) {
-    options.progress = [](int64_t done, int64_t total, int64_t failures) {
+    // At most ten updates a second: a tiny case takes well under a millisecond.
+    options.progress = [last = std::chrono::steady_clock::time_point{}](
+                           int64_t done, int64_t total, int64_t failures) mutable {
+      const auto now = std::chrono::steady_clock::now();
+      if (done < total && now - last < std::chrono::milliseconds(100)) return;
+      last = now;
       fmt::print(stderr, "\r[{}/{}] {} failed", done, total, failures);
       if (done == total) fmt::print(stderr, "\r\033[K");
       std::fflush(stderr);
