@@ -164,15 +164,15 @@ struct ReferenceModel::Impl {
   std::shared_ptr<const format::ModelWeights> weights;  // owns the memory `ref` tensors alias
   format::LlamaConfig config;
   Precision precision;
-  at::ScalarType dtype;    // the model dtype: float32 (ref) or float64 (ref64)
-  at::ScalarType upcast;   // RMSNorm variance, RoPE tables, softmax
+  at::ScalarType dtype;   // the model dtype: float32 (ref) or float64 (ref64)
+  at::ScalarType upcast;  // RMSNorm variance, RoPE tables, softmax
   int threads;
 
   Tensor embed_tokens;  // [vocab, hidden]
   std::vector<LayerWeights> layers;
-  Tensor norm;          // [hidden]
-  Tensor lm_head;       // [vocab, hidden]; the embedding matrix itself when tied
-  Tensor inv_freq;      // [d/2] in `upcast`
+  Tensor norm;      // [hidden]
+  Tensor lm_head;   // [vocab, hidden]; the embedding matrix itself when tied
+  Tensor inv_freq;  // [d/2] in `upcast`
 
   // ref wraps the float weights without copying; ref64 converts each once to double.
   Tensor Weight(const std::string& name) const {
@@ -224,22 +224,23 @@ struct ReferenceModel::Impl {
                            (high_freq_factor - low_freq_factor);
     Tensor smoothed_inv_freq =
         at::rsub(smooth_factor, 1) * inv_freq_llama / factor + smooth_factor * inv_freq_llama;
-    Tensor is_medium_freq = (wavelen < high_freq_wavelen).logical_not() *
-                            (wavelen > low_freq_wavelen).logical_not();
+    Tensor is_medium_freq =
+        (wavelen < high_freq_wavelen).logical_not() * (wavelen > low_freq_wavelen).logical_not();
     return at::where(is_medium_freq, smoothed_inv_freq, inv_freq_llama);
   }
 
   // LlamaRotaryEmbedding.forward(x, position_ids) -> cos, sin [1, s, d] in the model dtype.
   std::pair<Tensor, Tensor> RotaryEmbedding(const Tensor& position_ids /*[1, s] long*/) const {
-    Tensor inv_freq_expanded = inv_freq.index({at::indexing::None, at::indexing::Slice(),
-                                               at::indexing::None})
-                                   .to(upcast)
-                                   .expand({position_ids.size(0), -1, 1});  // [1, d/2, 1]
+    Tensor inv_freq_expanded =
+        inv_freq.index({at::indexing::None, at::indexing::Slice(), at::indexing::None})
+            .to(upcast)
+            .expand({position_ids.size(0), -1, 1});  // [1, d/2, 1]
     Tensor position_ids_expanded =
         position_ids.index({at::indexing::Slice(), at::indexing::None, at::indexing::Slice()})
             .to(upcast);  // [1, 1, s]
-    Tensor freqs = at::matmul(inv_freq_expanded, position_ids_expanded).transpose(1, 2);  // [1,s,d/2]
-    Tensor emb = at::cat({freqs, freqs}, -1);  // [1, s, d]
+    Tensor freqs =
+        at::matmul(inv_freq_expanded, position_ids_expanded).transpose(1, 2);  // [1,s,d/2]
+    Tensor emb = at::cat({freqs, freqs}, -1);                                  // [1, s, d]
     // attention_scaling is 1.0 for the default and llama3 rope types: no multiply needed.
     return {emb.cos().to(dtype), emb.sin().to(dtype)};
   }
@@ -304,7 +305,7 @@ struct ReferenceModel::Impl {
     attn_weights = attn_weights + causal_mask;
     attn_weights = at::softmax(attn_weights, -1, upcast).to(query.scalar_type());
     Tensor attn_output = at::matmul(attn_weights, value_states);  // [1, nh, s, d]
-    return attn_output.transpose(1, 2).contiguous();               // [1, s, nh, d]
+    return attn_output.transpose(1, 2).contiguous();              // [1, s, nh, d]
   }
 
   // LlamaAttention.forward
@@ -330,8 +331,7 @@ struct ReferenceModel::Impl {
 
   // LlamaMLP: down(silu(gate(x)) * up(x))
   Tensor Mlp(const Tensor& x, const LayerWeights& w) const {
-    return at::linear(at::silu(at::linear(x, w.gate_proj)) * at::linear(x, w.up_proj),
-                      w.down_proj);
+    return at::linear(at::silu(at::linear(x, w.gate_proj)) * at::linear(x, w.up_proj), w.down_proj);
   }
 
   // LlamaDecoderLayer.forward
@@ -342,8 +342,8 @@ struct ReferenceModel::Impl {
     const LayerWeights& w = layers[layer_idx];
     Tensor residual = hidden_states_in;
     Tensor hidden_states = RmsNorm(hidden_states_in, w.input_layernorm);
-    hidden_states = Attention(hidden_states, w, position_embeddings, attention_mask,
-                              past_key_value, layer_idx);
+    hidden_states =
+        Attention(hidden_states, w, position_embeddings, attention_mask, past_key_value, layer_idx);
     hidden_states = residual + hidden_states;
     if (trace != nullptr) trace->layers[layer_idx].after_attention = ToRowMatrix(hidden_states);
 

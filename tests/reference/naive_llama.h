@@ -4,7 +4,6 @@
 #pragma once
 
 #include <Eigen/Core>
-
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -128,7 +127,8 @@ inline Eigen::MatrixXd NaiveForward(const format::ModelWeights& w, const Tokens&
   }
   Eigen::MatrixXd logits(n, c.vocab_size);
   for (int64_t t = 0; t < n; ++t) {
-    const Vec row = MatVec(w.LmHead(), NaiveRmsNorm(x[t], w.Get("model.norm.weight"), c.rms_norm_eps));
+    const Vec row =
+        MatVec(w.LmHead(), NaiveRmsNorm(x[t], w.Get("model.norm.weight"), c.rms_norm_eps));
     for (int64_t j = 0; j < c.vocab_size; ++j) logits(t, j) = row[j];
   }
   return logits;

@@ -58,9 +58,12 @@ int main(int argc, char** argv) {
   int reps = 5, threads = 2;
   std::string preset = "smollm2-135m";
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--preset")) preset = argv[i + 1];
+    if (!std::strcmp(argv[i], "--reps"))
+      reps = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--threads"))
+      threads = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--preset"))
+      preset = argv[i + 1];
     else {
       std::fprintf(stderr, "usage: %s [--reps N] [--threads N] [--preset NAME]\n", argv[0]);
       return 2;
@@ -83,23 +86,26 @@ int main(int argc, char** argv) {
 
     {
       kvdiff::impl::Model model(weights, threads);
-      const Stats full = Time(reps, [] {}, [&] { model.ForwardFull(prompt); });
+      const Stats full = Time(
+          reps, [] {}, [&] { model.ForwardFull(prompt); });
       kvdiff::impl::Session session = model.NewSession();
       session.Append(context);
-      const Stats step = Time(reps, [&] { session.Truncate(64); }, [&] { session.Append(next); });
+      const Stats step = Time(
+          reps, [&] { session.Truncate(64); }, [&] { session.Append(next); });
       std::printf("%-7s %12.1f (%7.1f) %16.2f (%7.2f)\n", "impl", full.median_ms, full.min_ms,
                   step.median_ms, step.min_ms);
     }
     for (auto precision : {kvdiff::ref::Precision::kFloat32, kvdiff::ref::Precision::kFloat64}) {
       kvdiff::ref::ReferenceModel model(weights, precision, threads);
-      const Stats full = Time(reps, [] {}, [&] { model.ForwardFull(prompt); });
+      const Stats full = Time(
+          reps, [] {}, [&] { model.ForwardFull(prompt); });
       kvdiff::ref::DynamicCache cache;
       model.Forward(context, cache);
-      const Stats step =
-          Time(reps, [&] { cache.Crop(64); }, [&] { model.Forward(next, cache); });
+      const Stats step = Time(
+          reps, [&] { cache.Crop(64); }, [&] { model.Forward(next, cache); });
       std::printf("%-7s %12.1f (%7.1f) %16.2f (%7.2f)\n",
-                  precision == kvdiff::ref::Precision::kFloat64 ? "ref64" : "ref",
-                  full.median_ms, full.min_ms, step.median_ms, step.min_ms);
+                  precision == kvdiff::ref::Precision::kFloat64 ? "ref64" : "ref", full.median_ms,
+                  full.min_ms, step.median_ms, step.min_ms);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvdiff_reference_bench: error: %s\n", e.what());

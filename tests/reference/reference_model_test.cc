@@ -107,8 +107,8 @@ TEST(ReferenceModel, CachedRandomChunksEqualsUncached) {
       const Logits full = model.ForwardFull(tokens);
       for (uint64_t chunk_seed = 0; chunk_seed < 4; ++chunk_seed) {
         const auto chunks = RandomChunks(50, 9, 1000 * v.seed + chunk_seed);
-        SCOPED_TRACE(std::string(Name(p)) + " prefill(n=50,chunks=" + ChunksString(chunks) +
-                     "," + v.Label() + ")");
+        SCOPED_TRACE(std::string(Name(p)) + " prefill(n=50,chunks=" + ChunksString(chunks) + "," +
+                     v.Label() + ")");
         DynamicCache cache;
         const Logits cached = ForwardChunked(model, tokens, chunks, cache);
         for (Eigen::Index i = 0; i < full.rows(); ++i) {
@@ -283,13 +283,14 @@ TEST(ReferenceModelErrors, EmptyTokens) {
 TEST(ReferenceModelErrors, TokenOutOfRangeNamesIndexIdAndVocab) {
   ReferenceModel model(MakeWeights(TinyConfig(true), 1), Precision::kFloat64, kThreads);
   const int64_t vocab = model.config().vocab_size;
-  EXPECT_THAT(ErrorOf([&] { model.ForwardFull({1, 2, static_cast<Token>(vocab)}); }),
+  EXPECT_THAT(ErrorOf([&] {
+                model.ForwardFull({1, 2, static_cast<Token>(vocab)});
+              }),
               AllOf(HasSubstr("token id " + std::to_string(vocab) + " at index 2"),
                     HasSubstr("vocab_size " + std::to_string(vocab))));
   DynamicCache cache;
   model.Forward({1, 2, 3}, cache);
-  EXPECT_THAT(ErrorOf([&] { model.Forward({4, -1}, cache); }),
-              HasSubstr("token id -1 at index 1"));
+  EXPECT_THAT(ErrorOf([&] { model.Forward({4, -1}, cache); }), HasSubstr("token id -1 at index 1"));
   EXPECT_EQ(cache.GetSeqLength(), 3) << "a refused call must leave the cache unchanged";
 }
 
@@ -311,7 +312,9 @@ TEST(ReferenceModelErrors, SequenceBeyondMaxPositionEmbeddings) {
               AllOf(HasSubstr("sequence length 17"), HasSubstr("max_position_embeddings 16")));
   DynamicCache cache;
   model.Forward(RandomTokens(14, config.vocab_size, 1), cache);
-  EXPECT_THAT(ErrorOf([&] { model.Forward({1, 2, 3}, cache); }),
+  EXPECT_THAT(ErrorOf([&] {
+                model.Forward({1, 2, 3}, cache);
+              }),
               AllOf(HasSubstr("sequence length 17 (14 cached + 3 new)"),
                     HasSubstr("max_position_embeddings 16")));
   EXPECT_EQ(cache.GetSeqLength(), 14);
