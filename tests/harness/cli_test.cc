@@ -108,6 +108,43 @@ TEST(RunCli, ModelDirectoryOnTheCommandLineOverridesTheScenario) {
   EXPECT_EQ(RunKvdiff("run sub/rel.json --threads 1", dir.path()).exit_code, 0);
 }
 
+TEST(RunCli, TextPromptsNeedATokenizer) {
+  TempDir dir;
+  WriteFile(dir / "t.json", R"({"model": {"preset": "tiny", "seed": 3},
+    "steps": [{"op": "prefill", "text": "Once upon a time"}]})");
+  const auto r = RunKvdiff("run t.json", dir.path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("steps[0].text: text prompts need a tokenizer"));
+}
+
+TEST(RunCli, TextPromptsOnAConvertedLlama2cModel) {
+  KVDIFF_REQUIRE_SHARED_DATA(data);
+  TempDir dir;
+  const auto conv = RunKvdiff("convert llama2c --checkpoint '" +
+                                  (data / "stories260K" / "stories260K.bin").string() +
+                                  "' --tokenizer '" + (data / "stories260K" / "tok512.bin").string() +
+                                  "' --out stories",
+                              dir.path());
+  ASSERT_EQ(conv.exit_code, 0) << conv.err;
+  WriteFile(dir / "t.json", R"({"model": {"path": "stories"}, "backends": ["impl"],
+    "steps": [{"op": "prefill", "text": "Once upon a time", "chunks": [2, 3]},
+              {"op": "decode", "n": 8}, {"op": "prefill", "text": " there was"}]})");
+  const auto r = RunKvdiff("run t.json --threads 1 --json out.json", dir.path());
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto j = nlohmann::json::parse(ReadFile(dir / "out.json"));
+  const auto& rows = j.at("steps")[0].at("outcomes")[0].at("rows");
+  ASSERT_EQ(rows.size(), 5u) << "BOS + 4 pieces, split 2 + 3";
+  EXPECT_EQ(rows[0].at("token"), 1) << "a prompt on an empty conversation starts with BOS";
+  EXPECT_NE(j.at("steps")[2].at("outcomes")[0].at("rows")[0].at("token"), 1)
+      << "text continuing a conversation gets no BOS";
+  // Chunks are checked against the token count after encoding.
+  WriteFile(dir / "bad.json", R"({"model": {"path": "stories"},
+    "steps": [{"op": "prefill", "text": "Once upon a time", "chunks": [2, 2]}]})");
+  const auto bad = RunKvdiff("run bad.json", dir.path());
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("steps[0].chunks: sizes sum to 4 but the text has 5 tokens"));
+}
+
 TEST(CheckCli, SmallCampaignPassesAndReportsItsCases) {
   TempDir dir;
   const auto r = RunKvdiff("check --cases 40 --seed 3 --threads 1 --json c.json --junit c.xml",
