@@ -1,0 +1,182 @@
+// `kvdiff repro NAME`: the source document's experiments (ok, pos0, reuse, reuse1, fresh, fresh1,
+// reference-reuse, or all) on a model directory or a random preset. Exit codes: 0 when every
+// experiment behaves as the document says (the bugs reproduce, the fixes are correct), 1 when one
+// does not, 2 on bad input or usage.
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "harness/cli/commands.h"
+#include "harness/format/error.h"
+#include "harness/format/model_files.h"
+#include "harness/format/tokenizer.h"
+#include "harness/repro.h"
+#include "harness/report.h"
+#include "harness/runner.h"
+#include "harness/scenario.h"
+
+namespace kvdiff::cli {
+namespace {
+
+struct ReproArgs {
+  std::string name;
+  std::string model;
+  std::string preset;
+  uint64_t seed = 0;
+  std::optional<std::string> prompt, second, tokens, second_tokens;
+  std::optional<int64_t> second1_token;
+  int64_t n = 20;
+  std::string save;
+  int threads = 0;
+};
+
+// "1,2,3" or "1 2 3" -> ids (checked against the vocabulary later, naming the option).
+Tokens ParseIds(const std::string& text, const char* option) {
+  std::string spaced = text;
+  for (char& c : spaced) {
+    if (c == ',') c = ' ';
+  }
+  std::istringstream in(spaced);
+  Tokens tokens;
+  std::string word;
+  while (in >> word) {
+    size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(word, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    KVDIFF_CHECK(used == word.size() && id >= 0 && id <= INT32_MAX,
+                 "{}: expected non-negative integer token ids, got \"{}\"", option, word);
+    tokens.push_back(static_cast<Token>(id));
+  }
+  KVDIFF_CHECK(!tokens.empty(), "{}: expected at least one token id, got \"{}\"", option, text);
+  return tokens;
+}
+
+int Run(const ReproArgs& args) {
+  const bool all = args.name == "all";
+  std::vector<harness::Experiment> experiments =
+      all ? harness::AllExperiments()
+          : std::vector<harness::Experiment>{harness::ParseExperimentName(args.name)};
+  if (!all) {
+    const std::string why = harness::ExperimentUnavailable(experiments[0]);
+    KVDIFF_CHECK(why.empty(), "repro {}: {}", args.name, why);
+  }
+  KVDIFF_CHECK(args.model.empty() != args.preset.empty(),
+               "repro: give --model DIR or --preset NAME (with --seed), not {}",
+               args.model.empty() ? "neither" : "both");
+  KVDIFF_CHECK(args.save.empty() || !all,
+               "--save: writes one experiment's scenario; name one experiment instead of all");
+
+  harness::ModelSpec spec;
+  if (!args.model.empty()) {
+    spec.path = args.model;
+  } else {
+    spec.preset = args.preset;
+    spec.seed = args.seed;
+  }
+  auto weights = harness::LoadModelFor(spec);
+  const format::LlamaConfig& config = weights->config;
+  std::optional<format::Tokenizer> tokenizer;
+  if (spec.path) tokenizer = format::Tokenizer::LoadFromModelDir(*spec.path);
+  if (tokenizer) {
+    KVDIFF_CHECK(tokenizer->VocabSize() == config.vocab_size,
+                 "{}/{} has {} tokens, config.json says vocab_size {}", args.model,
+                 format::kTokenizerFileName, tokenizer->VocabSize(), config.vocab_size);
+  }
+
+  harness::ReproInput input;
+  input.prompt = args.prompt;
+  input.second = args.second;
+  if (args.tokens) input.tokens = ParseIds(*args.tokens, "--tokens");
+  if (args.second_tokens) input.second_tokens = ParseIds(*args.second_tokens, "--second-tokens");
+  if (args.second1_token) {
+    KVDIFF_CHECK(*args.second1_token >= 0 && *args.second1_token <= INT32_MAX,
+                 "--second1-token: expected a token id, got {}", *args.second1_token);
+    input.second1_token = static_cast<Token>(*args.second1_token);
+  }
+  input.n = args.n;
+  const format::Tokenizer* tok = tokenizer ? &*tokenizer : nullptr;
+  harness::ReproPrompts prompts = harness::MakeReproPrompts(input, config, tok);
+
+  if (!args.save.empty()) {
+    // A model directory is written relative to the scenario's folder (how `kvdiff run` resolves
+    // it), so a file saved beside the model keeps working when both move together.
+    harness::ModelSpec saved = spec;
+    if (spec.path) {
+      const auto folder = std::filesystem::absolute(args.save).parent_path();
+      saved.path = std::filesystem::proximate(std::filesystem::absolute(*spec.path), folder);
+    }
+    const harness::Scenario sc =
+        harness::ExperimentScenario(experiments[0], prompts, saved, config);
+    harness::WriteTextFile(args.save, sc.ToText());
+  }
+
+  harness::Repro repro(weights, prompts, args.threads);
+  std::vector<harness::ExperimentResult> results;
+  for (harness::Experiment e : experiments) results.push_back(repro.Run(e));
+
+  std::string out = harness::FormatReproHeader(spec.Describe(), config, prompts, tok) + "\n";
+  if (all) {
+    out += harness::FormatReproTable(results, tok);
+  } else {
+    out += harness::FormatExperiment(results[0], tok);
+  }
+  if (!args.save.empty()) {
+    out += fmt::format("\nwrote {}: replay it with kvdiff run {}\n", args.save, args.save);
+  }
+  fmt::print("{}", out);
+  return harness::ReproExitCode(results);
+}
+
+}  // namespace
+
+void AddReproCommand(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<ReproArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "repro",
+      "Run the source document's KV-cache experiments (a first conversation, n greedy tokens, "
+      "then a second one) and say where each line departs from the correct output (exit 0 every "
+      "experiment behaves as documented, 1 one does not, 2 bad input)");
+  cmd->add_option("name", args->name,
+                  "ok, pos0, reuse, reuse1, fresh, fresh1, reference-reuse, or all")
+      ->required();
+  auto* model = cmd->add_option("--model", args->model, "Model directory");
+  auto* preset = cmd->add_option("--preset", args->preset, "Random model preset: tiny, smollm2-135m");
+  model->excludes(preset);
+  preset->excludes(model);
+  cmd->add_option("--seed", args->seed, "Seed of the preset's random weights")
+      ->capture_default_str()
+      ->needs(preset);
+  auto* prompt = cmd->add_option(
+      "--prompt", args->prompt,
+      "First prompt as text (needs the model's tokenizer; BOS first). Default \"Once upon a time, "
+      "Lily\" with a tokenizer, else ids 5 17 3 99 42");
+  auto* tokens = cmd->add_option("--tokens", args->tokens, "First prompt as token ids (\"1,2,3\")");
+  prompt->excludes(tokens);
+  auto* second = cmd->add_option(
+      "--second", args->second,
+      "Second prompt as text (at least 2 tokens). Default \"The dog\", else ids 8 17 3 120 42");
+  auto* second_tokens =
+      cmd->add_option("--second-tokens", args->second_tokens, "Second prompt as token ids");
+  second->excludes(second_tokens);
+  cmd->add_option("--second1-token", args->second1_token,
+                  "The one-token second prompt of reuse1/fresh1 (default: the second prompt's "
+                  "first token after BOS)");
+  cmd->add_option("-n", args->n, "Greedy tokens generated per conversation")
+      ->capture_default_str();
+  cmd->add_option("--save", args->save,
+                  "Write the experiment as a scenario file that `kvdiff run` replays");
+  cmd->add_option("--threads", args->threads, "Threads (0: every core)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->callback([args, &exit_code] { exit_code = Run(*args); });
+}
+
+}  // namespace kvdiff::cli
