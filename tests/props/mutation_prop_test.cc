@@ -9,12 +9,11 @@
 // here shows on two or three tokens (a token and one more position, or one cached key), so
 // anything bigger means the shrinking (or the generators that drive it) stopped working, and a
 // reader of the failure would have to dig.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/detail/TestListenerAdapter.h>
 #include <rapidcheck/gtest.h>
-
-#include <fmt/format.h>
 
 #include <cstdlib>
 #include <functional>
@@ -36,9 +35,9 @@ constexpr int64_t kSmallCommands = 8;
 struct Mutant {
   std::string name;
   std::string property;
-  std::function<void()> run;    // the property applied to the faulty backend
-  std::string expect_message;   // the failure must say this ("" = no requirement)
-  bool silent = false;          // the fault throws nothing: a check must catch it, not an exception
+  std::function<void()> run;   // the property applied to the faulty backend
+  std::string expect_message;  // the failure must say this ("" = no requirement)
+  bool silent = false;         // the fault throws nothing: a check must catch it, not an exception
 };
 
 Target RawTarget(DriverFault fault) {
@@ -75,19 +74,25 @@ std::vector<Mutant> Mutants() {
   // text), reuse with a multi-token prompt throws candle's broadcast error.
   raw("pos0", DriverFault::kPos0, "2 decode", DecodeProperty, "", /*silent=*/true);
   raw("pos0", DriverFault::kPos0, "6 stateful", StatefulProperty);
-  raw("reuse, multi-token prompt", DriverFault::kReuse, "3 reuse",
-      [](const Target& t) { ReuseProperty(t, ReuseOptions{2, 0}); }, "cannot broadcast");
-  raw("reuse, one-token prompt", DriverFault::kReuse, "3 reuse",
-      [](const Target& t) { ReuseProperty(t, ReuseOptions{1, 1}); }, "", /*silent=*/true);
+  raw(
+      "reuse, multi-token prompt", DriverFault::kReuse, "3 reuse",
+      [](const Target& t) {
+        ReuseProperty(t, ReuseOptions{2, 0});
+      },
+      "cannot broadcast");
+  raw(
+      "reuse, one-token prompt", DriverFault::kReuse, "3 reuse",
+      [](const Target& t) {
+        ReuseProperty(t, ReuseOptions{1, 1});
+      },
+      "", /*silent=*/true);
   raw("reuse", DriverFault::kReuse, "6 stateful", StatefulProperty);
   raw("position off by one", DriverFault::kPosOffByOne, "2 decode", DecodeProperty);
   raw("position off by one", DriverFault::kPosOffByOne, "6 stateful", StatefulProperty);
   scalar("mask sees one future key", Fault::kMaskSeesNextKey, "1 chunking", ChunkingProperty);
   scalar("mask sees one future key", Fault::kMaskSeesNextKey, "6 stateful", StatefulProperty);
-  scalar("mask hides last cached key", Fault::kMaskHidesLastCached, "1 chunking",
-         ChunkingProperty);
-  scalar("mask hides last cached key", Fault::kMaskHidesLastCached, "6 stateful",
-         StatefulProperty);
+  scalar("mask hides last cached key", Fault::kMaskHidesLastCached, "1 chunking", ChunkingProperty);
+  scalar("mask hides last cached key", Fault::kMaskHidesLastCached, "6 stateful", StatefulProperty);
   scalar("RoPE at cache length", Fault::kRopeAtCacheLength, "1 chunking", ChunkingProperty);
   scalar("RoPE at cache length", Fault::kRopeAtCacheLength, "6 stateful", StatefulProperty);
   scalar("K/V appended twice", Fault::kDoubleAppend, "2 decode", DecodeProperty);
@@ -107,7 +112,8 @@ std::string WhatFailed(const std::string& description) {
   std::istringstream lines(description);
   std::string line, text;
   while (std::getline(lines, line)) {
-    const bool location = !line.empty() && line.back() == ':' && line.find(".cc:") != std::string::npos;
+    const bool location =
+        !line.empty() && line.back() == ':' && line.find(".cc:") != std::string::npos;
     if (line.empty() || location || line == "RC_FAIL(message)") continue;
     text += (text.empty() ? "" : " ") + line;
   }
@@ -138,8 +144,8 @@ TEST(Mutants, EveryMutantIsCaughtWithASmallCounterexample) {
     }
     const auto failure = result.get<rc::detail::FailureResult>();
     // Replay exactly the shrunk case (RC_PARAMS="reproduce=..." does the same) to measure it.
-    const auto replay =
-        rc::detail::checkProperty(property, metadata, params, silent, {{metadata.id, failure.reproduce}});
+    const auto replay = rc::detail::checkProperty(property, metadata, params, silent,
+                                                  {{metadata.id, failure.reproduce}});
     const CaseSize size = LastCaseSize();
     std::cout << fmt::format("{:<28} {:<22} {:<7} {:>6} {:>7} {:>9} {:>7}  {}\n", mutant.name,
                              mutant.property, "caught", failure.numSuccess + 1, size.tokens,
@@ -153,8 +159,8 @@ TEST(Mutants, EveryMutantIsCaughtWithASmallCounterexample) {
                               << ": the model did not shrink to one layer";
     if (mutant.silent) {
       EXPECT_EQ(failure.description.find(kByException), std::string::npos)
-          << mutant.name << ": a silent fault must be caught by a check, got: "
-          << failure.description;
+          << mutant.name
+          << ": a silent fault must be caught by a check, got: " << failure.description;
     }
     if (!mutant.expect_message.empty()) {
       EXPECT_NE(failure.description.find(mutant.expect_message), std::string::npos)

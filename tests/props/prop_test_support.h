@@ -42,9 +42,9 @@ void CheckGTestWithCases(int default_cases, Testable&& testable) {
 }  // namespace kvdiff::props
 
 // A property test with its own default case count (scaled by RC_PARAMS max_success / 100).
-#define KVDIFF_PROP(Suite, Name, default_cases)                                      \
-  void kvdiffProp_##Suite##_##Name();                                                \
-  TEST(Suite, Name) {                                                                \
+#define KVDIFF_PROP(Suite, Name, default_cases)                                        \
+  void kvdiffProp_##Suite##_##Name();                                                  \
+  TEST(Suite, Name) {                                                                  \
     ::kvdiff::props::CheckGTestWithCases(default_cases, &kvdiffProp_##Suite##_##Name); \
-  }                                                                                  \
+  }                                                                                    \
   void kvdiffProp_##Suite##_##Name()

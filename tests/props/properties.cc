@@ -44,8 +44,8 @@ Tokens Concat(Tokens a, const Tokens& b) {
 // want (ForwardFull of the whole history); history_before is the session's length beforehand.
 // Returns the logits of the last piece.
 Logits AppendChecked(harness::BackendSession& session, const Tokens& tokens,
-                     const std::vector<int64_t>& chunks, const Logits& want,
-                     int64_t history_before, double tolerance, const std::string& what) {
+                     const std::vector<int64_t>& chunks, const Logits& want, int64_t history_before,
+                     double tolerance, const std::string& what) {
   int64_t position = history_before;
   Logits got;
   for (const Tokens& piece : SplitTokens(tokens, chunks)) {
@@ -91,17 +91,17 @@ void AssertRowsClose(const Logits& got, int64_t got_row0, const Logits& want, in
     const auto b = want.row(want_row0 + r);
     for (Eigen::Index j = 0; j < a.size(); ++j) {
       if (!std::isfinite(a[j]) || !std::isfinite(b[j])) {
-        const std::string message = fmt::format("{}: position {}: non-finite logit at index {}: {} vs {}", what,
-                                                want_row0 + r, j, a[j], b[j]);
+        const std::string message =
+            fmt::format("{}: position {}: non-finite logit at index {}: {} vs {}", what,
+                        want_row0 + r, j, a[j], b[j]);
         RC_FAIL(message);
       }
     }
     const double diff = (a - b).cwiseAbs().maxCoeff();
     if (diff > tolerance) {
-      const std::string message =
-          fmt::format("{}: position {}: max |a-b| = {:.3g} > {:g} (argmax {} vs {})", what,
-                      want_row0 + r, diff, tolerance, Argmax(got, got_row0 + r),
-                      Argmax(want, want_row0 + r));
+      const std::string message = fmt::format(
+          "{}: position {}: max |a-b| = {:.3g} > {:g} (argmax {} vs {})", what, want_row0 + r, diff,
+          tolerance, Argmax(got, got_row0 + r), Argmax(want, want_row0 + r));
       RC_FAIL(message);
     }
   }
@@ -129,9 +129,9 @@ void DecodeProperty(const Target& target) {
   const Logits prefill_want = s.oracle->ForwardFull(prompt);
   auto session = s.system->NewSession();
   // The cached greedy loop: each step feeds the argmax of the session's previous last row.
-  Logits last = AppendChecked(*session, prompt, chunks, prefill_want, 0, target.tolerance,
-                              "prefill")
-                    .bottomRows(1);
+  Logits last =
+      AppendChecked(*session, prompt, chunks, prefill_want, 0, target.tolerance, "prefill")
+          .bottomRows(1);
   Tokens history = prompt;
   for (int64_t step = 0;; ++step) {
     // The uncached greedy loop: ForwardFull of the whole history at every step.
@@ -158,9 +158,8 @@ void DecodeProperty(const Target& target) {
 
 void ReuseProperty(const Target& target, const ReuseOptions& options) {
   CaseSetup s = Setup(target);
-  const int64_t max_second = options.max_second_prompt > 0
-                                 ? std::min(options.max_second_prompt, s.capacity)
-                                 : s.capacity;
+  const int64_t max_second =
+      options.max_second_prompt > 0 ? std::min(options.max_second_prompt, s.capacity) : s.capacity;
   RC_PRE(options.min_second_prompt <= max_second);
   const Tokens first = *GenPrompt(s.vocab, s.capacity);
   const auto first_chunks = *GenChunks(static_cast<int64_t>(first.size()));
@@ -194,8 +193,8 @@ void ReuseProperty(const Target& target, const ReuseOptions& options) {
   AppendChecked(*second_session, second, second_chunks, fresh_rows, 0, target.tolerance,
                 new_session ? "second conversation in a new session vs a fresh process"
                             : "second conversation after Reset() vs a fresh process");
-  AssertRowsClose(fresh_rows, 0, s.oracle->ForwardFull(second), 0, second_length,
-                  target.tolerance, "fresh process vs ForwardFull");
+  AssertRowsClose(fresh_rows, 0, s.oracle->ForwardFull(second), 0, second_length, target.tolerance,
+                  "fresh process vs ForwardFull");
   RC_ASSERT(second_session->Length() == second_length);
 }
 
@@ -227,7 +226,8 @@ void ForkProperty(const Target& target) {
   const Tokens fork_more = *GenPrompt(s.vocab, room - 1);
   const Tokens fork_more2 = *GenPrompt(s.vocab, room - static_cast<int64_t>(fork_more.size()));
   LastCaseSize().tokens =
-      prefix_length + static_cast<int64_t>(parent_more.size() + fork_more.size() + fork_more2.size());
+      prefix_length +
+      static_cast<int64_t>(parent_more.size() + fork_more.size() + fork_more2.size());
 
   auto parent = s.system->NewSession();
   if (!prefix.empty()) parent->Append(prefix);

@@ -8,11 +8,16 @@ namespace kvdiff::props {
 
 std::string DriverFaultName(DriverFault fault) {
   switch (fault) {
-    case DriverFault::kNone: return "none";
-    case DriverFault::kPos0: return "pos0";
-    case DriverFault::kReuse: return "reuse";
-    case DriverFault::kPosOffByOne: return "position-off-by-one";
-    case DriverFault::kTruncateKeepsPosition: return "truncate-keeps-position";
+    case DriverFault::kNone:
+      return "none";
+    case DriverFault::kPos0:
+      return "pos0";
+    case DriverFault::kReuse:
+      return "reuse";
+    case DriverFault::kPosOffByOne:
+      return "position-off-by-one";
+    case DriverFault::kTruncateKeepsPosition:
+      return "truncate-keeps-position";
   }
   return "?";
 }
@@ -77,8 +82,8 @@ class RawDriverBackend : public harness::Backend {
     return model_.ForwardFull(tokens, trace);
   }
   std::unique_ptr<harness::BackendSession> NewSession() const override {
-    return std::make_unique<RawSession>(&model_, fault_,
-                                        shared_cache_ ? shared_cache_ : NewCache(), 0);
+    return std::make_unique<RawSession>(&model_, fault_, shared_cache_ ? shared_cache_ : NewCache(),
+                                        0);
   }
 
  private:

@@ -48,9 +48,7 @@ RC_GTEST_PROP(ImplEqualsRef, TruncateAndFork, ()) {
   TruncateProperty(ImplVsRef());
   ForkProperty(RefVsImpl());
 }
-KVDIFF_PROP(ImplEqualsRef, Stateful, 30) {
-  StatefulProperty(ImplVsRef());
-}
+KVDIFF_PROP(ImplEqualsRef, Stateful, 30) { StatefulProperty(ImplVsRef()); }
 
 }  // namespace
 }  // namespace kvdiff::props

@@ -24,12 +24,18 @@ std::vector<float> Linear(const float* w, int64_t out, int64_t in, const float* 
 
 std::string FaultName(Fault fault) {
   switch (fault) {
-    case Fault::kNone: return "none";
-    case Fault::kMaskSeesNextKey: return "mask-sees-next-key";
-    case Fault::kMaskHidesLastCached: return "mask-hides-last-cached";
-    case Fault::kRopeAtCacheLength: return "rope-at-cache-length";
-    case Fault::kDoubleAppend: return "kv-appended-twice";
-    case Fault::kKvHeadModulo: return "kv-head-h%nkv";
+    case Fault::kNone:
+      return "none";
+    case Fault::kMaskSeesNextKey:
+      return "mask-sees-next-key";
+    case Fault::kMaskHidesLastCached:
+      return "mask-hides-last-cached";
+    case Fault::kRopeAtCacheLength:
+      return "rope-at-cache-length";
+    case Fault::kDoubleAppend:
+      return "kv-appended-twice";
+    case Fault::kKvHeadModulo:
+      return "kv-head-h%nkv";
   }
   return "?";
 }
@@ -42,9 +48,9 @@ ScalarLlama::ScalarLlama(std::shared_ptr<const format::ModelWeights> weights, Fa
     const std::string p = "model.layers." + std::to_string(l) + ".";
     layers_.push_back({get(p + "input_layernorm.weight"), get(p + "self_attn.q_proj.weight"),
                        get(p + "self_attn.k_proj.weight"), get(p + "self_attn.v_proj.weight"),
-                       get(p + "self_attn.o_proj.weight"), get(p + "post_attention_layernorm.weight"),
-                       get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight"),
-                       get(p + "mlp.down_proj.weight")});
+                       get(p + "self_attn.o_proj.weight"),
+                       get(p + "post_attention_layernorm.weight"), get(p + "mlp.gate_proj.weight"),
+                       get(p + "mlp.up_proj.weight"), get(p + "mlp.down_proj.weight")});
   }
   embed_ = get("model.embed_tokens.weight");
   final_norm_ = get("model.norm.weight");
@@ -99,8 +105,8 @@ void ScalarLlama::Rope(float* x, int64_t position) const {
 }
 
 std::vector<ScalarLlama::Vec> ScalarLlama::Attention(const LayerWeights& w, int64_t layer,
-                                                      const std::vector<Vec>& x,
-                                                      ScalarCache& cache) const {
+                                                     const std::vector<Vec>& x,
+                                                     ScalarCache& cache) const {
   const auto& c = config();
   const int64_t s = static_cast<int64_t>(x.size());
   const int64_t d = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
@@ -109,8 +115,8 @@ std::vector<ScalarLlama::Vec> ScalarLlama::Attention(const LayerWeights& w, int6
   auto& keys = cache.keys[layer];          // (rows, kv_dim)
   auto& values = cache.values[layer];      // (rows, kv_dim)
 
-  std::vector<Vec> q(s);           // (s, nh*d)
-  std::vector<int64_t> own_row(s); // the key row of token i itself (the last one it may see)
+  std::vector<Vec> q(s);            // (s, nh*d)
+  std::vector<int64_t> own_row(s);  // the key row of token i itself (the last one it may see)
   const bool refed_single = s == 1 && cache.position > 0;
   for (int64_t i = 0; i < s; ++i) {
     const int64_t position =
@@ -138,7 +144,8 @@ std::vector<ScalarLlama::Vec> ScalarLlama::Attention(const LayerWeights& w, int6
       const float* qh = q[i].data() + h * d;
       // Causal mask: key row j is visible to new row i iff j <= own_row[i].
       int64_t last_visible = own_row[i];
-      if (fault_ == Fault::kMaskSeesNextKey) last_visible = std::min(own_row[i] + 1, total_rows - 1);
+      if (fault_ == Fault::kMaskSeesNextKey)
+        last_visible = std::min(own_row[i] + 1, total_rows - 1);
       std::vector<double> scores;
       std::vector<int64_t> visible;
       for (int64_t j = 0; j <= last_visible; ++j) {
@@ -154,7 +161,8 @@ std::vector<ScalarLlama::Vec> ScalarLlama::Attention(const LayerWeights& w, int6
       for (double& sc : scores) denom += (sc = std::exp(sc - max_score));
       for (size_t n = 0; n < visible.size(); ++n) {
         const float* vj = values.data() + visible[n] * kv_dim + kv_head * d;
-        for (int64_t e = 0; e < d; ++e) heads[h * d + e] += static_cast<float>(scores[n] / denom * vj[e]);
+        for (int64_t e = 0; e < d; ++e)
+          heads[h * d + e] += static_cast<float>(scores[n] / denom * vj[e]);
       }
     }
     out[i] = Linear(w.wo, hidden, nh * d, heads.data());
@@ -215,19 +223,21 @@ class ScalarSession : public harness::BackendSession {
                    c.vocab_size);
     }
     const int64_t end = cache_.position + static_cast<int64_t>(tokens.size());
-    KVDIFF_CHECK(end <= c.max_position_embeddings,
-                 "Append: length {} would exceed the capacity {}", end, c.max_position_embeddings);
+    KVDIFF_CHECK(end <= c.max_position_embeddings, "Append: length {} would exceed the capacity {}",
+                 end, c.max_position_embeddings);
     return model_->Forward(tokens, cache_);
   }
   int64_t Length() const override { return cache_.position; }
   void Truncate(int64_t length) override {
-    KVDIFF_CHECK(length >= 0 && length <= cache_.position,
-                 "Truncate: length {} outside [0, {}]", length, cache_.position);
+    KVDIFF_CHECK(length >= 0 && length <= cache_.position, "Truncate: length {} outside [0, {}]",
+                 length, cache_.position);
     const int64_t kv_dim = model_->config().KvDim();
     // Under kDoubleAppend rows and positions part; cutting at `length` rows is good enough
     // for a faulty model (the properties only need it to be wrong, not wrong in one way).
-    for (auto& k : cache_.keys) k.resize(static_cast<size_t>(std::min(length, cache_.rows) * kv_dim));
-    for (auto& v : cache_.values) v.resize(static_cast<size_t>(std::min(length, cache_.rows) * kv_dim));
+    for (auto& k : cache_.keys)
+      k.resize(static_cast<size_t>(std::min(length, cache_.rows) * kv_dim));
+    for (auto& v : cache_.values)
+      v.resize(static_cast<size_t>(std::min(length, cache_.rows) * kv_dim));
     cache_.rows = std::min(length, cache_.rows);
     cache_.position = length;
   }

@@ -18,11 +18,11 @@ namespace kvdiff::props {
 
 enum class Fault {
   kNone,
-  kMaskSeesNextKey,     // causal mask off by one: row i also sees key i+1 (one future key)
-  kMaskHidesLastCached, // the most recent cached key (position P-1) is hidden from the new rows
-  kRopeAtCacheLength,   // every new token rotated at the cache length P instead of P+i
-  kDoubleAppend,        // a re-fed single token (a decode step) has its K/V appended twice
-  kKvHeadModulo,        // query head h reads KV head h % nkv instead of h / n_rep
+  kMaskSeesNextKey,      // causal mask off by one: row i also sees key i+1 (one future key)
+  kMaskHidesLastCached,  // the most recent cached key (position P-1) is hidden from the new rows
+  kRopeAtCacheLength,    // every new token rotated at the cache length P instead of P+i
+  kDoubleAppend,         // a re-fed single token (a decode step) has its K/V appended twice
+  kKvHeadModulo,         // query head h reads KV head h % nkv instead of h / n_rep
 };
 std::string FaultName(Fault fault);
 
@@ -30,8 +30,8 @@ std::string FaultName(Fault fault);
 struct ScalarCache {
   std::vector<std::vector<float>> keys;    // per layer: (rows, kv_dim), row-major
   std::vector<std::vector<float>> values;  // per layer: (rows, kv_dim), row-major
-  int64_t rows = 0;      // cached key rows
-  int64_t position = 0;  // tokens fed so far = the position of the next token
+  int64_t rows = 0;                        // cached key rows
+  int64_t position = 0;                    // tokens fed so far = the position of the next token
 };
 
 class ScalarLlama {
@@ -71,9 +71,9 @@ class ScalarLlama {
   std::shared_ptr<const format::ModelWeights> weights_;
   Fault fault_;
   std::vector<LayerWeights> layers_;
-  const float* embed_;        // (vocab, hidden)
-  const float* final_norm_;   // (hidden)
-  const float* lm_head_;      // (vocab, hidden)
+  const float* embed_;            // (vocab, hidden)
+  const float* final_norm_;       // (hidden)
+  const float* lm_head_;          // (vocab, hidden)
   std::vector<double> inv_freq_;  // (head_dim / 2), llama3-scaled when the config says so
 };
 

@@ -3,10 +3,9 @@
 // conversation. Every command's arguments are drawn from the model, every precondition (the
 // capacity included) is asserted in checkPreconditions, so shrinking only ever tries valid
 // sequences, and show() prints each command so a shrunk counterexample reads as a script.
-#include <rapidcheck/state.h>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <rapidcheck/state.h>
 
 #include <map>
 #include <numeric>
@@ -146,8 +145,9 @@ struct Decode : Command {
     LastCaseSize().tokens += steps;
     for (size_t p = m.histories[conv].size(); p < history.size(); ++p) {
       const Logits got = sut.sessions[conv]->Append({history[p]});
-      AssertRowsClose(got, 0, want, static_cast<int64_t>(p), 1, sut.tolerance,
-                      fmt::format("conversation {}: decode of token {} at {}", conv, history[p], p));
+      AssertRowsClose(
+          got, 0, want, static_cast<int64_t>(p), 1, sut.tolerance,
+          fmt::format("conversation {}: decode of token {} at {}", conv, history[p], p));
     }
     RC_ASSERT(sut.sessions[conv]->Length() == static_cast<int64_t>(history.size()));
   }
