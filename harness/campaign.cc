@@ -129,7 +129,8 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
     if (roll < 30) {  // prefill
       if (GenConv* c = pick([&](const GenConv& c) { return c.length < max_len; })) prefill(*c);
     } else if (roll < 60) {  // decode
-      if (GenConv* c = pick([&](const GenConv& c) { return c.has_last_row && c.length < max_len; })) {
+      if (GenConv* c =
+              pick([&](const GenConv& c) { return c.has_last_row && c.length < max_len; })) {
         s.op = Op::kDecode;
         s.conversation = c->name;
         s.n = rng.Between(1, std::min<int64_t>(max_len - c->length, 8));
@@ -199,8 +200,8 @@ std::string CampaignReport::Summary() const {
   out += fmt::format(
       "{}: {} of {} cases run (shard {}/{}, seed {}), {} failed; {} rows compared, worst "
       "difference {} (tolerance {}); {:.2f} s\n",
-      Passed() ? "PASS" : "FAIL", results.size(), cases, shard.index, shard.count, seed,
-      Failures(), rows_compared, FormatDiff(worst_diff), FormatDiff(tolerance), seconds);
+      Passed() ? "PASS" : "FAIL", results.size(), cases, shard.index, shard.count, seed, Failures(),
+      rows_compared, FormatDiff(worst_diff), FormatDiff(tolerance), seconds);
   return out;
 }
 
@@ -209,8 +210,10 @@ nlohmann::json CampaignReport::ToJson() const {
   std::vector<int64_t> indices;
   for (const auto& r : results) {
     indices.push_back(r.index);
-    nlohmann::json j = {{"case", r.index},         {"passed", r.passed},
-                        {"steps", r.steps},        {"rows_compared", r.rows_compared},
+    nlohmann::json j = {{"case", r.index},
+                        {"passed", r.passed},
+                        {"steps", r.steps},
+                        {"rows_compared", r.rows_compared},
                         {"worst_diff", Number(r.worst_diff)}};
     if (!r.passed) {
       j["failure"] = r.failure;
@@ -313,8 +316,7 @@ CampaignReport RunCampaign(std::shared_ptr<const format::ModelWeights> weights,
                        static_cast<int64_t>(indices.size()), report.Failures());
     }
   }
-  report.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;
 }
 

@@ -2,12 +2,11 @@
 // (seed, k) alone, so shard i/n (the cases with k % n == i - 1) runs the same cases on any machine.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 

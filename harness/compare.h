@@ -10,7 +10,7 @@ struct RowComparison {
   bool nonfinite = false;
   int64_t nonfinite_index = -1;
   float nonfinite_a = 0, nonfinite_b = 0;
-  double max_abs_diff = 0;     // max |a - b|; +inf when a value is not finite
+  double max_abs_diff = 0;      // max |a - b|; +inf when a value is not finite
   int64_t max_diff_index = -1;  // where max |a - b| is reached
   int64_t argmax_a = -1, argmax_b = -1;
   int top5_overlap = 0;  // |top5(a) ∩ top5(b)|, 0..5 (min(5, n) for short rows)

@@ -17,10 +17,10 @@ namespace {
 // The checked API: one BackendSession per conversation.
 class SessionDriver : public Driver {
  public:
-  explicit SessionDriver(const Backend& backend) : backend_(backend) {
-    NewConversation("main");
+  explicit SessionDriver(const Backend& backend) : backend_(backend) { NewConversation("main"); }
+  void NewConversation(const std::string& name) override {
+    sessions_[name] = backend_.NewSession();
   }
-  void NewConversation(const std::string& name) override { sessions_[name] = backend_.NewSession(); }
   Logits Append(const std::string& conv, const Tokens& tokens, ForwardTrace* trace) override {
     return sessions_.at(conv)->Append(tokens, trace);
   }
@@ -161,8 +161,8 @@ std::unique_ptr<Driver> MakeDriver(DriverKind kind, const Backend& backend,
         threads);
   }
 #endif
-  throw InputError(fmt::format("driver \"{}\": no raw driver for backend \"{}\"",
-                               DriverName(kind), name));
+  throw InputError(
+      fmt::format("driver \"{}\": no raw driver for backend \"{}\"", DriverName(kind), name));
 }
 
 }  // namespace kvdiff::harness

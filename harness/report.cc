@@ -27,18 +27,24 @@ std::string Paint(const std::string& text, const char* colour, bool color) {
 std::string Cell(const PathOutcome& o) {
   switch (o.status) {
     case PathStatus::kPass:
-    case PathStatus::kFail: return fmt::format("{} {}", PathStatusName(o.status), FormatDiff(o.max_abs_diff));
-    default: return PathStatusName(o.status);
+    case PathStatus::kFail:
+      return fmt::format("{} {}", PathStatusName(o.status), FormatDiff(o.max_abs_diff));
+    default:
+      return PathStatusName(o.status);
   }
 }
 
 const char* CellColour(PathStatus s) {
   switch (s) {
-    case PathStatus::kPass: return kGreen;
+    case PathStatus::kPass:
+      return kGreen;
     case PathStatus::kFail:
-    case PathStatus::kError: return kRed;
-    case PathStatus::kSkipped: return kYellow;
-    default: return "";
+    case PathStatus::kError:
+      return kRed;
+    case PathStatus::kSkipped:
+      return kYellow;
+    default:
+      return "";
   }
 }
 
@@ -106,12 +112,15 @@ std::string FailureText(const StepReport& s) {
     } else if (o.status == PathStatus::kFail) {
       const ComparedRow* first = nullptr;
       for (const auto& r : o.rows)
-        if (!r.cmp.within_tolerance) { first = &r; break; }
+        if (!r.cmp.within_tolerance) {
+          first = &r;
+          break;
+        }
       out += fmt::format("{} vs {}: max |a-b| {}", o.a, o.b, FormatDiff(o.max_abs_diff));
       if (first) {
         out += fmt::format(" (first at conversation {}, position {}, token {}: argmax {} vs {})",
-                           first->conversation, first->position, first->token,
-                           first->cmp.argmax_a, first->cmp.argmax_b);
+                           first->conversation, first->position, first->token, first->cmp.argmax_a,
+                           first->cmp.argmax_b);
       }
       out += "\n";
     }
@@ -153,15 +162,32 @@ std::string XmlEscape(const std::string& text) {
   for (char ch : text) {
     const unsigned char c = static_cast<unsigned char>(ch);
     switch (ch) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
-      case '\n': out += "&#10;"; break;
-      case '\t': out += "&#9;"; break;
-      case '\r': out += "&#13;"; break;
-      default: out += (c < 0x20 || c == 0x7f) ? '?' : ch;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&apos;";
+        break;
+      case '\n':
+        out += "&#10;";
+        break;
+      case '\t':
+        out += "&#9;";
+        break;
+      case '\r':
+        out += "&#13;";
+        break;
+      default:
+        out += (c < 0x20 || c == 0x7f) ? '?' : ch;
     }
   }
   return out;
@@ -211,8 +237,8 @@ std::string FormatTerminal(const RunReport& r, bool color) {
   if (r.localization) {
     const Localization& loc = *r.localization;
     if (loc.found) {
-      const double d = loc.block == "attention" ? loc.attention_diffs[loc.layer]
-                                                : loc.mlp_diffs[loc.layer];
+      const double d =
+          loc.block == "attention" ? loc.attention_diffs[loc.layer] : loc.mlp_diffs[loc.layer];
       out += fmt::format("  localized: first beyond tolerance at layer {} {} (max |a-b| {})\n",
                          loc.layer, loc.block, FormatDiff(d));
     } else {
@@ -222,10 +248,11 @@ std::string FormatTerminal(const RunReport& r, bool color) {
   if (r.first_divergence || r.first_error) out += "\n";
   int64_t failed = 0;
   for (const auto& s : r.steps) failed += s.Passed() ? 0 : 1;
-  const std::string verdict = r.Passed() ? Paint("PASS", kGreen, color) : Paint("FAIL", kRed, color);
-  out += fmt::format("{}: {} of {} steps failed; {} rows compared, worst difference {} ({:.2f} s)\n",
-                     verdict, failed, r.steps.size(), r.rows_compared, FormatDiff(r.worst_diff),
-                     r.seconds);
+  const std::string verdict =
+      r.Passed() ? Paint("PASS", kGreen, color) : Paint("FAIL", kRed, color);
+  out += fmt::format(
+      "{}: {} of {} steps failed; {} rows compared, worst difference {} ({:.2f} s)\n", verdict,
+      failed, r.steps.size(), r.rows_compared, FormatDiff(r.worst_diff), r.seconds);
   return out;
 }
 
@@ -242,8 +269,10 @@ json ReportToJson(const RunReport& r) {
                         {"token", row.token},
                         {"comparison", ComparisonToJson(row.cmp)}});
       }
-      json oj = {{"path", o.path},          {"kind", o.kind},
-                 {"a", o.a},                {"b", o.b},
+      json oj = {{"path", o.path},
+                 {"kind", o.kind},
+                 {"a", o.a},
+                 {"b", o.b},
                  {"status", PathStatusName(o.status)},
                  {"max_abs_diff", Number(o.max_abs_diff)},
                  {"rows", rows}};
@@ -261,9 +290,10 @@ json ReportToJson(const RunReport& r) {
   }
   json j = {{"kvdiff_version", KVDIFF_VERSION},
             {"scenario", r.scenario},
-            {"model", {{"source", r.model_source},
-                       {"description", r.model_description},
-                       {"config", ConfigToJsonObject(r.config)}}},
+            {"model",
+             {{"source", r.model_source},
+              {"description", r.model_description},
+              {"config", ConfigToJsonObject(r.config)}}},
             {"tolerance", {{"abs", r.tolerance}}},
             {"driver", DriverName(r.driver)},
             {"backends", r.backends},
@@ -292,8 +322,11 @@ json ReportToJson(const RunReport& r) {
   }
   if (r.first_error) {
     const BackendFailure& e = *r.first_error;
-    j["first_error"] = {{"step", e.step}, {"params", e.params}, {"backend", e.backend},
-                        {"conversation", e.conversation}, {"message", e.message}};
+    j["first_error"] = {{"step", e.step},
+                        {"params", e.params},
+                        {"backend", e.backend},
+                        {"conversation", e.conversation},
+                        {"message", e.message}};
   } else {
     j["first_error"] = nullptr;
   }
@@ -321,10 +354,10 @@ std::string ReportToJUnit(const RunReport& r) {
     if (!s.Passed()) {
       const std::string text = FailureText(s);
       const std::string message = text.substr(0, text.find('\n'));
-      cases += fmt::format(">\n      <failure type=\"{}\" message=\"{}\">{}</failure>\n    </testcase>\n",
-                           text.find("backend error") != std::string::npos ? "backend_error"
-                                                                          : "divergence",
-                           XmlEscape(message), XmlEscape(text));
+      cases += fmt::format(
+          ">\n      <failure type=\"{}\" message=\"{}\">{}</failure>\n    </testcase>\n",
+          text.find("backend error") != std::string::npos ? "backend_error" : "divergence",
+          XmlEscape(message), XmlEscape(text));
     } else if (all_skipped) {
       ++skipped;
       cases += fmt::format(">\n      <skipped message=\"{}\"/>\n    </testcase>\n",

@@ -1,9 +1,8 @@
 // Reports of a run: the terminal table, JSON for machines, JUnit XML for CI systems.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "harness/runner.h"

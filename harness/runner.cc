@@ -18,7 +18,7 @@ namespace {
 
 // One logits row a cached path produced, with what identifies it across backends.
 struct RowRecord {
-  int64_t step = 0, row = 0;  // row index within the step
+  int64_t step = 0, row = 0;          // row index within the step
   int64_t call = 0, row_in_call = 0;  // which forward call of the step (for --localize)
   std::string conversation;
   int64_t position = 0;
@@ -179,8 +179,8 @@ BackendRun RunBackend(const Scenario& sc, const Backend& backend,
         bool all_within = true;
         for (size_t k = sr.rows_begin; k < sr.rows_end; ++k) {
           RowRecord& rec = run.rows[k];
-          rec.vs_oracle = CompareRows(rec.logits.data(), full.row(rec.position).data(), vocab,
-                                      tolerance);
+          rec.vs_oracle =
+              CompareRows(rec.logits.data(), full.row(rec.position).data(), vocab, tolerance);
           all_within = all_within && rec.vs_oracle.within_tolerance;
         }
         if (sr.status == PathStatus::kPass && !all_within) sr.status = PathStatus::kFail;
@@ -216,8 +216,7 @@ double MaxAbs(const RowMatrix& a, int64_t ra, const RowMatrix& b, int64_t rb) {
 
 // Layer-by-layer comparison of two traces of the same position (rows ra and rb).
 Localization CompareTraces(const ForwardTrace& a, int64_t ra, const ForwardTrace& b, int64_t rb,
-                           double tolerance, const std::string& a_name,
-                           const std::string& b_name) {
+                           double tolerance, const std::string& a_name, const std::string& b_name) {
   Localization loc;
   if (a.layers.empty() || b.layers.empty()) {
     loc.note = fmt::format("no layer trace recorded by {}", a.layers.empty() ? a_name : b_name);
@@ -225,8 +224,7 @@ Localization CompareTraces(const ForwardTrace& a, int64_t ra, const ForwardTrace
   }
   const size_t n = std::min(a.layers.size(), b.layers.size());
   for (size_t l = 0; l < n; ++l) {
-    const double d_attn =
-        MaxAbs(a.layers[l].after_attention, ra, b.layers[l].after_attention, rb);
+    const double d_attn = MaxAbs(a.layers[l].after_attention, ra, b.layers[l].after_attention, rb);
     const double d_mlp = MaxAbs(a.layers[l].after_mlp, ra, b.layers[l].after_mlp, rb);
     loc.attention_diffs.push_back(d_attn);
     loc.mlp_diffs.push_back(d_mlp);
@@ -241,8 +239,9 @@ Localization CompareTraces(const ForwardTrace& a, int64_t ra, const ForwardTrace
     }
   }
   if (!loc.found) {
-    loc.note = "every layer's hidden state is within tolerance: the difference arises in the "
-               "final norm or lm_head";
+    loc.note =
+        "every layer's hidden state is within tolerance: the difference arises in the "
+        "final norm or lm_head";
   }
   return loc;
 }
@@ -280,8 +279,8 @@ Localization Localize(const Scenario& sc, const Divergence& div,
       ForwardTrace full;
       Tokens prefix(ta.history.begin(), ta.history.begin() + ra->position + 1);
       backends[ia]->ForwardFull(prefix, &full);
-      return CompareTraces(ta.trace, ra->row_in_call, full, ra->position, sc.tolerance_abs,
-                           div.a, div.b);
+      return CompareTraces(ta.trace, ra->row_in_call, full, ra->position, sc.tolerance_abs, div.a,
+                           div.b);
     }
     const size_t ib = find_backend(div.b);
     TraceTarget tb;
@@ -298,11 +297,16 @@ Localization Localize(const Scenario& sc, const Divergence& div,
 
 std::string PathStatusName(PathStatus status) {
   switch (status) {
-    case PathStatus::kPass: return "pass";
-    case PathStatus::kFail: return "FAIL";
-    case PathStatus::kError: return "ERROR";
-    case PathStatus::kSkipped: return "skip";
-    case PathStatus::kNoRows: return "-";
+    case PathStatus::kPass:
+      return "pass";
+    case PathStatus::kFail:
+      return "FAIL";
+    case PathStatus::kError:
+      return "ERROR";
+    case PathStatus::kSkipped:
+      return "skip";
+    case PathStatus::kNoRows:
+      return "-";
   }
   return "?";
 }
@@ -328,8 +332,8 @@ std::shared_ptr<const format::ModelWeights> LoadModelFor(const ModelSpec& spec) 
 std::string DescribeModel(const format::LlamaConfig& c) {
   return fmt::format(
       "{} layers, hidden {}, {}/{} heads (head_dim {}), intermediate {}, vocab {}, {} positions{}",
-      c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
-      c.head_dim, c.intermediate_size, c.vocab_size, c.max_position_embeddings,
+      c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+      c.intermediate_size, c.vocab_size, c.max_position_embeddings,
       c.tie_word_embeddings ? ", tied head" : "");
 }
 
@@ -344,9 +348,9 @@ std::vector<std::string> DefaultBackends() {
 std::vector<std::string> PlanBackends(const std::vector<std::string>& requested,
                                       const Scenario& scenario, std::vector<std::string>* notes) {
   const bool explicit_list = !requested.empty() || !scenario.backends.empty();
-  const std::vector<std::string> names =
-      !requested.empty() ? requested : !scenario.backends.empty() ? scenario.backends
-                                                                  : DefaultBackends();
+  const std::vector<std::string> names = !requested.empty()           ? requested
+                                         : !scenario.backends.empty() ? scenario.backends
+                                                                      : DefaultBackends();
   std::vector<std::string> out;
   for (const std::string& name : names) {
     const std::string why = DriverNotApplicable(scenario.driver, name);
@@ -371,11 +375,21 @@ void PrepareScenario(Scenario& scenario, const format::ModelWeights& weights) {
   for (size_t i = 0; i < scenario.steps.size(); ++i) {
     Step& s = scenario.steps[i];
     switch (s.op) {
-      case Op::kNewConversation: empty[s.name] = true; break;
-      case Op::kFork: empty[s.to] = empty[s.from]; break;
-      case Op::kReset: empty[s.conversation] = true; break;
-      case Op::kTruncate: if (s.length == 0) empty[s.conversation] = true; break;
-      case Op::kDecode: empty[s.conversation] = false; break;
+      case Op::kNewConversation:
+        empty[s.name] = true;
+        break;
+      case Op::kFork:
+        empty[s.to] = empty[s.from];
+        break;
+      case Op::kReset:
+        empty[s.conversation] = true;
+        break;
+      case Op::kTruncate:
+        if (s.length == 0) empty[s.conversation] = true;
+        break;
+      case Op::kDecode:
+        empty[s.conversation] = false;
+        break;
       case Op::kPrefill:
         if (s.text && s.tokens.empty()) {
           if (!tokenizer) {
@@ -384,11 +398,13 @@ void PrepareScenario(Scenario& scenario, const format::ModelWeights& weights) {
                          "none; give \"tokens\" or a model directory with {}",
                          i, format::kTokenizerFileName);
             tokenizer = format::Tokenizer::LoadFromModelDir(*scenario.model.path);
-            KVDIFF_CHECK(tokenizer, "steps[{}].text: the model directory {} has no tokenizer ({}); "
+            KVDIFF_CHECK(tokenizer,
+                         "steps[{}].text: the model directory {} has no tokenizer ({}); "
                          "give \"tokens\" instead",
                          i, scenario.model.path->string(), format::kTokenizerFileName);
           }
-          s.tokens = tokenizer->Encode(*s.text, empty.count(s.conversation) ? empty[s.conversation] : true);
+          s.tokens = tokenizer->Encode(*s.text,
+                                       empty.count(s.conversation) ? empty[s.conversation] : true);
           KVDIFF_CHECK(!s.tokens.empty(), "steps[{}].text: encodes to no tokens", i);
         }
         empty[s.conversation] = false;
@@ -454,7 +470,8 @@ RunReport RunScenario(const Scenario& sc, std::shared_ptr<const format::ModelWei
         o.path = o.a + "~" + o.b;
         o.kind = "cross";
         std::map<int64_t, const RowRecord*> ys;
-        for (size_t k = sy.rows_begin; k < sy.rows_end; ++k) ys[runs[y].rows[k].row] = &runs[y].rows[k];
+        for (size_t k = sy.rows_begin; k < sy.rows_end; ++k)
+          ys[runs[y].rows[k].row] = &runs[y].rows[k];
         bool any_row = sx.rows_end > sx.rows_begin || sy.rows_end > sy.rows_begin;
         bool all_within = true;
         for (size_t k = sx.rows_begin; k < sx.rows_end; ++k) {
@@ -478,14 +495,13 @@ RunReport RunScenario(const Scenario& sc, std::shared_ptr<const format::ModelWei
         if (!o.rows.empty()) {
           o.status = all_within ? PathStatus::kPass : PathStatus::kFail;
           if (o.rows_not_compared > 0) {
-            o.message = fmt::format("{} rows not compared: different token histories",
-                                    o.rows_not_compared);
+            o.message =
+                fmt::format("{} rows not compared: different token histories", o.rows_not_compared);
           }
         } else if (any_row) {
           o.status = PathStatus::kSkipped;
-          o.message = o.rows_not_compared > 0
-                          ? "not compared: the backends' token histories differ"
-                          : "not compared: a backend produced no rows";
+          o.message = o.rows_not_compared > 0 ? "not compared: the backends' token histories differ"
+                                              : "not compared: a backend produced no rows";
         } else {
           o.status = PathStatus::kNoRows;
         }
@@ -498,8 +514,8 @@ RunReport RunScenario(const Scenario& sc, std::shared_ptr<const format::ModelWei
         for (const ComparedRow& r : o.rows) {
           if (r.cmp.within_tolerance) continue;
           if (!report.first_divergence || r.row < report.first_divergence->row.row) {
-            report.first_divergence =
-                Divergence{step_report.index, sc.steps[i].ParamString(), o.path, o.kind, o.a, o.b, r};
+            report.first_divergence = Divergence{
+                step_report.index, sc.steps[i].ParamString(), o.path, o.kind, o.a, o.b, r};
           }
           break;
         }
@@ -508,9 +524,9 @@ RunReport RunScenario(const Scenario& sc, std::shared_ptr<const format::ModelWei
     if (!report.first_error) {
       for (size_t b = 0; b < backends.size(); ++b) {
         if (runs[b].steps[i].status == PathStatus::kError) {
-          report.first_error = BackendFailure{step_report.index, sc.steps[i].ParamString(),
-                                              backends[b]->Name(), sc.steps[i].conversation,
-                                              runs[b].steps[i].message};
+          report.first_error =
+              BackendFailure{step_report.index, sc.steps[i].ParamString(), backends[b]->Name(),
+                             sc.steps[i].conversation, runs[b].steps[i].message};
           break;
         }
       }
@@ -518,11 +534,10 @@ RunReport RunScenario(const Scenario& sc, std::shared_ptr<const format::ModelWei
     report.steps.push_back(std::move(step_report));
   }
   if (options.localize && report.first_divergence) {
-    report.localization = Localize(sc, *report.first_divergence, backends, weights,
-                                   options.threads, runs);
+    report.localization =
+        Localize(sc, *report.first_divergence, backends, weights, options.threads, runs);
   }
-  report.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;
 }
 

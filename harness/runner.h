@@ -3,10 +3,9 @@
 // oracle), and each backend's rows with the others'.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,7 +42,7 @@ struct PathOutcome {
   std::string a, b;  // what was compared: "impl" vs "impl ForwardFull", or "impl" vs "ref"
   PathStatus status = PathStatus::kNoRows;
   std::string message;
-  double max_abs_diff = 0;  // over the compared rows
+  double max_abs_diff = 0;        // over the compared rows
   int64_t rows_not_compared = 0;  // cross only: rows whose token histories differ
   std::vector<ComparedRow> rows;
 };

@@ -23,7 +23,8 @@ void CheckKeys(const json& obj, const std::string& where, const std::set<std::st
     if (!allowed.count(key)) {
       std::string list;
       for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
-      throw InputError(fmt::format("{}: unknown field \"{}\" (expected one of: {})", where, key, list));
+      throw InputError(
+          fmt::format("{}: unknown field \"{}\" (expected one of: {})", where, key, list));
     }
   }
 }
@@ -58,10 +59,12 @@ void Require(const json& obj, const std::string& key, const std::string& where,
 }
 
 Op ParseOp(const std::string& name, const std::string& where) {
-  static const std::map<std::string, Op> kOps = {
-      {"new_conversation", Op::kNewConversation}, {"prefill", Op::kPrefill},
-      {"decode", Op::kDecode},       {"truncate", Op::kTruncate},
-      {"fork", Op::kFork},           {"reset", Op::kReset}};
+  static const std::map<std::string, Op> kOps = {{"new_conversation", Op::kNewConversation},
+                                                 {"prefill", Op::kPrefill},
+                                                 {"decode", Op::kDecode},
+                                                 {"truncate", Op::kTruncate},
+                                                 {"fork", Op::kFork},
+                                                 {"reset", Op::kReset}};
   auto it = kOps.find(name);
   KVDIFF_CHECK(it != kOps.end(),
                "{}.op: unknown op \"{}\" (expected new_conversation, prefill, decode, truncate, "
@@ -155,8 +158,10 @@ Step ParseStep(const json& s, size_t index) {
 }
 
 ModelSpec ParseModel(const json& m, const std::filesystem::path& base_dir) {
-  KVDIFF_CHECK(m.is_object(), "model: expected an object like {{\"preset\": \"tiny\", \"seed\": 3}} "
-               "or {{\"path\": \"DIR\"}}, got {}", m.dump());
+  KVDIFF_CHECK(m.is_object(),
+               "model: expected an object like {{\"preset\": \"tiny\", \"seed\": 3}} "
+               "or {{\"path\": \"DIR\"}}, got {}",
+               m.dump());
   ModelSpec spec;
   if (m.contains("path")) {
     CheckKeys(m, "model", {"path"});
@@ -177,9 +182,12 @@ ModelSpec ParseModel(const json& m, const std::filesystem::path& base_dir) {
 
 std::string DriverName(DriverKind kind) {
   switch (kind) {
-    case DriverKind::kSession: return "session";
-    case DriverKind::kPos0: return "pos0";
-    case DriverKind::kReuse: return "reuse";
+    case DriverKind::kSession:
+      return "session";
+    case DriverKind::kPos0:
+      return "pos0";
+    case DriverKind::kReuse:
+      return "reuse";
   }
   return "?";
 }
@@ -194,19 +202,26 @@ DriverKind ParseDriverName(const std::string& name) {
 
 std::string OpName(Op op) {
   switch (op) {
-    case Op::kNewConversation: return "new_conversation";
-    case Op::kPrefill: return "prefill";
-    case Op::kDecode: return "decode";
-    case Op::kTruncate: return "truncate";
-    case Op::kFork: return "fork";
-    case Op::kReset: return "reset";
+    case Op::kNewConversation:
+      return "new_conversation";
+    case Op::kPrefill:
+      return "prefill";
+    case Op::kDecode:
+      return "decode";
+    case Op::kTruncate:
+      return "truncate";
+    case Op::kFork:
+      return "fork";
+    case Op::kReset:
+      return "reset";
   }
   return "?";
 }
 
 std::string Step::ParamString() const {
   switch (op) {
-    case Op::kNewConversation: return fmt::format("new_conversation({})", name);
+    case Op::kNewConversation:
+      return fmt::format("new_conversation({})", name);
     case Op::kPrefill: {
       std::string s = fmt::format("prefill({},n={}", conversation, tokens.size());
       if (text && tokens.empty()) s = fmt::format("prefill({},text", conversation);
@@ -216,10 +231,14 @@ std::string Step::ParamString() const {
       }
       return s + ")";
     }
-    case Op::kDecode: return fmt::format("decode({},n={})", conversation, n);
-    case Op::kTruncate: return fmt::format("truncate({},length={})", conversation, length);
-    case Op::kFork: return fmt::format("fork({}->{})", from, to);
-    case Op::kReset: return fmt::format("reset({})", conversation);
+    case Op::kDecode:
+      return fmt::format("decode({},n={})", conversation, n);
+    case Op::kTruncate:
+      return fmt::format("truncate({},length={})", conversation, length);
+    case Op::kFork:
+      return fmt::format("fork({}->{})", from, to);
+    case Op::kReset:
+      return fmt::format("reset({})", conversation);
   }
   return "?";
 }
@@ -239,16 +258,32 @@ nlohmann::json Scenario::ToJson() const {
   for (const Step& s : steps) {
     json j = {{"op", OpName(s.op)}};
     switch (s.op) {
-      case Op::kNewConversation: j["name"] = s.name; break;
+      case Op::kNewConversation:
+        j["name"] = s.name;
+        break;
       case Op::kPrefill:
         j["conversation"] = s.conversation;
-        if (s.text) j["text"] = *s.text; else j["tokens"] = s.tokens;
+        if (s.text)
+          j["text"] = *s.text;
+        else
+          j["tokens"] = s.tokens;
         if (!s.chunks.empty()) j["chunks"] = s.chunks;
         break;
-      case Op::kDecode: j["conversation"] = s.conversation; j["n"] = s.n; break;
-      case Op::kTruncate: j["conversation"] = s.conversation; j["length"] = s.length; break;
-      case Op::kFork: j["from"] = s.from; j["to"] = s.to; break;
-      case Op::kReset: j["conversation"] = s.conversation; break;
+      case Op::kDecode:
+        j["conversation"] = s.conversation;
+        j["n"] = s.n;
+        break;
+      case Op::kTruncate:
+        j["conversation"] = s.conversation;
+        j["length"] = s.length;
+        break;
+      case Op::kFork:
+        j["from"] = s.from;
+        j["to"] = s.to;
+        break;
+      case Op::kReset:
+        j["conversation"] = s.conversation;
+        break;
     }
     steps_json.push_back(j);
   }
@@ -288,8 +323,7 @@ Scenario ParseScenario(const std::string& json_text, const std::filesystem::path
   }
   KVDIFF_CHECK(root.is_object(), "scenario: expected a JSON object at the top, got {}",
                TypeName(root));
-  CheckKeys(root, "scenario",
-            {"description", "model", "tolerance", "backends", "driver", "steps"});
+  CheckKeys(root, "scenario", {"description", "model", "tolerance", "backends", "driver", "steps"});
   Scenario sc;
   if (root.contains("description")) sc.description = GetString(root, "description", "scenario");
   KVDIFF_CHECK(root.contains("model"),

@@ -2,10 +2,9 @@
 // conversations. Parsed from JSON with every error naming the step index and the field.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>

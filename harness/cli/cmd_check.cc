@@ -51,9 +51,8 @@ int Check(const CheckArgs& args, bool model_seed_given) {
   options.out_dir = args.out_dir;
   options.tolerance_abs = args.tolerance;
   options.run.threads = args.threads;
-  const std::vector<std::string> names = args.backends.empty()
-                                             ? harness::DefaultBackends()
-                                             : harness::ParseBackendList(args.backends);
+  const std::vector<std::string> names =
+      args.backends.empty() ? harness::DefaultBackends() : harness::ParseBackendList(args.backends);
   auto weights = harness::LoadModelFor(model);
   std::vector<std::unique_ptr<harness::Backend>> owned;
   std::vector<const harness::Backend*> backends;
@@ -64,8 +63,8 @@ int Check(const CheckArgs& args, bool model_seed_given) {
   const bool tty = isatty(fileno(stderr)) != 0;
   if (tty) {
     // At most ten updates a second: a tiny case takes well under a millisecond.
-    options.progress = [last = std::chrono::steady_clock::time_point{}](
-                           int64_t done, int64_t total, int64_t failures) mutable {
+    options.progress = [last = std::chrono::steady_clock::time_point{}](int64_t done, int64_t total,
+                                                                        int64_t failures) mutable {
       const auto now = std::chrono::steady_clock::now();
       if (done < total && now - last < std::chrono::milliseconds(100)) return;
       last = now;
@@ -110,16 +109,14 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--junit", args->junit, "Write a JUnit XML report (one testcase per case)");
   cmd->add_option("--out-dir", args->out_dir, "Where failing cases are written")
       ->default_val("kvdiff-failures");
-  cmd->add_option("--tolerance", args->tolerance, "Gate on max |a-b| of logits")
-      ->default_val(1e-4);
+  cmd->add_option("--tolerance", args->tolerance, "Gate on max |a-b| of logits")->default_val(1e-4);
   // One thread by default: a case's tensors are tiny, and threads cost more than they give there
   // (spread a campaign over machines or processes with --shard instead).
   cmd->add_option("--threads", args->threads, "Threads per backend (0: every core)")
       ->default_val(1)
       ->check(CLI::NonNegativeNumber);
-  cmd->callback([args, model_seed, &exit_code] {
-    exit_code = Check(*args, model_seed->count() > 0);
-  });
+  cmd->callback(
+      [args, model_seed, &exit_code] { exit_code = Check(*args, model_seed->count() > 0); });
 }
 
 }  // namespace kvdiff::cli

@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
-
 #include <set>
 
 #include "tests/harness/harness_test_util.h"
@@ -52,11 +51,15 @@ TEST(CheckCampaign, ShardsAreDisjointAndCoverEveryCase) {
 
 TEST(CheckCampaign, AShardRunsTheSameCasesAsTheWholeCampaign) {
   TempDir dir;
-  ASSERT_EQ(RunKvdiff("check --cases 40 --seed 9 --backends impl --threads 1 --json all.json",
-                      dir.path()).exit_code, 0);
+  ASSERT_EQ(
+      RunKvdiff("check --cases 40 --seed 9 --backends impl --threads 1 --json all.json", dir.path())
+          .exit_code,
+      0);
   ASSERT_EQ(RunKvdiff("check --cases 40 --seed 9 --shard 2/3 --backends impl --threads 1 "
                       "--json part.json",
-                      dir.path()).exit_code, 0);
+                      dir.path())
+                .exit_code,
+            0);
   const auto all = nlohmann::json::parse(ReadFile(dir / "all.json")).at("results");
   const auto part = nlohmann::json::parse(ReadFile(dir / "part.json")).at("results");
   ASSERT_EQ(part.size(), 13u);  // k = 1, 4, ..., 37

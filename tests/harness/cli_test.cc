@@ -52,7 +52,8 @@ TEST(RunCli, Pos0ExitsOneAtTheFirstDecodeStep) {
 TEST(RunCli, ShippedScenariosBehaveAsTheirDescriptionsSay) {
   TempDir dir;
   const std::string s = KVDIFF_SOURCE_DIR "/harness/scenarios/";
-  EXPECT_EQ(RunKvdiff("run " + s + "example.json --backends impl --threads 1", dir.path()).exit_code, 0);
+  EXPECT_EQ(
+      RunKvdiff("run " + s + "example.json --backends impl --threads 1", dir.path()).exit_code, 0);
   EXPECT_EQ(RunKvdiff("run " + s + "pos0.json --threads 1", dir.path()).exit_code, 1);
   const auto reuse = RunKvdiff("run " + s + "reuse.json --backends impl --threads 1", dir.path());
   EXPECT_EQ(reuse.exit_code, 1);
@@ -99,8 +100,9 @@ TEST(RunCli, ModelDirectoryOnTheCommandLineOverridesTheScenario) {
   WriteFile(dir / "ok.json", Steps5Then10("session"));
   const auto r = RunKvdiff("run ok.json --threads 1 --model model --json out.json", dir.path());
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_THAT(nlohmann::json::parse(ReadFile(dir / "out.json")).at("model").at("source").get<std::string>(),
-              HasSubstr("path model"));
+  EXPECT_THAT(
+      nlohmann::json::parse(ReadFile(dir / "out.json")).at("model").at("source").get<std::string>(),
+      HasSubstr("path model"));
   // A relative path in the file is resolved against the file's folder, not the working folder.
   std::filesystem::create_directories(dir / "sub");
   WriteFile(dir / "sub" / "rel.json", R"({"model": {"path": "../model"}, "backends": ["impl"],
@@ -120,11 +122,10 @@ TEST(RunCli, TextPromptsNeedATokenizer) {
 TEST(RunCli, TextPromptsOnAConvertedLlama2cModel) {
   KVDIFF_REQUIRE_SHARED_DATA(data);
   TempDir dir;
-  const auto conv = RunKvdiff("convert llama2c --checkpoint '" +
-                                  (data / "stories260K" / "stories260K.bin").string() +
-                                  "' --tokenizer '" + (data / "stories260K" / "tok512.bin").string() +
-                                  "' --out stories",
-                              dir.path());
+  const auto conv = RunKvdiff(
+      "convert llama2c --checkpoint '" + (data / "stories260K" / "stories260K.bin").string() +
+          "' --tokenizer '" + (data / "stories260K" / "tok512.bin").string() + "' --out stories",
+      dir.path());
   ASSERT_EQ(conv.exit_code, 0) << conv.err;
   WriteFile(dir / "t.json", R"({"model": {"path": "stories"}, "backends": ["impl"],
     "steps": [{"op": "prefill", "text": "Once upon a time", "chunks": [2, 3]},
@@ -147,8 +148,8 @@ TEST(RunCli, TextPromptsOnAConvertedLlama2cModel) {
 
 TEST(CheckCli, SmallCampaignPassesAndReportsItsCases) {
   TempDir dir;
-  const auto r = RunKvdiff("check --cases 40 --seed 3 --threads 1 --json c.json --junit c.xml",
-                           dir.path());
+  const auto r =
+      RunKvdiff("check --cases 40 --seed 3 --threads 1 --json c.json --junit c.xml", dir.path());
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("PASS: 40 of 40 cases run"));
   const auto j = nlohmann::json::parse(ReadFile(dir / "c.json"));
@@ -158,22 +159,27 @@ TEST(CheckCli, SmallCampaignPassesAndReportsItsCases) {
   const std::string xml = ReadFile(dir / "c.xml");
   EXPECT_EQ(XmlProblem(xml, nullptr), "");
   EXPECT_EQ(XmlAttribute(xml, "testsuite", "tests"), "40");
-  EXPECT_FALSE(std::filesystem::exists(dir / "kvdiff-failures")) << "nothing failed, nothing written";
+  EXPECT_FALSE(std::filesystem::exists(dir / "kvdiff-failures"))
+      << "nothing failed, nothing written";
 }
 
 TEST(CheckCli, FailingCaseIsWrittenAsAReplayableScenario) {
   // A tolerance of 0 makes a case fail on ordinary float rounding (cached and uncached sums run
   // in different orders), which is exactly what we need to see the failure path end to end.
   TempDir dir;
-  const auto r = RunKvdiff("check --cases 30 --seed 1 --threads 1 --backends impl --out-dir fails "
-                           "--json c.json --tolerance 0",
-                           dir.path());
+  const auto r = RunKvdiff(
+      "check --cases 30 --seed 1 --threads 1 --backends impl --out-dir fails "
+      "--json c.json --tolerance 0",
+      dir.path());
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("replay: kvdiff run "));
   const auto j = nlohmann::json::parse(ReadFile(dir / "c.json"));
   std::string file;
   for (const auto& c : j.at("results"))
-    if (!c.at("passed").get<bool>()) { file = c.at("scenario_file"); break; }
+    if (!c.at("passed").get<bool>()) {
+      file = c.at("scenario_file");
+      break;
+    }
   ASSERT_FALSE(file.empty());
   const auto replay = RunKvdiff("run " + file + " --threads 1", dir.path());
   EXPECT_EQ(replay.exit_code, 1) << replay.out << replay.err;

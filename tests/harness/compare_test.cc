@@ -1,11 +1,12 @@
 // The comparison arithmetic on hand-made rows.
+#include "harness/compare.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 #include <vector>
 
-#include "harness/compare.h"
 #include "harness/format/error.h"
 
 namespace kvdiff::harness {
@@ -26,7 +27,7 @@ TEST(CompareRows, IdenticalRowsAgree) {
   EXPECT_EQ(c.argmax_a, 1);
   EXPECT_EQ(c.argmax_b, 1);
   EXPECT_TRUE(c.argmax_agrees());
-  EXPECT_EQ(c.top5_overlap, 4);  // only 4 values in the row
+  EXPECT_EQ(c.top5_overlap, 4);     // only 4 values in the row
   EXPECT_DOUBLE_EQ(c.margin, 1.0);  // 3.0 - 2.0
   EXPECT_TRUE(c.within_tolerance);
 }

@@ -1,6 +1,8 @@
 // The runner on the tiny model (impl backend, in process): the session driver agrees with the
 // oracle, the misuse drivers diverge exactly where the seed says, errors are outcomes, and the
 // JSON / JUnit / terminal reports carry it all.
+#include "harness/runner.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -10,7 +12,6 @@
 #include "harness/drivers.h"
 #include "harness/format/error.h"
 #include "harness/report.h"
-#include "harness/runner.h"
 #include "harness/scenario.h"
 #include "tests/harness/harness_test_util.h"
 
@@ -87,7 +88,8 @@ TEST_F(RunnerTest, Pos0DivergesAtTheRowThatChoosesTheSecondGeneratedToken) {
   const RunReport r = Run(Scenario5Then10("pos0"), /*localize=*/true);
   EXPECT_FALSE(r.Passed());
   EXPECT_EQ(r.ExitCode(), 1);
-  EXPECT_EQ(r.steps[0].outcomes[0].status, PathStatus::kPass) << "index_pos 0 is right for the prompt";
+  EXPECT_EQ(r.steps[0].outcomes[0].status, PathStatus::kPass)
+      << "index_pos 0 is right for the prompt";
   ASSERT_TRUE(r.first_divergence.has_value());
   const Divergence& d = *r.first_divergence;
   EXPECT_EQ(d.step, 1);
@@ -125,7 +127,8 @@ TEST_F(RunnerTest, ReuseWithAFiveTokenPromptThrowsAndTheRunGoesOn) {
   EXPECT_EQ(r.steps[3].outcomes[0].message,
             "cannot broadcast [5, 5] to [1, " + std::to_string(nh) + ", 5, 29]");
   EXPECT_EQ(r.steps[4].outcomes[0].status, PathStatus::kSkipped);
-  EXPECT_THAT(r.steps[4].outcomes[0].message, HasSubstr("conversation \"second\" failed at step 3"));
+  EXPECT_THAT(r.steps[4].outcomes[0].message,
+              HasSubstr("conversation \"second\" failed at step 3"));
   EXPECT_NE(r.steps[6].outcomes[0].status, PathStatus::kSkipped) << "the next conversation runs";
   ASSERT_TRUE(r.first_error.has_value());
   EXPECT_EQ(r.first_error->step, 3);
@@ -196,7 +199,8 @@ TEST(XmlEscape, EscapesMarkupAndDropsWhatXmlCannotHold) {
   EXPECT_EQ(XmlEscape("a<b>&\"c'"), "a&lt;b&gt;&amp;&quot;c&apos;");
   EXPECT_EQ(XmlEscape(std::string("x\x01y\x7f", 4)), "x?y?");
   EXPECT_EQ(XmlEscape("line\nnext"), "line&#10;next");
-  const std::string doc = "<r a=\"" + XmlEscape("<&\"\n\x02") + "\">" + XmlEscape("]]> & <") + "</r>";
+  const std::string doc =
+      "<r a=\"" + XmlEscape("<&\"\n\x02") + "\">" + XmlEscape("]]> & <") + "</r>";
   EXPECT_EQ(testing::XmlProblem(doc, nullptr), "");
   // The checker itself catches the mistakes it is there for.
   EXPECT_NE(testing::XmlProblem("<r>a & b</r>", nullptr), "");

@@ -1,4 +1,6 @@
 // Scenario parsing and validation: valid files, and every refusal naming the step and field.
+#include "harness/scenario.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -7,7 +9,6 @@
 #include "harness/campaign.h"
 #include "harness/format/error.h"
 #include "harness/format/model_files.h"
-#include "harness/scenario.h"
 
 namespace kvdiff::harness {
 namespace {
@@ -161,8 +162,9 @@ TEST(ScenarioParse, TopLevelErrors) {
   EXPECT_THAT(ParseError(R"({"model": {"preset": "tiny"}, "steps": [{"op": "reset"}],
                               "colour": 1})"),
               HasSubstr("scenario: unknown field \"colour\""));
-  EXPECT_THAT(ParseError(R"({"model": {"preset": "tiny", "path": "x"}, "steps": [{"op": "reset"}]})"),
-              HasSubstr("model: unknown field \"preset\""));
+  EXPECT_THAT(
+      ParseError(R"({"model": {"preset": "tiny", "path": "x"}, "steps": [{"op": "reset"}]})"),
+      HasSubstr("model: unknown field \"preset\""));
   EXPECT_THAT(ParseError(R"({"model": {"preset": "tiny"}, "driver": "pos1",
                               "steps": [{"op": "reset"}]})"),
               HasSubstr("driver: unknown driver \"pos1\" (expected session, pos0 or reuse)"));
@@ -249,7 +251,7 @@ TEST(Shards, ParseAndPartition) {
     total += cases.size();
     all.insert(cases.begin(), cases.end());
   }
-  EXPECT_EQ(total, 1000u);  // disjoint ...
+  EXPECT_EQ(total, 1000u);       // disjoint ...
   EXPECT_EQ(all.size(), 1000u);  // ... and covering 0..999
   EXPECT_EQ(*all.rbegin(), 999);
   EXPECT_EQ(ShardCases(3, Shard{4, 4}).size(), 0u);
@@ -260,9 +262,12 @@ TEST(GenerateCase, IsAFunctionOfSeedAndIndexAndAlwaysValid) {
   ModelSpec model;
   model.preset = "tiny";
   model.seed = 7;
-  EXPECT_EQ(GenerateCase(config, model, 5, 17).ToJson(), GenerateCase(config, model, 5, 17).ToJson());
-  EXPECT_NE(GenerateCase(config, model, 5, 17).ToJson(), GenerateCase(config, model, 5, 18).ToJson());
-  EXPECT_NE(GenerateCase(config, model, 5, 17).ToJson(), GenerateCase(config, model, 6, 17).ToJson());
+  EXPECT_EQ(GenerateCase(config, model, 5, 17).ToJson(),
+            GenerateCase(config, model, 5, 17).ToJson());
+  EXPECT_NE(GenerateCase(config, model, 5, 17).ToJson(),
+            GenerateCase(config, model, 5, 18).ToJson());
+  EXPECT_NE(GenerateCase(config, model, 5, 17).ToJson(),
+            GenerateCase(config, model, 6, 17).ToJson());
   std::set<Op> ops;
   bool chunked = false;
   for (int64_t k = 0; k < 300; ++k) {

@@ -72,8 +72,8 @@ TEST_F(TorchRunnerTest, ReusingADynamicCacheIsSilentAndWrong) {
   ASSERT_EQ(r.steps[3].outcomes.size(), 6u);
   EXPECT_EQ(r.steps[3].outcomes[0].status, PathStatus::kError);  // impl: cannot broadcast
   EXPECT_THAT(r.steps[3].outcomes[0].message, HasSubstr("cannot broadcast [5, 5]"));
-  EXPECT_EQ(r.steps[3].outcomes[1].status, PathStatus::kFail);  // ref: silent, wrong
-  EXPECT_EQ(r.steps[3].outcomes[2].status, PathStatus::kFail);  // ref64 likewise
+  EXPECT_EQ(r.steps[3].outcomes[1].status, PathStatus::kFail);     // ref: silent, wrong
+  EXPECT_EQ(r.steps[3].outcomes[2].status, PathStatus::kFail);     // ref64 likewise
   EXPECT_EQ(r.steps[3].outcomes[3].status, PathStatus::kSkipped);  // impl~ref: impl has no rows
   ASSERT_TRUE(r.first_divergence.has_value());
   EXPECT_EQ(r.first_divergence->a, "ref");
