@@ -15,5 +15,6 @@ void AddCompareCommand(CLI::App& app, int& exit_code);
 void AddConvertCommand(CLI::App& app, int& exit_code);
 void AddGenerateCommand(CLI::App& app, int& exit_code);
 void AddReproCommand(CLI::App& app, int& exit_code);
+void AddBenchCommand(CLI::App& app, int& exit_code);
 
 }  // namespace kvdiff::cli

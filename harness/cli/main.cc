@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   kvdiff::cli::AddConvertCommand(app, exit_code);
   kvdiff::cli::AddGenerateCommand(app, exit_code);
   kvdiff::cli::AddReproCommand(app, exit_code);
+  kvdiff::cli::AddBenchCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

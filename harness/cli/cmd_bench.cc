@@ -1,0 +1,370 @@
+// `kvdiff bench`: the backends side by side on one model (throughput, latency, peak memory) against
+// the machine's measured memory bandwidth; with --curve, the cost of a decode step against context
+// length, cached vs uncached, as CSV and an SVG plot.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "harness/backend.h"
+#include "harness/bench.h"
+#include "harness/cli/commands.h"
+#include "harness/format/error.h"
+
+namespace kvdiff::cli {
+namespace {
+
+using nlohmann::json;
+
+struct BenchArgs {
+  std::string model;
+  std::optional<std::string> preset;
+  uint64_t seed = 1;
+  int threads = 0;
+  std::string backends;
+  std::string json_path;
+  int reps = 5;
+  double max_seconds = 60;
+  std::string curve_path;
+  std::string plot_path;
+  int64_t curve_max = 2048;
+  bool replot = false;
+};
+
+std::vector<std::string> ParseBackends(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  std::string name;
+  const std::vector<std::string> available = harness::AvailableBackends();
+  while (std::getline(in, name, ',')) {
+    if (name.empty()) continue;
+    KVDIFF_CHECK(std::find(available.begin(), available.end(), name) != available.end(),
+                 "--backends: unknown or unavailable backend '{}' (this build has: {})", name,
+                 fmt::join(available, ", "));
+    KVDIFF_CHECK(std::find(out.begin(), out.end(), name) == out.end(),
+                 "--backends: '{}' is listed twice", name);
+    out.push_back(name);
+  }
+  KVDIFF_CHECK(!out.empty(), "--backends: expected a comma-separated list such as impl,ref, got '{}'",
+               text);
+  return out;
+}
+
+std::string CpuName() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  }
+  return "unknown CPU";
+}
+
+std::string Cell(double v, const char* spec) {
+  return std::isnan(v) ? std::string("-") : fmt::format(fmt::runtime(spec), v);
+}
+
+// impl/ref with a word saying which way is better: throughput higher, time lower.
+std::string Ratio(double impl, double ref, bool higher_is_better) {
+  if (std::isnan(impl) || std::isnan(ref) || ref == 0 || impl == 0) return "-";
+  const double r = impl / ref;
+  const double speedup = higher_is_better ? r : 1 / r;
+  return fmt::format("{:.2f} ({:.1f}x {})", r, speedup >= 1 ? speedup : 1 / speedup,
+                     speedup >= 1 ? "faster" : "slower");
+}
+
+json Figures(const harness::BenchOptions& options, const harness::ModelSource& source,
+             const std::string& backend) {
+  return harness::MeasureBackend(backend, source, options).ToJson();
+}
+
+double Bandwidth(int threads) {
+  return harness::RunInChild([threads] { return json(harness::MeasureReadBandwidth(threads)); })
+      .get<double>();
+}
+
+void RunFigures(const BenchArgs& args, const harness::ModelSource& source,
+                const std::vector<std::string>& backends, int threads) {
+  const format::LlamaConfig config = source.Config();
+  const double weight_mb = harness::WeightBytes(config) / 1e6;
+  const double decode_mb = harness::DecodeWeightBytes(config) / 1e6;
+  const double load_before = harness::LoadAverage1();
+  fmt::print("kvdiff bench: {}, float32, {} threads, {} ({} cores)\n", source.Describe(), threads,
+             CpuName(), std::thread::hardware_concurrency());
+  fmt::print("weights {:.1f} MB in memory; a decode step reads {:.1f} MB of them\n", weight_mb,
+             decode_mb);
+  fmt::print("1-minute load average before: {:.2f}\n", load_before);
+  std::fflush(stdout);
+
+  harness::BenchOptions options;
+  options.threads = threads;
+  options.reps = args.reps;
+  options.max_seconds = args.max_seconds;
+
+  // Bandwidth is measured just before and just after the impl (the figure it is compared with);
+  // the best of the two is the limit, so the fraction never flatters the impl.
+  std::vector<double> bandwidths = {Bandwidth(threads)};
+  std::map<std::string, harness::BackendFigures> figures;
+  for (const std::string& backend : backends) {
+    fmt::print("measuring {} ...\n", backend);
+    std::fflush(stdout);
+    figures[backend] = harness::BackendFigures::FromJson(
+        harness::RunInChild([&] { return Figures(options, source, backend); }));
+    if (backend == "impl") bandwidths.push_back(Bandwidth(threads));
+  }
+  const double bandwidth = *std::max_element(bandwidths.begin(), bandwidths.end());
+  const double limit_tok_s = bandwidth * 1e3 / decode_mb;
+  const double load_after = harness::LoadAverage1();
+
+  fmt::print("\nmemory read bandwidth: {:.1f} GB/s (best of 2x5 streaming reads of 1 GiB, {} threads)"
+             " -> decode limit {:.1f} tok/s ({:.1f} MB per token)\n",
+             bandwidth, threads, limit_tok_s, decode_mb);
+  fmt::print("medians of {} timed runs (decode: {} steps) after a warm-up\n\n", args.reps,
+             3 * args.reps);
+  const bool has_impl = figures.count("impl"), has_ref = figures.count("ref");
+  std::vector<std::string> columns = backends;
+  fmt::print("{:<26}", "");
+  for (const auto& b : columns) fmt::print("{:>12}", b);
+  if (has_impl && has_ref) fmt::print("   impl/ref");
+  fmt::print("\n");
+  struct Row {
+    const char* label;
+    double harness::BackendFigures::*field;
+    const char* spec;
+    bool higher_is_better;
+  };
+  const Row rows[] = {
+      {"prefill 128 (tok/s)", &harness::BackendFigures::prefill_tok_s, "{:.1f}", true},
+      {"decode @ ctx 64 (tok/s)", &harness::BackendFigures::decode_tok_s_ctx64, "{:.1f}", true},
+      {"decode @ ctx 512 (tok/s)", &harness::BackendFigures::decode_tok_s_ctx512, "{:.1f}", true},
+      {"ForwardFull 128 (s)", &harness::BackendFigures::full_forward_s_128, "{:.3f}", false},
+      {"ForwardFull 512 (s)", &harness::BackendFigures::full_forward_s_512, "{:.3f}", false},
+      {"peak RSS (MB)", &harness::BackendFigures::peak_rss_mb, "{:.0f}", false},
+      {"  with ForwardFull (MB)", &harness::BackendFigures::peak_rss_with_full_forward_mb, "{:.0f}",
+       false},
+      {"  process before load (MB)", &harness::BackendFigures::baseline_rss_mb, "{:.0f}", false},
+      {"  after load (MB)", &harness::BackendFigures::loaded_rss_mb, "{:.0f}", false},
+      {"  peak while loading (MB)", &harness::BackendFigures::load_peak_rss_mb, "{:.0f}", false},
+      {"load (s)", &harness::BackendFigures::load_s, "{:.2f}", false},
+  };
+  for (const Row& row : rows) {
+    fmt::print("{:<26}", row.label);
+    for (const auto& b : columns) fmt::print("{:>12}", Cell(figures[b].*row.field, row.spec));
+    if (has_impl && has_ref) {
+      fmt::print("   {}",
+                 Ratio(figures["impl"].*row.field, figures["ref"].*row.field, row.higher_is_better));
+    }
+    fmt::print("\n");
+  }
+
+  json out = {{"bandwidth_gb_s", bandwidth},
+              {"bandwidth_samples_gb_s", bandwidths},
+              {"threads", threads},
+              {"model", source.Describe()},
+              {"statistic", "median"},
+              {"reps", args.reps},
+              {"weights_mb", weight_mb},
+              {"decode_bytes_per_token_mb", decode_mb},
+              {"decode_limit_tok_s", limit_tok_s},
+              {"kv_cache_mb_per_position", harness::KvBytesPerPosition(config) / 1e6},
+              {"load_1min_before", load_before},
+              {"load_1min_after", load_after},
+              {"cpu", CpuName()},
+              {"impl", nullptr},
+              {"ref", nullptr}};
+  for (const auto& [name, f] : figures) out[name] = f.ToJson();
+
+  fmt::print("\n");
+  if (has_impl) {
+    const harness::BackendFigures& f = figures["impl"];
+    const double fraction = f.decode_tok_s_ctx64 / limit_tok_s;
+    out["impl_decode_fraction_of_limit"] = fraction;
+    out["impl_decode_fraction_of_limit_ctx512"] = f.decode_tok_s_ctx512 / limit_tok_s;
+    fmt::print("impl decode @ ctx 64: {:.1f} tok/s = {:.0f}% of the bandwidth limit ({:.1f} tok/s); "
+               "@ ctx 512: {:.0f}%\n",
+               f.decode_tok_s_ctx64, 100 * fraction, limit_tok_s,
+               100 * f.decode_tok_s_ctx512 / limit_tok_s);
+    // Serving memory: the weights, the cache of the 513 positions decoded at, and the rest.
+    const double kv_mb = 513 * harness::KvBytesPerPosition(config) / 1e6;
+    const double budget = (weight_mb + kv_mb) * 1.10;
+    const double used = f.peak_rss_mb - f.baseline_rss_mb;
+    out["impl_memory_budget_mb"] = budget;
+    fmt::print("impl peak RSS {:.0f} MB - {:.0f} MB process before load = {:.0f} MB; weights {:.0f} "
+               "+ KV cache at 513 positions {:.1f} = {:.0f} MB (+10%: {:.0f} MB)\n",
+               f.peak_rss_mb, f.baseline_rss_mb, used, weight_mb, kv_mb, weight_mb + kv_mb,
+               budget);
+  } else {
+    out["impl_decode_fraction_of_limit"] = nullptr;
+  }
+  if (has_impl && has_ref) {
+    json ratios;
+    for (const char* key : {"prefill_tok_s", "decode_tok_s_ctx64", "decode_tok_s_ctx512",
+                            "full_forward_s_128", "full_forward_s_512", "peak_rss_mb"}) {
+      const json& a = out["impl"][key];
+      const json& b = out["ref"][key];
+      ratios[key] = (a.is_number() && b.is_number() && b.get<double>() != 0)
+                        ? json(a.get<double>() / b.get<double>())
+                        : json(nullptr);
+    }
+    out["ratios_impl_over_ref"] = ratios;
+  }
+  fmt::print("1-minute load average after: {:.2f}\n", load_after);
+  if (!args.json_path.empty()) {
+    std::ofstream file(args.json_path);
+    KVDIFF_CHECK(file.good(), "--json: cannot write {}", args.json_path);
+    file << out.dump(2) << '\n';
+    KVDIFF_CHECK(file.good(), "--json: writing {} failed", args.json_path);
+  }
+}
+
+void RunCurve(const BenchArgs& args, const harness::ModelSource& source,
+              const std::vector<std::string>& backends, int threads) {
+  const format::LlamaConfig config = source.Config();
+  harness::CostCurve curve;
+  double bandwidth = 0;
+  double load = harness::LoadAverage1();
+  if (args.replot) {
+    curve = harness::ReadCostCsv(args.curve_path);
+  } else {
+    curve.contexts = harness::PowersOfTwo(args.curve_max);
+    harness::BenchOptions options;
+    options.threads = threads;
+    options.reps = args.reps;
+    options.max_seconds = args.max_seconds;
+    fmt::print("kvdiff bench --curve: {}, {} threads, contexts 1..{}, load {:.2f}\n",
+               source.Describe(), threads, args.curve_max, load);
+    bandwidth = Bandwidth(threads);
+    for (const std::string& backend : backends) {
+      fmt::print("measuring {} ...\n", backend);
+      std::fflush(stdout);
+      const json j = harness::RunInChild([&] {
+        const harness::CostSeries s =
+            harness::MeasureCostSeries(backend, source, options, curve.contexts);
+        auto nums = [](const std::vector<double>& v) {
+          json a = json::array();
+          for (double x : v) a.push_back(std::isnan(x) ? json(nullptr) : json(x));
+          return a;
+        };
+        return json{{"cached_ms", nums(s.cached_ms)}, {"uncached_ms", nums(s.uncached_ms)}};
+      });
+      harness::CostSeries s;
+      s.backend = backend;
+      for (const auto& v : j.at("cached_ms")) s.cached_ms.push_back(v.is_null() ? NAN : v.get<double>());
+      for (const auto& v : j.at("uncached_ms")) s.uncached_ms.push_back(v.is_null() ? NAN : v.get<double>());
+      curve.series.push_back(std::move(s));
+    }
+    load = std::max(load, harness::LoadAverage1());
+    harness::WriteCostCsv(args.curve_path, curve);
+    fmt::print("{:>8}", "context");
+    for (const auto& s : curve.series) {
+      fmt::print("{:>18}{:>18}", s.backend + " cached ms", s.backend + " uncached ms");
+    }
+    fmt::print("\n");
+    for (size_t i = 0; i < curve.contexts.size(); ++i) {
+      fmt::print("{:>8}", curve.contexts[i]);
+      for (const auto& s : curve.series) {
+        fmt::print("{:>18}{:>18}", Cell(s.cached_ms[i], "{:.2f}"), Cell(s.uncached_ms[i], "{:.2f}"));
+      }
+      fmt::print("\n");
+    }
+    fmt::print("wrote {}\n", args.curve_path);
+  }
+  if (args.plot_path.empty()) return;
+  harness::PlotNotes notes;
+  notes.title = "One decode step: with a KV cache (cached) vs recomputing the history (uncached)";
+  notes.lines.push_back(fmt::format(
+      "{}: {} layers, hidden {}, {:.0f} MB float32 weights; {} threads on {} ({} cores)",
+      source.Describe(), config.num_hidden_layers, config.hidden_size,
+      harness::WeightBytes(config) / 1e6, threads, CpuName(), std::thread::hardware_concurrency()));
+  if (!args.replot) {
+    notes.bandwidth_floor_ms = harness::DecodeWeightBytes(config) / (bandwidth * 1e9) * 1e3;
+    notes.lines.push_back(fmt::format(
+        "each point: median of {} runs; measured read bandwidth {:.1f} GB/s; 1-minute load "
+        "average up to {:.2f}; regenerate: kvdiff bench --curve {} --plot {}",
+        args.reps, bandwidth, load, args.curve_path, args.plot_path));
+  } else {
+    notes.lines.push_back(fmt::format("each point: a median of repeated runs, from {}",
+                                      args.curve_path));
+  }
+  std::ofstream file(args.plot_path);
+  KVDIFF_CHECK(file.good(), "--plot: cannot write {}", args.plot_path);
+  file << harness::CostCurveSvg(curve, notes);
+  KVDIFF_CHECK(file.good(), "--plot: writing {} failed", args.plot_path);
+  fmt::print("wrote {}\n", args.plot_path);
+}
+
+}  // namespace
+
+void AddBenchCommand(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench",
+      "Measure the backends side by side on one model: prefill and decode throughput, uncached "
+      "ForwardFull time, peak memory (each backend in its own child process), and the machine's "
+      "memory read bandwidth. With --curve: the cost of one decode step against context length, "
+      "cached vs uncached (CSV, and an SVG with --plot). Times are medians; nothing is asserted.");
+  auto* model = cmd->add_option("--model", args->model, "Model directory (config.json + safetensors)");
+  cmd->add_option("--preset", args->preset, "A preset with random weights (default smollm2-135m)")
+      ->excludes(model);
+  cmd->add_option("--seed", args->seed, "Seed of the preset's random weights")->default_val(1);
+  cmd->add_option("--threads", args->threads, "Threads for every backend (default: every core)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--backends", args->backends,
+                  "Comma-separated backends to measure (default: impl,ref when built with LibTorch)");
+  cmd->add_option("--json", args->json_path, "Write the figures as JSON to this file");
+  cmd->add_option("--reps", args->reps, "Timed repetitions per figure (the median is reported)")
+      ->default_val(5)
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("--max-seconds", args->max_seconds,
+                  "Stop repeating a figure once its runs have taken this long (after one run)")
+      ->default_val(60)
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--curve", args->curve_path,
+                  "Measure the decode cost curve (contexts 1, 2, 4, ... --curve-max) into this CSV "
+                  "instead of the figures");
+  cmd->add_option("--plot", args->plot_path, "Draw the cost curve as SVG into this file (with --curve)");
+  cmd->add_option("--curve-max", args->curve_max, "Largest context of the cost curve")
+      ->default_val(2048)
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--replot", args->replot,
+                "Draw --plot from the existing --curve CSV without measuring anything");
+  cmd->callback([args, &exit_code] {
+    KVDIFF_CHECK(args->curve_path.empty() ? args->plot_path.empty() && !args->replot : true,
+                 "--plot and --replot need --curve (the CSV to write or read)");
+    harness::ModelSource source;
+    if (!args->model.empty()) {
+      source.dir = args->model;
+    } else if (args->preset) {
+      source.preset = *args->preset;
+    }
+    source.seed = args->seed;
+    const int threads =
+        args->threads > 0 ? args->threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    std::string backends_text = args->backends;
+    if (backends_text.empty()) {
+      const auto available = harness::AvailableBackends();
+      const bool has_ref = std::find(available.begin(), available.end(), "ref") != available.end();
+      backends_text = has_ref ? "impl,ref" : "impl";
+    }
+    const std::vector<std::string> backends = ParseBackends(backends_text);
+    source.Config();  // bad --model or --preset fails here, before any child starts
+    if (!args->curve_path.empty()) {
+      RunCurve(*args, source, backends, threads);
+    } else {
+      RunFigures(*args, source, backends, threads);
+    }
+    exit_code = 0;
+  });
+}
+
+}  // namespace kvdiff::cli
