@@ -33,9 +33,9 @@ int64_t GetInt(const json& obj, const std::string& key, const std::string& where
   const json& v = obj.at(key);
   KVDIFF_CHECK(v.is_number_integer(), "{}.{}: expected an integer, got {} {}", where, key,
                TypeName(v), v.dump());
-  const int64_t value = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)
-                            ? INT64_MAX
-                            : v.get<int64_t>();
+  KVDIFF_CHECK(!v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t(INT64_MAX),
+               "{}.{}: {} is too large (at most {})", where, key, v.dump(), INT64_MAX);
+  const int64_t value = v.get<int64_t>();
   KVDIFF_CHECK(value >= min, "{}.{}: expected an integer >= {}, got {}", where, key, min, value);
   return value;
 }
@@ -173,7 +173,13 @@ ModelSpec ParseModel(const json& m, const std::filesystem::path& base_dir) {
     CheckKeys(m, "model", {"preset", "seed"});
     KVDIFF_CHECK(m.contains("preset"), "model: needs \"preset\" (with \"seed\") or \"path\"");
     spec.preset = GetString(m, "preset", "model");
-    spec.seed = m.contains("seed") ? static_cast<uint64_t>(GetInt(m, "seed", "model", 0)) : 0;
+    if (m.contains("seed")) {
+      const json& seed = m.at("seed");
+      KVDIFF_CHECK(
+          seed.is_number_unsigned() || (seed.is_number_integer() && seed.get<int64_t>() >= 0),
+          "model.seed: expected an integer >= 0, got {}", seed.dump());
+      spec.seed = seed.get<uint64_t>();
+    }
   }
   return spec;
 }
@@ -435,11 +441,12 @@ void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& confi
                      "argmax of (decode must follow a prefill or decode; a truncate, reset or new "
                      "conversation leaves none)",
                      i, s.conversation);
-        c.length += s.n;
-        KVDIFF_CHECK(c.length <= max_len,
-                     "steps[{}].n: conversation \"{}\" would reach {} positions, beyond the "
+        // Compared before adding: n may be as large as INT64_MAX.
+        KVDIFF_CHECK(s.n <= max_len - c.length,
+                     "steps[{}].n: conversation \"{}\" would reach {} + {} positions, beyond the "
                      "model's max_position_embeddings {}",
-                     i, s.conversation, c.length, max_len);
+                     i, s.conversation, c.length, s.n, max_len);
+        c.length += s.n;
         break;
       }
       case Op::kTruncate: {

@@ -95,6 +95,19 @@ TEST(ScenarioParse, DefaultsWhenFieldsAreLeftOut) {
   EXPECT_TRUE(sc.steps[0].chunks.empty());
 }
 
+TEST(ScenarioParse, ModelSeedTakesTheWholeUnsignedRange) {
+  EXPECT_EQ(ParseScenario(R"({"model": {"preset": "tiny", "seed": 18446744073709551615},
+                              "steps": [{"op": "reset"}]})")
+                .model.seed,
+            18446744073709551615ull);
+  EXPECT_THAT(
+      ParseError(R"({"model": {"preset": "tiny", "seed": -1}, "steps": [{"op": "reset"}]})"),
+      HasSubstr("model.seed: expected an integer >= 0, got -1"));
+  EXPECT_THAT(
+      ParseError(R"({"model": {"preset": "tiny", "seed": 1.5}, "steps": [{"op": "reset"}]})"),
+      HasSubstr("model.seed: expected an integer >= 0, got 1.5"));
+}
+
 TEST(ScenarioParse, RelativeModelPathIsResolvedAgainstTheFilesFolder) {
   const Scenario sc = ParseScenario(
       R"({"model": {"path": "../models/tiny"}, "steps": [{"op": "prefill", "tokens": [1]}]})",
@@ -206,8 +219,11 @@ TEST(ScenarioValidate, RefusesWhatNoBackendCouldRun) {
   const auto max_pos = TinyConfig().max_position_embeddings;
   EXPECT_THAT(ValidateError(R"([{"op": "prefill", "tokens": [1]}, {"op": "decode", "n": )" +
                             std::to_string(max_pos) + "}]"),
-              HasSubstr("steps[1].n: conversation \"main\" would reach " +
-                        std::to_string(max_pos + 1) + " positions"));
+              HasSubstr("steps[1].n: conversation \"main\" would reach 1 + " +
+                        std::to_string(max_pos) + " positions"));
+  EXPECT_THAT(ValidateError(R"([{"op": "prefill", "tokens": [1]},
+                                {"op": "decode", "n": 9223372036854775807}])"),
+              HasSubstr("steps[1].n: conversation \"main\" would reach 1 + 9223372036854775807"));
   // Truncating to the current length keeps the last row, so decode may follow.
   EXPECT_EQ(ValidateError(R"([{"op": "prefill", "tokens": [1, 2]},
                               {"op": "truncate", "length": 2}, {"op": "decode", "n": 1},
