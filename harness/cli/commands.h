@@ -14,6 +14,7 @@ void AddCheckCommand(CLI::App& app, int& exit_code);
 void AddCompareCommand(CLI::App& app, int& exit_code);
 void AddConvertCommand(CLI::App& app, int& exit_code);
 void AddGenerateCommand(CLI::App& app, int& exit_code);
+void AddGoldenCommand(CLI::App& app, int& exit_code);
 void AddReproCommand(CLI::App& app, int& exit_code);
 void AddBenchCommand(CLI::App& app, int& exit_code);
 

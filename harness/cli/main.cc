@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   kvdiff::cli::AddCompareCommand(app, exit_code);
   kvdiff::cli::AddConvertCommand(app, exit_code);
   kvdiff::cli::AddGenerateCommand(app, exit_code);
+  kvdiff::cli::AddGoldenCommand(app, exit_code);
   kvdiff::cli::AddReproCommand(app, exit_code);
   kvdiff::cli::AddBenchCommand(app, exit_code);
   try {
