@@ -621,6 +621,12 @@ Scenario ExperimentScenario(Experiment e, const ReproPrompts& p, const ModelSpec
   sc.description = fmt::format("kvdiff repro {}: {}. The source document: {}. Expected: {}.",
                                ExperimentName(e), ExperimentWhat(e), ExperimentDocumented(e),
                                expect);
+  if (model.path && model.path->is_relative()) {
+    sc.description += fmt::format(
+        " The model is the directory {} beside this file (a path relative to it); to use one "
+        "elsewhere: kvdiff run FILE --model DIR.",
+        model.path->string());
+  }
 
   return sc;
 }

@@ -1,0 +1,146 @@
+// The experiments in words, on stories260K (a real trained model, converted here into a temporary
+// directory): the fixes equal the correct output, the bugs depart from it, `kvdiff repro all`
+// agrees with `kvdiff generate`, and the stories scenario files replay. Skips without
+// ../shared/data.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <sstream>
+
+#include "harness/format/tokenizer.h"
+#include "harness/repro.h"
+#include "tests/repro/repro_test_util.h"
+#include "tests/test_support.h"
+
+namespace kvdiff::testing {
+namespace {
+
+using harness::Experiment;
+using harness::ExperimentResult;
+using ::testing::HasSubstr;
+
+class ReproStories : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KVDIFF_REQUIRE_SHARED_DATA(data);
+    model_dir_ = dir_ / "stories260K";
+    ConvertStories(data, model_dir_);
+    weights_ = std::make_shared<const format::ModelWeights>(format::LoadModel(model_dir_));
+    tokenizer_ = format::Tokenizer::LoadFromModelDir(model_dir_);
+    ASSERT_TRUE(tokenizer_);
+  }
+  harness::ReproPrompts Prompts() {
+    return harness::MakeReproPrompts({}, weights_->config, &*tokenizer_);
+  }
+  TempDir dir_;
+  std::filesystem::path model_dir_;
+  std::shared_ptr<const format::ModelWeights> weights_;
+  std::optional<format::Tokenizer> tokenizer_;
+};
+
+TEST_F(ReproStories, DefaultPromptsAreTheIssuesTextWithBos) {
+  const auto p = Prompts();
+  EXPECT_EQ(p.first, tokenizer_->Encode("Once upon a time, Lily", true));
+  EXPECT_EQ(p.second, tokenizer_->Encode("The dog", true));
+  EXPECT_EQ(p.first[0], tokenizer_->BosId());
+  // The one-token prompt: the second prompt's first word, " The", without BOS.
+  ASSERT_EQ(p.second1.size(), 1u);
+  EXPECT_EQ(p.second1[0], p.second[1]);
+  EXPECT_EQ(tokenizer_->Decode(p.second1[0], -1), " The");
+}
+
+TEST_F(ReproStories, FixesEqualTheCorrectOutputAndBugsDepartFromIt) {
+  harness::Repro repro(weights_, Prompts(), 1);
+  for (Experiment e : {Experiment::kOk, Experiment::kFresh, Experiment::kFresh1}) {
+    SCOPED_TRACE(harness::ExperimentName(e));
+    const ExperimentResult r = repro.Run(e);
+    EXPECT_TRUE(r.as_documented) << r.observed;
+    EXPECT_EQ(r.lines.at(0).departs_at, 0);
+    EXPECT_EQ(r.lines.at(1).departs_at, 0);
+  }
+  const ExperimentResult pos0 = repro.Run(Experiment::kPos0);
+  EXPECT_TRUE(pos0.as_documented) << pos0.observed;
+  EXPECT_NE(pos0.lines.at(0).generated, repro.Correct("ok"));
+  EXPECT_EQ(pos0.lines.at(0).generated.at(0), repro.Correct("ok").at(0));
+
+  const ExperimentResult reuse1 = repro.Run(Experiment::kReuse1);
+  EXPECT_TRUE(reuse1.as_documented) << reuse1.observed;
+  EXPECT_EQ(reuse1.lines.at(1).error, "");
+  EXPECT_NE(reuse1.lines.at(1).generated, repro.Correct("fresh1"));
+
+  const ExperimentResult reuse = repro.Run(Experiment::kReuse);
+  const auto& p = repro.prompts();
+  const size_t s = p.second.size();
+  EXPECT_EQ(reuse.lines.at(1).error,
+            fmt::format("cannot broadcast [{0}, {0}] to [1, 8, {0}, {1}]", s, p.first.size() + 19 + s));
+  EXPECT_TRUE(reuse.as_documented);
+}
+
+// kvdiff generate's cached Session output for the same prompt.
+Tokens GenerateIds(const std::filesystem::path& dir, const std::string& model,
+                   const std::string& prompt) {
+  const auto r = RunKvdiff("generate --model " + model + " --prompt '" + prompt +
+                               "' -n 20 --ids --ignore-eos --threads 1",
+                           dir);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  std::istringstream in(r.out);
+  Tokens ids;
+  for (Token t; in >> t;) ids.push_back(t);
+  return ids;
+}
+
+TEST_F(ReproStories, OkAndFreshAreWhatGenerateWrites) {
+  harness::Repro repro(weights_, Prompts(), 1);
+  EXPECT_EQ(repro.Run(Experiment::kOk).lines.at(0).generated,
+            GenerateIds(dir_.path(), "stories260K", "Once upon a time, Lily"));
+  EXPECT_EQ(repro.Run(Experiment::kFresh).lines.at(1).generated,
+            GenerateIds(dir_.path(), "stories260K", "The dog"));
+}
+
+TEST_F(ReproStories, AllPrintsTheLinesInWordsAndExitsZero) {
+  const auto r = RunKvdiff("repro all --model stories260K --threads 1", dir_.path());
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("first prompt:            \"Once upon a time, Lily\" = [1 "));
+  EXPECT_THAT(r.out, HasSubstr("one-token second prompt: [" +
+                                  std::to_string(Prompts().second1[0]) + "] = \" The\" (1 token)"));
+  // The ok line is the decoded text of the correct tokens.
+  harness::Repro repro(weights_, Prompts(), 1);
+  const Tokens& ok = repro.Correct("ok");
+  const std::string ok_text = tokenizer_->DecodeAll(ok, Prompts().first.back());
+  EXPECT_THAT(r.out, HasSubstr("\nok               first         \"" + ok_text + "\""));
+  EXPECT_THAT(r.out, HasSubstr("= fresh1"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr(" NO\n")));
+}
+
+TEST_F(ReproStories, StoriesFilesReplayWithTheirDocumentedOutcome) {
+  const std::string folder = KVDIFF_SOURCE_DIR "/harness/repro/";
+  struct Case {
+    const char* file;
+    int exit_code;
+    const char* output;
+  };
+  const Case cases[] = {
+      {"fresh1-stories.json", 0, "PASS: 0 of 5 steps failed"},
+      {"pos0-stories.json", 1, "first divergence: step 1 decode(main,n=19)"},
+      {"reuse-stories.json", 1, "on impl: cannot broadcast [4, 4] to [1, 8, 4, 30]"},
+      {"reuse1-stories.json", 1, "first divergence: step 3 prefill(second,n=1)"},
+  };
+  for (const Case& c : cases) {
+    const auto r = RunKvdiff("run " + folder + c.file + " --model stories260K --backends impl "
+                             "--threads 1",
+                             dir_.path());
+    EXPECT_EQ(r.exit_code, c.exit_code) << c.file << "\n" << r.out << r.err;
+    EXPECT_THAT(r.out, HasSubstr(c.output)) << c.file;
+  }
+  // The files name their model "stories260K" beside them: a copy next to a converted model runs
+  // without --model.
+  std::filesystem::copy_file(folder + "reuse1-stories.json", dir_ / "reuse1-stories.json");
+  const auto r = RunKvdiff("run reuse1-stories.json --backends impl --threads 1", dir_.path());
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("first divergence: step 3 prefill(second,n=1)"));
+}
+
+}  // namespace
+}  // namespace kvdiff::testing
