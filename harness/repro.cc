@@ -95,11 +95,21 @@ std::string Quote(const std::string& bytes) {
   std::string out = "\"";
   for (unsigned char c : bytes) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
       default:
         if (c < 0x20 || c == 0x7f) {
           out += fmt::format("\\x{:02x}", c);
@@ -134,20 +144,26 @@ size_t Width(const std::string& s) {
 }  // namespace
 
 std::vector<Experiment> AllExperiments() {
-  return {Experiment::kOk,     Experiment::kPos0,   Experiment::kReuse,
-          Experiment::kReuse1, Experiment::kFresh,  Experiment::kFresh1,
-          Experiment::kReferenceReuse};
+  return {Experiment::kOk,    Experiment::kPos0,   Experiment::kReuse,         Experiment::kReuse1,
+          Experiment::kFresh, Experiment::kFresh1, Experiment::kReferenceReuse};
 }
 
 std::string ExperimentName(Experiment e) {
   switch (e) {
-    case Experiment::kOk: return "ok";
-    case Experiment::kPos0: return "pos0";
-    case Experiment::kReuse: return "reuse";
-    case Experiment::kReuse1: return "reuse1";
-    case Experiment::kFresh: return "fresh";
-    case Experiment::kFresh1: return "fresh1";
-    case Experiment::kReferenceReuse: return "reference-reuse";
+    case Experiment::kOk:
+      return "ok";
+    case Experiment::kPos0:
+      return "pos0";
+    case Experiment::kReuse:
+      return "reuse";
+    case Experiment::kReuse1:
+      return "reuse1";
+    case Experiment::kFresh:
+      return "fresh";
+    case Experiment::kFresh1:
+      return "fresh1";
+    case Experiment::kReferenceReuse:
+      return "reference-reuse";
   }
   return "?";
 }
@@ -158,8 +174,8 @@ Experiment ParseExperimentName(const std::string& name) {
     if (ExperimentName(e) == name) return e;
     names.push_back(ExperimentName(e));
   }
-  throw InputError(fmt::format("experiment \"{}\": expected one of {}, all", name,
-                               fmt::join(names, ", ")));
+  throw InputError(
+      fmt::format("experiment \"{}\": expected one of {}, all", name, fmt::join(names, ", ")));
 }
 
 std::string ExperimentWhat(Experiment e) {
@@ -167,13 +183,16 @@ std::string ExperimentWhat(Experiment e) {
     case Experiment::kOk:
       return "the caller tracks positions: prefill at index_pos 0, then +1 per step; a new cache "
              "per conversation";
-    case Experiment::kPos0: return "index_pos 0 on every decode step";
+    case Experiment::kPos0:
+      return "index_pos 0 on every decode step";
     case Experiment::kReuse:
       return "the second, multi-token prompt reuses the first conversation's cache at index_pos 0";
     case Experiment::kReuse1:
       return "the one-token second prompt reuses the first conversation's cache at index_pos 0";
-    case Experiment::kFresh: return "the second, multi-token prompt in a new cache";
-    case Experiment::kFresh1: return "the one-token second prompt in a new cache";
+    case Experiment::kFresh:
+      return "the second, multi-token prompt in a new cache";
+    case Experiment::kFresh1:
+      return "the one-token second prompt in a new cache";
     case Experiment::kReferenceReuse:
       return "transformers' way (LibTorch reference): one DynamicCache reused for the second "
              "prompt";
@@ -183,13 +202,20 @@ std::string ExperimentWhat(Experiment e) {
 
 std::string ExperimentDocumented(Experiment e) {
   switch (e) {
-    case Experiment::kOk: return "the correct output";
-    case Experiment::kPos0: return "no error; departs from ok (there from the 2nd token)";
-    case Experiment::kReuse: return "the raw call fails: cannot broadcast [s, s] to [1, nh, s, P+s]";
-    case Experiment::kReuse1: return "no error; continues the first conversation (departs from fresh1)";
-    case Experiment::kFresh: return "the correct output";
-    case Experiment::kFresh1: return "the correct output";
-    case Experiment::kReferenceReuse: return "no error; departs from fresh";
+    case Experiment::kOk:
+      return "the correct output";
+    case Experiment::kPos0:
+      return "no error; departs from ok (SmolLM2: from the 2nd token)";
+    case Experiment::kReuse:
+      return "the raw call fails: cannot broadcast [s, s] to [1, nh, s, P+s]";
+    case Experiment::kReuse1:
+      return "no error; continues the first conversation (departs from fresh1)";
+    case Experiment::kFresh:
+      return "the correct output";
+    case Experiment::kFresh1:
+      return "the correct output";
+    case Experiment::kReferenceReuse:
+      return "no error; departs from fresh";
   }
   return "?";
 }
@@ -212,8 +238,10 @@ ReproPrompts MakeReproPrompts(const ReproInput& in, const format::LlamaConfig& c
   KVDIFF_CHECK(!(in.prompt && in.tokens), "--prompt and --tokens: give one of them, not both");
   KVDIFF_CHECK(!(in.second && in.second_tokens),
                "--second and --second-tokens: give one of them, not both");
-  KVDIFF_CHECK(in.n >= 2, "-n: expected at least 2 generated tokens (pos0 departs from the 2nd), "
-               "got {}", in.n);
+  KVDIFF_CHECK(in.n >= 2,
+               "-n: expected at least 2 generated tokens (pos0 departs from the 2nd), "
+               "got {}",
+               in.n);
   const bool any_text = in.prompt || in.second;
   KVDIFF_CHECK(!any_text || tokenizer,
                "--prompt/--second: text prompts need a tokenizer ({} in the model directory); "
@@ -288,8 +316,7 @@ struct Repro::State {
   }
 };
 
-Repro::Repro(std::shared_ptr<const format::ModelWeights> weights, ReproPrompts prompts,
-             int threads)
+Repro::Repro(std::shared_ptr<const format::ModelWeights> weights, ReproPrompts prompts, int threads)
     : state_(std::make_unique<State>(std::move(weights), std::move(prompts), threads)) {
   const Tokens* all[] = {&state_->prompts.first, &state_->prompts.second, &state_->prompts.second1};
   for (const Tokens* t : all) state_->model.CheckTokens(*t);
@@ -351,14 +378,16 @@ ExperimentResult Repro::Run(Experiment e) {
     case Experiment::kPos0: {
       const bool pos0 = e == Experiment::kPos0;
       r.lines.push_back(make_line("first", p.first, "ok", st.NewCacheGreedy(p.first, pos0)));
-      r.lines.push_back(make_line("second", second, second_baseline, st.NewCacheGreedy(second, pos0)));
+      r.lines.push_back(
+          make_line("second", second, second_baseline, st.NewCacheGreedy(second, pos0)));
       break;
     }
     case Experiment::kReuse:
     case Experiment::kReuse1: {
       // One cache for both conversations, as llama.rs's Cache has no way to clear it.
       impl::KvCache cache = st.model.NewCache();
-      r.lines.push_back(make_line("first", p.first, "ok", RawGreedy(st.model, cache, p.first, p.n, false)));
+      r.lines.push_back(
+          make_line("first", p.first, "ok", RawGreedy(st.model, cache, p.first, p.n, false)));
       ReproLine line;
       line.conversation = "second";
       line.prompt = second;
@@ -375,8 +404,8 @@ ExperimentResult Repro::Run(Experiment e) {
     case Experiment::kReferenceReuse: {
 #ifdef KVDIFF_HAVE_TORCH
       if (!st.reference) {
-        st.reference = std::make_unique<ref::ReferenceModel>(st.weights, ref::Precision::kFloat32,
-                                                             st.threads);
+        st.reference =
+            std::make_unique<ref::ReferenceModel>(st.weights, ref::Precision::kFloat32, st.threads);
       }
       const ref::ReferenceModel& model = *st.reference;
       // kv.py's greedy(): positions come from the cache length, so the loop passes none.
@@ -462,9 +491,9 @@ std::string FormatReproHeader(const std::string& model_source, const format::Lla
     }
     return fmt::format("{} ({} token{})", shown, t.size(), t.size() == 1 ? "" : "s");
   };
-  std::string out = fmt::format("model: {} ({} layers, {} heads, vocab {})\n", model_source,
-                                config.num_hidden_layers, config.num_attention_heads,
-                                config.vocab_size);
+  std::string out =
+      fmt::format("model: {} ({} layers, {} heads, vocab {})\n", model_source,
+                  config.num_hidden_layers, config.num_attention_heads, config.vocab_size);
   out += fmt::format("first prompt:            {}\n", prompt(p.first, p.first_text));
   out += fmt::format("second prompt:           {}\n", prompt(p.second, p.second_text));
   out += fmt::format("one-token second prompt: {}\n", prompt(p.second1, std::nullopt));
@@ -473,7 +502,8 @@ std::string FormatReproHeader(const std::string& model_source, const format::Lla
 }
 
 std::string FormatExperiment(const ExperimentResult& r, const format::Tokenizer* tokenizer) {
-  std::string out = fmt::format("{}: {}\n", ExperimentName(r.experiment), ExperimentWhat(r.experiment));
+  std::string out =
+      fmt::format("{}: {}\n", ExperimentName(r.experiment), ExperimentWhat(r.experiment));
   if (!r.skipped.empty()) return out + fmt::format("  skipped: {}\n", r.skipped);
   size_t w_vs = 0;
   for (const ReproLine& line : r.lines) w_vs = std::max(w_vs, Width(VsCorrect(line)));
@@ -546,7 +576,9 @@ Scenario ExperimentScenario(Experiment e, const ReproPrompts& p, const ModelSpec
   switch (e) {
     case Experiment::kOk:
     case Experiment::kFresh:
-    case Experiment::kFresh1: sc.driver = DriverKind::kSession; break;
+    case Experiment::kFresh1:
+      sc.driver = DriverKind::kSession;
+      break;
     case Experiment::kPos0:
       sc.driver = DriverKind::kPos0;
       sc.backends = {"impl"};
@@ -602,25 +634,28 @@ Scenario ExperimentScenario(Experiment e, const ReproPrompts& p, const ModelSpec
       expect = "every row agrees with the uncached forward: kvdiff run exits 0";
       break;
     case Experiment::kPos0:
-      expect = "step 1 diverges from its first row (the one that picks the 2nd generated token): "
-               "kvdiff run exits 1";
+      expect =
+          "step 1 diverges from its first row (the one that picks the 2nd generated token): "
+          "kvdiff run exits 1";
       break;
     case Experiment::kReuse:
-      expect = fmt::format("step {3} raises cannot broadcast [{0}, {0}] to [1, {1}, {0}, {2}]: "
-                           "kvdiff run exits 1",
-                           p.second.size(), config.num_attention_heads,
-                           p.first.size() + p.n - 1 + p.second.size(), second_prefill);
+      expect = fmt::format(
+          "step {3} raises cannot broadcast [{0}, {0}] to [1, {1}, {0}, {2}]: "
+          "kvdiff run exits 1",
+          p.second.size(), config.num_attention_heads, p.first.size() + p.n - 1 + p.second.size(),
+          second_prefill);
       break;
     case Experiment::kReuse1:
     case Experiment::kReferenceReuse:
-      expect = fmt::format("no error; step {} diverges from the uncached forward of the new "
-                           "conversation: kvdiff run exits 1",
-                           second_prefill);
+      expect = fmt::format(
+          "no error; step {} diverges from the uncached forward of the new "
+          "conversation: kvdiff run exits 1",
+          second_prefill);
       break;
   }
-  sc.description = fmt::format("kvdiff repro {}: {}. The source document: {}. Expected: {}.",
-                               ExperimentName(e), ExperimentWhat(e), ExperimentDocumented(e),
-                               expect);
+  sc.description =
+      fmt::format("kvdiff repro {}: {}. The source document: {}. Expected: {}.", ExperimentName(e),
+                  ExperimentWhat(e), ExperimentDocumented(e), expect);
   if (model.path && model.path->is_relative()) {
     sc.description += fmt::format(
         " The model is the directory {} beside this file (a path relative to it); to use one "

@@ -3,9 +3,10 @@
 // tokens) and then a second one, the way the document's loops do, and says whether and where each
 // generated line departs from the correct output, and whether the whole behaves as the document
 // says it does:
-//   ok               the caller tracks positions (prefill at 0, then +1 per step): the correct output
-//   pos0             index_pos 0 on every decode step: no error, wrong from the 2nd generated token
-//   reuse            a multi-token second prompt on the first conversation's cache at index_pos 0:
+//   ok               the caller tracks positions (prefill at 0, then +1 per step): the correct
+//   output pos0             index_pos 0 on every decode step: no error, wrong from the 2nd
+//   generated token reuse            a multi-token second prompt on the first conversation's cache
+//   at index_pos 0:
 //                    the raw call fails with "cannot broadcast [s, s] to [1, nh, s, P+s]"
 //   reuse1           the same with a one-token second prompt: no error, continues the old talk
 //   fresh, fresh1    the second prompt (multi-token, one-token) in a new cache: correct
@@ -30,7 +31,7 @@ namespace kvdiff::harness {
 
 enum class Experiment { kOk, kPos0, kReuse, kReuse1, kFresh, kFresh1, kReferenceReuse };
 
-std::vector<Experiment> AllExperiments();  // in the order of the source document
+std::vector<Experiment> AllExperiments();           // in the order of the source document
 std::string ExperimentName(Experiment experiment);  // "ok", "pos0", ..., "reference-reuse"
 // Throws InputError listing the known names (and "all", which the CLI handles).
 Experiment ParseExperimentName(const std::string& name);
@@ -72,8 +73,8 @@ ReproPrompts MakeReproPrompts(const ReproInput& input, const format::LlamaConfig
 struct ReproLine {
   std::string conversation;  // "first" or "second"
   Tokens prompt;
-  Tokens generated;   // empty when the call raised
-  std::string error;  // the raw call's message (a ShapeError), empty when none
+  Tokens generated;        // empty when the call raised
+  std::string error;       // the raw call's message (a ShapeError), empty when none
   std::string baseline;    // the correct line it is compared with: "ok", "fresh", "fresh1"
   int64_t departs_at = 0;  // 1-based index of the first token that differs from it; 0: equal
 };
@@ -91,8 +92,7 @@ struct ExperimentResult {
 // `fresh` are themselves tested against them, not defined as them.
 class Repro {
  public:
-  Repro(std::shared_ptr<const format::ModelWeights> weights, ReproPrompts prompts,
-        int threads = 0);
+  Repro(std::shared_ptr<const format::ModelWeights> weights, ReproPrompts prompts, int threads = 0);
   ~Repro();
   Repro(Repro&&) noexcept;
 

@@ -15,8 +15,8 @@
 #include "harness/format/error.h"
 #include "harness/format/model_files.h"
 #include "harness/format/tokenizer.h"
-#include "harness/repro.h"
 #include "harness/report.h"
+#include "harness/repro.h"
 #include "harness/runner.h"
 #include "harness/scenario.h"
 
@@ -149,7 +149,8 @@ void AddReproCommand(CLI::App& app, int& exit_code) {
                   "ok, pos0, reuse, reuse1, fresh, fresh1, reference-reuse, or all")
       ->required();
   auto* model = cmd->add_option("--model", args->model, "Model directory");
-  auto* preset = cmd->add_option("--preset", args->preset, "Random model preset: tiny, smollm2-135m");
+  auto* preset =
+      cmd->add_option("--preset", args->preset, "Random model preset: tiny, smollm2-135m");
   model->excludes(preset);
   preset->excludes(model);
   cmd->add_option("--seed", args->seed, "Seed of the preset's random weights")
@@ -170,8 +171,7 @@ void AddReproCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--second1-token", args->second1_token,
                   "The one-token second prompt of reuse1/fresh1 (default: the second prompt's "
                   "first token after BOS)");
-  cmd->add_option("-n", args->n, "Greedy tokens generated per conversation")
-      ->capture_default_str();
+  cmd->add_option("-n", args->n, "Greedy tokens generated per conversation")->capture_default_str();
   cmd->add_option("--save", args->save,
                   "Write the experiment as a scenario file that `kvdiff run` replays");
   cmd->add_option("--threads", args->threads, "Threads (0: every core)")

@@ -68,15 +68,16 @@ TEST(ReproCli, BadInputExitsTwoWithAMessage) {
 
 TEST(ReproCli, SavedScenarioReplaysTheSameBug) {
   TempDir dir;
-  auto r = RunKvdiff("repro reuse1 --preset tiny --seed 5 --save reuse1.json --threads 1",
-                     dir.path());
+  auto r =
+      RunKvdiff("repro reuse1 --preset tiny --seed 5 --save reuse1.json --threads 1", dir.path());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("wrote reuse1.json"));
   r = RunKvdiff("run reuse1.json --threads 1", dir.path());
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("first divergence: step 3 prefill(second,n=1)"));
 
-  r = RunKvdiff("repro reuse --preset tiny --seed 5 -n 4 --save reuse.json --threads 1", dir.path());
+  r = RunKvdiff("repro reuse --preset tiny --seed 5 -n 4 --save reuse.json --threads 1",
+                dir.path());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   r = RunKvdiff("run reuse.json --threads 1", dir.path());
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
@@ -100,7 +101,8 @@ const std::map<std::string, Shipped>& ShippedPresetFiles() {
   static const std::map<std::string, Shipped> files = {
       {"fresh-tiny.json", {0, "PASS: 0 of 5 steps failed"}},
       {"fresh1-tiny.json", {0, "PASS: 0 of 5 steps failed"}},
-      {"pos0-tiny.json", {1, "first divergence: step 1 decode(main,n=19): impl vs impl ForwardFull"}},
+      {"pos0-tiny.json",
+       {1, "first divergence: step 1 decode(main,n=19): impl vs impl ForwardFull"}},
       {"reuse-tiny.json",
        {1, "error: step 3 prefill(second,n=5) on impl: cannot broadcast [5, 5] to [1, 4, 5, 29]"}},
       {"reuse1-tiny.json", {1, "first divergence: step 3 prefill(second,n=1): impl vs impl"}},
@@ -134,8 +136,8 @@ TEST(ReproFiles, PresetFilesReplayWithTheirDocumentedOutcome) {
 #ifndef KVDIFF_HAVE_TORCH
     if (expect.needs_torch) continue;
 #endif
-    const auto r = RunKvdiff("run " KVDIFF_SOURCE_DIR "/harness/repro/" + name + " --threads 1",
-                             dir.path());
+    const auto r =
+        RunKvdiff("run " KVDIFF_SOURCE_DIR "/harness/repro/" + name + " --threads 1", dir.path());
     EXPECT_EQ(r.exit_code, expect.exit_code) << name << "\n" << r.out << r.err;
     EXPECT_THAT(r.out, HasSubstr(expect.output)) << name;
   }

@@ -16,14 +16,16 @@ TEST(ReproSmollm2, ReuseFailsWithTheSourceDocumentsExactError) {
   TempDir dir;
   const auto r = RunKvdiff("repro reuse --preset smollm2-135m", dir.path());
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_THAT(r.out, HasSubstr("  second  error  Error: cannot broadcast [5, 5] to [1, 9, 5, 29]\n"));
+  EXPECT_THAT(r.out,
+              HasSubstr("  second  error  Error: cannot broadcast [5, 5] to [1, 9, 5, 29]\n"));
   EXPECT_THAT(r.out, HasSubstr("  first   = ok"));
   EXPECT_THAT(r.out, HasSubstr("as documented:   yes"));
 }
 
 TEST(ReproSmollm2, TheShippedScenarioReplaysTheSameError) {
   TempDir dir;
-  const auto r = RunKvdiff("run " KVDIFF_SOURCE_DIR "/harness/repro/reuse-smollm2.json", dir.path());
+  const auto r =
+      RunKvdiff("run " KVDIFF_SOURCE_DIR "/harness/repro/reuse-smollm2.json", dir.path());
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("error: step 3 prefill(second,n=5) on impl: cannot broadcast "
                                "[5, 5] to [1, 9, 5, 29]"));

@@ -2,10 +2,9 @@
 // directory): the fixes equal the correct output, the bugs depart from it, `kvdiff repro all`
 // agrees with `kvdiff generate`, and the stories scenario files replay. Skips without
 // ../shared/data.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
-#include <fmt/format.h>
 
 #include <sstream>
 
@@ -73,8 +72,8 @@ TEST_F(ReproStories, FixesEqualTheCorrectOutputAndBugsDepartFromIt) {
   const ExperimentResult reuse = repro.Run(Experiment::kReuse);
   const auto& p = repro.prompts();
   const size_t s = p.second.size();
-  EXPECT_EQ(reuse.lines.at(1).error,
-            fmt::format("cannot broadcast [{0}, {0}] to [1, 8, {0}, {1}]", s, p.first.size() + 19 + s));
+  EXPECT_EQ(reuse.lines.at(1).error, fmt::format("cannot broadcast [{0}, {0}] to [1, 8, {0}, {1}]",
+                                                 s, p.first.size() + 19 + s));
   EXPECT_TRUE(reuse.as_documented);
 }
 
@@ -103,8 +102,8 @@ TEST_F(ReproStories, AllPrintsTheLinesInWordsAndExitsZero) {
   const auto r = RunKvdiff("repro all --model stories260K --threads 1", dir_.path());
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("first prompt:            \"Once upon a time, Lily\" = [1 "));
-  EXPECT_THAT(r.out, HasSubstr("one-token second prompt: [" +
-                                  std::to_string(Prompts().second1[0]) + "] = \" The\" (1 token)"));
+  EXPECT_THAT(r.out, HasSubstr("one-token second prompt: [" + std::to_string(Prompts().second1[0]) +
+                               "] = \" The\" (1 token)"));
   // The ok line is the decoded text of the correct tokens.
   harness::Repro repro(weights_, Prompts(), 1);
   const Tokens& ok = repro.Correct("ok");
@@ -128,8 +127,9 @@ TEST_F(ReproStories, StoriesFilesReplayWithTheirDocumentedOutcome) {
       {"reuse1-stories.json", 1, "first divergence: step 3 prefill(second,n=1)"},
   };
   for (const Case& c : cases) {
-    const auto r = RunKvdiff("run " + folder + c.file + " --model stories260K --backends impl "
-                             "--threads 1",
+    const auto r = RunKvdiff("run " + folder + c.file +
+                                 " --model stories260K --backends impl "
+                                 "--threads 1",
                              dir_.path());
     EXPECT_EQ(r.exit_code, c.exit_code) << c.file << "\n" << r.out << r.err;
     EXPECT_THAT(r.out, HasSubstr(c.output)) << c.file;

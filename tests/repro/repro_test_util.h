@@ -32,8 +32,8 @@ inline format::ModelWeights PositionBlindTiny(uint64_t seed = 3) {
 
 // stories260K converted into dir (config.json, model.safetensors, tokenizer.kvdiff.json).
 inline void ConvertStories(const std::filesystem::path& data, const std::filesystem::path& dir) {
-  format::ConvertLlama2c(data / "stories260K" / "stories260K.bin", data / "stories260K" / "tok512.bin",
-                         dir);
+  format::ConvertLlama2c(data / "stories260K" / "stories260K.bin",
+                         data / "stories260K" / "tok512.bin", dir);
 }
 
 }  // namespace kvdiff::testing

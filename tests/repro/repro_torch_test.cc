@@ -1,6 +1,7 @@
-// reference-reuse: transformers' way, one DynamicCache reused for the second prompt, on the LibTorch
-// reference. Silent, and departs from what a new DynamicCache gives; the first conversation is the
-// impl's correct output token for token (the document: "ok 和 transformers 逐个相同").
+// reference-reuse: transformers' way, one DynamicCache reused for the second prompt, on the
+// LibTorch reference. Silent, and departs from what a new DynamicCache gives; the first
+// conversation is the impl's correct output token for token (the document: "ok 和 transformers
+// 逐个相同").
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
