@@ -146,8 +146,9 @@ Checkpoint OpenCheckpoint(const std::filesystem::path& dir) {
 //    makes a wrong norm weight visible).
 //  * q, k: entries N(0, (2/sqrt(hidden))^2), so each q and k component has variance
 //    hidden * 4/hidden = 4, and the score q.k/sqrt(d) has standard deviation 4 * sqrt(d)/sqrt(d)
-//    = 4 (for up to 2 layers; tempered with depth, see ScalesFor). Scores spread over several units make softmax peaked: a few keys carry the attention, so
-//    one stale or mis-rotated key moves the output by O(1). RoPE rotates q and k (norm-preserving),
+//    = 4 (up to 2 layers; tempered with depth, see ScalesFor). Scores spread over several units
+//    make softmax peaked: a few keys carry the attention, so one stale or mis-rotated key moves
+//    the output by O(1). RoPE rotates q and k (norm-preserving),
 //    so relative positions change the scores by the same O(1) amounts.
 //  * v: N(0, 1/hidden) gives unit-variance values; o: N(0, r^2/q_dim) gives each attention branch
 //    output variance about r^2, where r is the embedding scale (the residual's unit).
@@ -157,10 +158,10 @@ Checkpoint OpenCheckpoint(const std::filesystem::path& dir) {
 //    tiny, 7.8 r for 30 layers. Deliberately not scaled down per layer: the context (attention)
 //    must dominate the token's own embedding, or a tied head just predicts the input token again.
 //  * Head: untied, embedding N(0, 1) and lm_head N(0, 9/hidden): the final normalized state has
-//  unit
-//    RMS, so logits have standard deviation 3 (a spread of ~15 over 256 tokens). Tied, the
+//    unit RMS, so logits have standard deviation 3 (a spread of ~15 over 256 tokens). Tied, the
 //    embedding is the head, so it is N(0, 9/hidden) itself and r = 3/sqrt(hidden); logits again
-//    have std ~3. Logits of a few units keep float32 rounding (~1e-6) far below the 1e-4 gate.
+//    have std ~3. Deep models get smaller logits (see ScalesFor): float32 rounding at the logits
+//    grows with their size and with depth, and must stay far below the 1e-4 gate.
 // tests/format/model_files_test.cc measures the score and logit statistics.
 struct WeightScales {
   double embed, norm_noise, qk, v, o, gate_up, down, lm_head;
@@ -169,7 +170,14 @@ struct WeightScales {
 WeightScales ScalesFor(const LlamaConfig& c) {
   const double hidden = static_cast<double>(c.hidden_size);
   WeightScales s{};
-  s.embed = c.tie_word_embeddings ? 3.0 / std::sqrt(hidden) : 1.0;
+  const double layers = static_cast<double>(c.num_hidden_layers);
+  // Logit standard deviation 3 up to 4 layers, tempered with depth like the scores below: float32
+  // noise at the logits is proportional to their size, and 30 layers accumulate more of it. At
+  // std 3 the smollm2-135m preset had prompts where transformers' own float32 path (ref) was
+  // 1.2e-4 from float64 (ref64); at std 3 * sqrt(4/30) = 1.1 (spread ~10 over the vocabulary) a
+  // one-ulp change of every embedding moves its logits by at most 2.1e-5 (measured with impl).
+  const double logit_std = 3.0 * std::min(1.0, std::sqrt(4.0 / layers));
+  s.embed = c.tie_word_embeddings ? logit_std / std::sqrt(hidden) : 1.0;
   const double r = s.embed;
   s.norm_noise = 0.1;
   // Score standard deviation 4 for shallow models, tempered with depth: peaked attention in every
@@ -177,13 +185,13 @@ WeightScales ScalesFor(const LlamaConfig& c) {
   // uncached) grows to 1.8e-4 at the logits of the smollm2-135m preset, over the 1e-4 gate. With
   // std 4 * sqrt(2 / layers) (1.03 for 30 layers) that noise is 4.5e-5 on a 16-token prompt while a
   // position bug still moves logits by 7 (measured with impl on seed 3).
-  const double score_std = 4.0 * std::min(1.0, std::sqrt(2.0 / static_cast<double>(c.num_hidden_layers)));
+  const double score_std = 4.0 * std::min(1.0, std::sqrt(2.0 / layers));
   s.qk = std::sqrt(score_std / hidden);
   s.v = 1.0 / std::sqrt(hidden);
   s.o = r / std::sqrt(static_cast<double>(c.QDim()));
   s.gate_up = 1.0 / std::sqrt(hidden);
   s.down = r / std::sqrt(0.356 * static_cast<double>(c.intermediate_size));
-  s.lm_head = 3.0 / std::sqrt(hidden);
+  s.lm_head = logit_std / std::sqrt(hidden);
   return s;
 }
 
