@@ -73,7 +73,9 @@ class ScratchDir {
 // Digests and their tolerances
 
 // The golden's view of one logits row.
-GoldenRow Summarize(const std::vector<float>& logits, int top_k) {
+}  // namespace
+
+GoldenRow SummarizeRow(const std::vector<float>& logits, int top_k) {
   GoldenRow g;
   const int64_t n = static_cast<int64_t>(logits.size());
   g.greedy = static_cast<Token>(Argmax(logits.data(), n));
@@ -85,13 +87,17 @@ GoldenRow Summarize(const std::vector<float>& logits, int top_k) {
   });
   for (int64_t i = 0; i < k; ++i) g.top_k.emplace_back(ids[i], logits[ids[i]]);
   g.max = -INFINITY;
+  g.min = INFINITY;
   for (float v : logits) {  // in index order: the same values give the same double sums
     g.sum += v;
     g.sum_sq += double(v) * v;
     g.max = std::max(g.max, double(v));
+    g.min = std::min(g.min, double(v));
   }
   return g;
 }
+
+namespace {
 
 // If every logit is within tol of the golden's, these bounds hold for the digests; they are the
 // loosest checks that can never reject a row the elementwise gate accepts:
@@ -100,7 +106,7 @@ GoldenRow Summarize(const std::vector<float>& logits, int top_k) {
 //   |sumsq a - sumsq b| = sum |a-b||a+b| <= tol (2 sum|b| + V tol) <= tol (2 sqrt(V sumsq b) + V tol)
 //                                                    (Cauchy-Schwarz: sum|b| <= sqrt(V sum b^2))
 struct DigestTolerance {
-  double sum, sum_sq, max;
+  double sum, sum_sq, max;  // max and min alike
 };
 DigestTolerance DigestTolerances(double tol, int64_t vocab, double golden_sum_sq) {
   const double v = static_cast<double>(vocab);
@@ -119,9 +125,10 @@ std::string RowToText(const GoldenRow& r) {
   }
   std::string out = fmt::format(
       "{{\"step\": {}, \"row\": {}, \"conversation\": {}, \"position\": {}, \"token\": {}, "
-      "\"greedy\": {}, \"top_k\": [{}], \"sum\": {}, \"sum_sq\": {}, \"max\": {}",
+      "\"greedy\": {}, \"top_k\": [{}], \"sum\": {}, \"sum_sq\": {}, \"max\": {}, "
+      "\"min\": {}",
       r.step, r.row, Str(r.conversation), r.position, r.token, r.greedy, top, r.sum, r.sum_sq,
-      static_cast<float>(r.max));  // the largest logit, a float32 value
+      static_cast<float>(r.max), static_cast<float>(r.min));  // logits: float32 values
   if (!r.full.empty()) out += fmt::format(", \"full\": {}", Str(r.full));
   return out + "}";
 }
@@ -170,6 +177,7 @@ GoldenRow ParseRow(const json& j, const std::string& where) {
   r.sum_sq = GetNum(Field(j, "sum_sq", where), where + ".sum_sq");
   // Written as the float32 it is: read back as that float, not as the nearest double.
   r.max = static_cast<float>(GetNum(Field(j, "max", where), where + ".max"));
+  r.min = static_cast<float>(GetNum(Field(j, "min", where), where + ".min"));
   if (j.contains("full")) r.full = GetStr(j, "full", where);
   return r;
 }
@@ -201,7 +209,7 @@ Golden MakeGolden(const GoldenPaths& paths, const GoldenInput& in, const Recordi
   for (const auto& [conv, k] : last_of) full_rows.insert(k);
   for (size_t k = 0; k < rec.rows.size(); ++k) {
     const RecordedRow& r = rec.rows[k];
-    GoldenRow gr = Summarize(r.logits, g.top_k);
+    GoldenRow gr = SummarizeRow(r.logits, g.top_k);
     gr.step = r.step;
     gr.row = r.row;
     gr.conversation = r.conversation;
@@ -646,7 +654,7 @@ GoldenChange DiffGolden(const Golden& a, const Golden& b) {
       ++c.tokens_changed;
       changed = true;
     }
-    double largest = std::fabs(x.max - y.max);
+    double largest = std::max(std::fabs(x.max - y.max), std::fabs(x.min - y.min));
     std::map<Token, float> xs(x.top_k.begin(), x.top_k.end());
     for (const auto& [id, logit] : y.top_k) {
       auto it = xs.find(id);
@@ -846,7 +854,7 @@ std::string CompareWithGolden(const GoldenRow& g, const std::vector<float>* full
   }
   // A token outside the golden's top-k had a golden logit <= its k-th; rising above that by more
   // than the tolerance is a difference beyond the tolerance.
-  const GoldenRow mine = Summarize(r.logits, static_cast<int>(g.top_k.size()));
+  const GoldenRow mine = SummarizeRow(r.logits, static_cast<int>(g.top_k.size()));
   std::set<Token> golden_ids;
   for (const auto& [id, logit] : g.top_k) golden_ids.insert(id);
   const double kth = g.top_k.back().second;
@@ -860,10 +868,6 @@ std::string CompareWithGolden(const GoldenRow& g, const std::vector<float>* full
     }
   }
   const DigestTolerance t = DigestTolerances(tol, vocab, g.sum_sq);
-  if (std::fabs(mine.max - g.max) > t.max) {
-    return done(fmt::format("max logit {}, golden {}: |diff| {} > tolerance {}", mine.max, g.max,
-                            FormatDiff(std::fabs(mine.max - g.max)), FormatDiff(t.max)));
-  }
   if (std::fabs(mine.sum - g.sum) > t.sum) {
     return done(fmt::format("sum of the {} logits is {}, golden {}: |diff| {} > {} (vocab x "
                             "tolerance)",
@@ -876,6 +880,14 @@ std::string CompareWithGolden(const GoldenRow& g, const std::vector<float>* full
         "sqrt(vocab x sum_sq) + vocab x tolerance))",
         vocab, mine.sum_sq, g.sum_sq, FormatDiff(std::fabs(mine.sum_sq - g.sum_sq)),
         FormatDiff(t.sum_sq)));
+  }
+  if (std::fabs(mine.max - g.max) > t.max) {
+    return done(fmt::format("max logit {}, golden {}: |diff| {} > tolerance {}", mine.max, g.max,
+                            FormatDiff(std::fabs(mine.max - g.max)), FormatDiff(t.max)));
+  }
+  if (std::fabs(mine.min - g.min) > t.max) {
+    return done(fmt::format("min logit {}, golden {}: |diff| {} > tolerance {}", mine.min, g.min,
+                            FormatDiff(std::fabs(mine.min - g.min)), FormatDiff(t.max)));
   }
   if (mine.greedy != g.greedy) {
     // Reached only on a near-tie (every checked logit within tolerance), which is not a failure

@@ -44,7 +44,8 @@ struct GoldenRow {
   Token token = 0;   // the token fed at this position
   Token greedy = 0;  // the row's argmax (the first on ties)
   std::vector<std::pair<Token, float>> top_k;  // highest logits first; ties by lower id
-  double sum = 0, sum_sq = 0, max = 0;         // over the full row, in float64
+  double sum = 0, sum_sq = 0;  // over the full row, accumulated in float64 in index order
+  double max = 0, min = 0;     // the largest and smallest logit (float32 values)
   std::string full;  // tensor name in the rows file when the row is stored whole, else empty
 };
 
@@ -68,6 +69,10 @@ struct Golden {
   // Loaded from rows_file (not part of the JSON text): tensor name -> (vocab_size) floats.
   std::map<std::string, std::vector<float>> full_rows;
 };
+
+// A row's greedy token, top-k (highest first, ties by lower id) and digests; the identifying
+// fields (step, row, conversation, position, token) are left for the caller.
+GoldenRow SummarizeRow(const std::vector<float>& logits, int top_k);
 
 // The JSON text: fixed key order, one row per line, floats in the shortest form that reads back
 // exactly. No timestamps or hostnames, so the same values give the same bytes.
