@@ -1193,7 +1193,11 @@ std::string VerifyReport::ToJUnit() const {
   std::string suites;
   int64_t tests = 0, failures = 0, errors = 0;
   for (const auto& s : sets) {
-    const std::string suite = "kvdiff.golden." + s.paths.golden.string();
+    // classname: the set's path as dotted package names ("kvdiff.golden.golden.tiny.fork"), as CI
+    // systems group testcases by the dots.
+    std::string dotted = (s.paths.golden.parent_path() / s.paths.scenario.stem()).string();
+    std::replace(dotted.begin(), dotted.end(), '/', '.');
+    const std::string suite = "kvdiff.golden." + dotted;
     std::string cases;
     int64_t st = 0, sf = 0, se = 0, ss = 0;
     auto add_case = [&](const std::string& name, const std::string& body) {
@@ -1232,7 +1236,7 @@ std::string VerifyReport::ToJUnit() const {
     suites += fmt::format(
         "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"{}\" "
         "time=\"0\">\n",
-        XmlEscape(suite), st, sf, se, ss);
+        XmlEscape(s.paths.golden.string()), st, sf, se, ss);
     suites += "    <properties>\n";
     suites += fmt::format("      <property name=\"made_with\" value=\"{}\"/>\n", XmlEscape(s.made_with));
     suites += fmt::format("      <property name=\"tolerance_abs\" value=\"{}\"/>\n", s.tolerance);
