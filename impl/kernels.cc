@@ -93,13 +93,54 @@ float Dot(const float* __restrict a, const float* __restrict b, int64_t n) {
   return acc[0];
 }
 
-void Linear(ThreadPool& pool, const float* x, int64_t s, const WeightView& w, float* y) {
-  if (s == 1) {
-    pool.ParallelFor(w.rows, kMatVecGrain, [&](int64_t begin, int64_t end, int) {
-      for (int64_t r = begin; r < end; ++r) y[r] = Dot(w.Row(r), x, w.cols);
-    });
-    return;
+namespace {
+
+// Dots of one weight row w with N input rows x, x + x_stride, ...: out[n] = Dot(w, x_n, cols),
+// summed in exactly Dot's order (same lanes, same tree), so the rows path gives the same bits as
+// the matrix-vector path. The N * 32 running sums are independent chains: the loop is bound by
+// loads from L1, not by the latency of the adds.
+template <int N>
+void DotRows(const float* __restrict w, const float* __restrict x, int64_t x_stride, int64_t cols,
+             float* out, int64_t out_stride) {
+  constexpr int kLanes = 32;
+  float acc[N][kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= cols; i += kLanes) {
+    for (int n = 0; n < N; ++n) {
+      const float* xn = x + n * x_stride;
+      for (int j = 0; j < kLanes; ++j) acc[n][j] += w[i + j] * xn[i + j];
+    }
   }
+  for (int j = 0; i < cols; ++i, ++j) {
+    for (int n = 0; n < N; ++n) acc[n][j] += w[i] * x[n * x_stride + i];
+  }
+  for (int n = 0; n < N; ++n) {
+    for (int width = kLanes / 2; width >= 1; width /= 2) {
+      for (int j = 0; j < width; ++j) acc[n][j] += acc[n][j + width];
+    }
+    out[n * out_stride] = acc[n][0];
+  }
+}
+
+}  // namespace
+
+void LinearRows(ThreadPool& pool, const float* x, int64_t s, const WeightView& w, float* y) {
+  pool.ParallelFor(w.rows, kMatVecGrain, [&](int64_t begin, int64_t end, int) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* wr = w.Row(r);  // read from memory once, then from L1 for every input row
+      int64_t i = 0;
+      for (; i + 4 <= s; i += 4) DotRows<4>(wr, x + i * w.cols, w.cols, w.cols, y + i * w.rows + r, w.rows);
+      switch (s - i) {
+        case 3: DotRows<3>(wr, x + i * w.cols, w.cols, w.cols, y + i * w.rows + r, w.rows); break;
+        case 2: DotRows<2>(wr, x + i * w.cols, w.cols, w.cols, y + i * w.rows + r, w.rows); break;
+        case 1: DotRows<1>(wr, x + i * w.cols, w.cols, w.cols, y + i * w.rows + r, w.rows); break;
+        default: break;
+      }
+    }
+  });
+}
+
+void LinearGemm(ThreadPool& pool, const float* x, int64_t s, const WeightView& w, float* y) {
   const int64_t tile = GemmTileRows(w.rows);
   const int64_t tiles = (w.rows + tile - 1) / tile;
   Eigen::Map<const RowMatrix> x_map(x, s, w.cols);  // (s, in)
@@ -112,6 +153,14 @@ void Linear(ThreadPool& pool, const float* x, int64_t s, const WeightView& w, fl
       y_tile.noalias() = x_map * w_tile.transpose();
     }
   });
+}
+
+void Linear(ThreadPool& pool, const float* x, int64_t s, const WeightView& w, float* y) {
+  if (s <= kLinearRowsMax) {
+    LinearRows(pool, x, s, w, y);
+  } else {
+    LinearGemm(pool, x, s, w, y);
+  }
 }
 
 void RmsNorm(const float* x, const float* weight, int64_t s, int64_t n, float eps, float* out) {

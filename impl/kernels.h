@@ -24,11 +24,18 @@ struct WeightView {
 // vectorizes without -ffast-math and gives the same bits wherever it runs.
 float Dot(const float* a, const float* b, int64_t n);
 
-// y (s, w.rows) = x (s, w.cols) · wᵀ, all row-major and contiguous.
-// s == 1 (decode): a matrix-vector product, memory bound; output rows are split over the pool.
-// s > 1 (prefill): Eigen GEMM on fixed tiles of output rows (tile size depends on the shape only,
-// never on the thread count), the tiles spread over the pool.
+// y (s, w.rows) = x (s, w.cols) · wᵀ, all row-major and contiguous. Up to kLinearRowsMax input rows
+// (decode, short uncached forwards, small chunks) it is LinearRows; past that LinearGemm.
 void Linear(ThreadPool& pool, const float* x, int64_t s, const WeightView& w, float* y);
+// Memory-bound: each weight row is read once and dotted with every input row while it is in L1
+// (s == 1 is the decode matrix-vector product); output rows split over the pool. Each element is
+// Dot(w.Row(r), x_i), bit for bit.
+void LinearRows(ThreadPool& pool, const float* x, int64_t s, const WeightView& w, float* y);
+// Compute-bound: Eigen GEMM on fixed tiles of output rows (tile size depends on the shape only,
+// never on the thread count, so the bits do not either), the tiles spread over the pool.
+void LinearGemm(ThreadPool& pool, const float* x, int64_t s, const WeightView& w, float* y);
+// Where LinearGemm starts to win (tests/bench kernels_bench BM_LinearFewRows measures both).
+constexpr int64_t kLinearRowsMax = 8;
 
 // out (s, n) = RMSNorm of each row of x (s, n): (x · rsqrt(mean(x²) + eps)) · weight, weight last.
 void RmsNorm(const float* x, const float* weight, int64_t s, int64_t n, float eps, float* out);

@@ -82,6 +82,36 @@ BENCHMARK(BM_MatVecCold)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
+// Y (s, 1536) = X (s, 576) · Wᵀ with W cold (from DRAM), for the few-row calls of a short uncached
+// forward or a small prefill chunk, by each path of Linear: args {s, gemm (0: LinearRows, 1:
+// LinearGemm), threads}. Bytes/s counts the weights read once. Sets kLinearRowsMax.
+void BM_LinearFewRows(benchmark::State& state) {
+  const int64_t s = state.range(0), rows = 1536;
+  const bool gemm = state.range(1) != 0;
+  ThreadPool& pool = Pool(static_cast<int>(state.range(2)));
+  const int64_t floats = rows * kHidden;
+  const int64_t copies = std::max<int64_t>(1, (int64_t{256} << 20) / (floats * 4));
+  const std::vector<float> w = Values(copies * floats, 1), x = Values(s * kHidden, 2);
+  std::vector<float> y(s * rows);
+  int64_t next = 0;
+  for (auto _ : state) {
+    const WeightView view{w.data() + next * floats, rows, kHidden};
+    if (gemm) {
+      LinearGemm(pool, x.data(), s, view, y.data());
+    } else {
+      LinearRows(pool, x.data(), s, view, y.data());
+    }
+    benchmark::DoNotOptimize(y.data());
+    next = (next + 1) % copies;
+  }
+  state.SetBytesProcessed(state.iterations() * floats * 4);
+}
+BENCHMARK(BM_LinearFewRows)
+    ->ArgNames({"s", "gemm", "threads"})
+    ->ArgsProduct({{1, 2, 4, 8, 12, 16, 24, 32, 64}, {0, 1}, {2}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
 // Y (128, rows) = X (128, in) · Wᵀ: the prefill GEMM; args {rows, in, threads}.
 void BM_PrefillGemm(benchmark::State& state) {
   const int64_t rows = state.range(0), in = state.range(1), s = 128;

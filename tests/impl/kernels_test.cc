@@ -129,7 +129,8 @@ TEST(KernelsTest, LinearMatchesDoubleLoopAndIsIdenticalForAnyThreadCount) {
   const int64_t in = 200, out = 300;
   auto w = RandomVector(out * in, 8, 0.1f);
   WeightView view{w.data(), out, in};
-  for (int64_t s : {1, 2, 7, 130}) {
+  for (int64_t s : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{7},
+                    kLinearRowsMax, kLinearRowsMax + 1, int64_t{130}}) {
     auto x = RandomVector(s * in, 9 + s);
     std::vector<double> expected(s * out);
     for (int64_t r = 0; r < s; ++r) {
@@ -151,6 +152,31 @@ TEST(KernelsTest, LinearMatchesDoubleLoopAndIsIdenticalForAnyThreadCount) {
         EXPECT_EQ(y, first) << "s=" << s << " threads=" << threads << " differs from 1 thread";
       }
     }
+  }
+}
+
+// The rows path computes each element exactly as the matrix-vector product does: row i of a
+// several-row call has the bits of a one-row call on that row (so a chunk and token-by-token
+// decoding agree exactly in the projections); and the GEMM path agrees within float rounding.
+TEST(KernelsTest, LinearRowsGivesTheBitsOfOneRowCallsAndAgreesWithGemm) {
+  const int64_t in = 75, out = 37;  // not multiples of the lane count: the tails are exercised
+  auto w = RandomVector(out * in, 21, 0.1f);
+  WeightView view{w.data(), out, in};
+  ThreadPool pool(2);
+  for (int64_t s : {2, 3, 4, 6, 9, 13}) {
+    auto x = RandomVector(s * in, 22 + s);
+    std::vector<float> rows(s * out), gemm(s * out);
+    LinearRows(pool, x.data(), s, view, rows.data());
+    LinearGemm(pool, x.data(), s, view, gemm.data());
+    for (int64_t i = 0; i < s; ++i) {
+      std::vector<float> single(out);
+      LinearRows(pool, x.data() + i * in, 1, view, single.data());
+      for (int64_t o = 0; o < out; ++o) {
+        ASSERT_EQ(rows[i * out + o], single[o]) << "s=" << s << " row " << i << " col " << o;
+        ASSERT_EQ(single[o], Dot(w.data() + o * in, x.data() + i * in, in));
+      }
+    }
+    EXPECT_LT(MaxAbsDiff(rows, std::vector<double>(gemm.begin(), gemm.end())), 1e-5) << "s=" << s;
   }
 }
 
