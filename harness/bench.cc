@@ -463,9 +463,9 @@ std::string Escape(const std::string& text) {
 }
 
 std::string MsLabel(double ms) {
-  if (ms >= 1000) return fmt::format("{:g} s", ms / 1000);
-  if (ms >= 1) return fmt::format("{:g} ms", ms);
-  return fmt::format("{:g} µs", ms * 1000);
+  if (ms >= 1000) return fmt::format("{:.3g} s", ms / 1000);
+  if (ms >= 1) return fmt::format("{:.3g} ms", ms);
+  return fmt::format("{:.3g} µs", ms * 1000);
 }
 
 }  // namespace

@@ -246,11 +246,15 @@ void ApplyRope(float* x, int64_t heads, int64_t half, const float* cos, const fl
   }
 }
 
+void ScratchBuffer::Grow(int64_t floats) {
+  if (floats <= size_) return;
+  data_.reset(new float[floats]);  // uninitialized on purpose: see the header
+  size_ = floats;
+}
+
 void AttentionScratch::Reserve(int threads, int64_t floats) {
   if (static_cast<int>(per_thread.size()) < threads) per_thread.resize(threads);
-  for (auto& buffer : per_thread) {
-    if (static_cast<int64_t>(buffer.size()) < floats) buffer.resize(floats);
-  }
+  for (auto& buffer : per_thread) buffer.Grow(floats);
 }
 
 namespace {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "harness/format/config.h"
@@ -68,9 +69,22 @@ RopeTable BuildRopeTable(const format::LlamaConfig& config);
 // x' = x·cos + rotate_half(x)·sin, with rotate_half(x) = concat(-x[half:], x[:half]).
 void ApplyRope(float* x, int64_t heads, int64_t half, const float* cos, const float* sin);
 
+// A float buffer that only grows. Its memory comes uninitialized (new float[n]), so pages the
+// kernels never write stay unresident: a scratch sized for the whole cache capacity (thousands of
+// keys) costs resident memory only for the keys actually attended to.
+class ScratchBuffer {
+ public:
+  float* data() { return data_.get(); }
+  int64_t size() const { return size_; }
+  void Grow(int64_t floats);  // keeps nothing: callers write before they read
+ private:
+  std::unique_ptr<float[]> data_;
+  int64_t size_ = 0;
+};
+
 // Per-thread scratch for the attention scores; grown by Reserve only (never during a decode step).
 struct AttentionScratch {
-  std::vector<std::vector<float>> per_thread;
+  std::vector<ScratchBuffer> per_thread;
   void Reserve(int threads, int64_t floats);
 };
 // Query rows handled per block in prefill attention: bounds the scores scratch to

@@ -288,9 +288,14 @@ void RunCurve(const BenchArgs& args, const harness::ModelSource& source,
   if (!args.replot) {
     notes.bandwidth_floor_ms = harness::DecodeWeightBytes(config) / (bandwidth * 1e9) * 1e3;
     notes.lines.push_back(fmt::format(
-        "each point: median of {} runs; measured read bandwidth {:.1f} GB/s; 1-minute load "
-        "average up to {:.2f}; regenerate: kvdiff bench --curve {} --plot {}",
-        args.reps, bandwidth, load, args.curve_path, args.plot_path));
+        "each point: median of {} runs; measured memory read bandwidth {:.1f} GB/s; 1-minute load "
+        "average up to {:.2f}",
+        args.reps, bandwidth, load));
+    notes.lines.push_back(fmt::format("regenerate: kvdiff bench --curve {} --plot {}{}",
+                                      args.curve_path, args.plot_path,
+                                      args.curve_max != 2048
+                                          ? fmt::format(" --curve-max {}", args.curve_max)
+                                          : std::string()));
   } else {
     notes.lines.push_back(fmt::format("each point: a median of repeated runs, from {}",
                                       args.curve_path));
