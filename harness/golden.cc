@@ -32,7 +32,8 @@ constexpr const char* kGoldenSuffix = ".golden.json";
 constexpr const char* kRowsSuffix = ".golden.safetensors";
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 std::string ReadBytes(const fs::path& path) {
@@ -54,8 +55,8 @@ class ScratchDir {
       std::error_code ec;
       if (fs::create_directory(path_, ec)) return;
     }
-    throw InputError(fmt::format("cannot create a temporary folder in {}",
-                                 fs::temp_directory_path().string()));
+    throw InputError(
+        fmt::format("cannot create a temporary folder in {}", fs::temp_directory_path().string()));
   }
   ~ScratchDir() {
     std::error_code ignored;
@@ -103,7 +104,8 @@ namespace {
 // loosest checks that can never reject a row the elementwise gate accepts:
 //   |sum a - sum b|   <= V tol                       (V terms, each off by at most tol)
 //   |max a - max b|   <= tol
-//   |sumsq a - sumsq b| = sum |a-b||a+b| <= tol (2 sum|b| + V tol) <= tol (2 sqrt(V sumsq b) + V tol)
+//   |sumsq a - sumsq b| = sum |a-b||a+b| <= tol (2 sum|b| + V tol) <= tol (2 sqrt(V sumsq b) + V
+//   tol)
 //                                                    (Cauchy-Schwarz: sum|b| <= sqrt(V sum b^2))
 struct DigestTolerance {
   double sum, sum_sq, max;  // max and min alike
@@ -185,7 +187,9 @@ GoldenRow ParseRow(const json& j, const std::string& where) {
 // ---------------------------------------------------------------------------------------------
 // Building a golden from a recording
 
-std::string RowsTensorName(const RecordedRow& r) { return fmt::format("step{}.row{}", r.step, r.row); }
+std::string RowsTensorName(const RecordedRow& r) {
+  return fmt::format("step{}.row{}", r.step, r.row);
+}
 
 Golden MakeGolden(const GoldenPaths& paths, const GoldenInput& in, const Recording& rec,
                   const std::string& backend) {
@@ -234,7 +238,8 @@ std::string RowsFileBytes(const Golden& g) {
   }
   ScratchDir scratch;
   const fs::path file = scratch.path() / "rows.safetensors";
-  format::WriteSafetensors(file, tensors, {{"format", "kvdiff-golden-rows"}, {"scenario", g.scenario}});
+  format::WriteSafetensors(file, tensors,
+                           {{"format", "kvdiff-golden-rows"}, {"scenario", g.scenario}});
   return ReadBytes(file);
 }
 
@@ -326,7 +331,8 @@ Golden ParseGolden(const std::string& text, const std::string& where) {
   g.scenario_sha256 = GetStr(root, "scenario_sha256", where);
   g.model = Field(root, "model", where);
   const json& files = Field(root, "model_files", where);
-  KVDIFF_CHECK(files.is_object(), "{}.model_files: expected an object, got {}", where, files.dump());
+  KVDIFF_CHECK(files.is_object(), "{}.model_files: expected an object, got {}", where,
+               files.dump());
   for (const auto& [name, sha] : files.items()) {
     KVDIFF_CHECK(sha.is_string(), "{}.model_files.{}: expected a sha256 string", where, name);
     g.model_files[name] = sha.get<std::string>();
@@ -352,8 +358,8 @@ Golden ParseGolden(const std::string& text, const std::string& where) {
   for (size_t i = 0; i < rows.size(); ++i) {
     GoldenRow r = ParseRow(rows[i], fmt::format("{}: rows[{}]", where, i));
     for (const auto& [id, logit] : r.top_k) {
-      KVDIFF_CHECK(id >= 0 && id < g.vocab_size, "{}: rows[{}].top_k: id {} outside [0, {})",
-                   where, i, id, g.vocab_size);
+      KVDIFF_CHECK(id >= 0 && id < g.vocab_size, "{}: rows[{}].top_k: id {} outside [0, {})", where,
+                   i, id, g.vocab_size);
     }
     KVDIFF_CHECK(r.greedy >= 0 && r.greedy < g.vocab_size,
                  "{}: rows[{}].greedy: id {} outside [0, {})", where, i, r.greedy, g.vocab_size);
@@ -439,14 +445,15 @@ GoldenInput LoadGoldenInput(const fs::path& scenario_file) {
   if (in.model_json.is_object() && in.model_json.contains("llama2c")) {
     // {"llama2c": {"checkpoint": F, "tokenizer": F}}: parsed here, then the scenario is handed to
     // the ordinary parser with a placeholder model.
-    KVDIFF_CHECK(in.model_json.size() == 1, "{}: \"llama2c\" takes no other field beside it", where);
+    KVDIFF_CHECK(in.model_json.size() == 1, "{}: \"llama2c\" takes no other field beside it",
+                 where);
     const json& l = in.model_json.at("llama2c");
-    KVDIFF_CHECK(l.is_object() && l.size() == 2 && l.contains("checkpoint") &&
-                     l.contains("tokenizer") && l.at("checkpoint").is_string() &&
-                     l.at("tokenizer").is_string(),
-                 "{}.llama2c: expected {{\"checkpoint\": \"FILE.bin\", \"tokenizer\": \"FILE.bin\"}}, "
-                 "got {}",
-                 where, l.dump());
+    KVDIFF_CHECK(
+        l.is_object() && l.size() == 2 && l.contains("checkpoint") && l.contains("tokenizer") &&
+            l.at("checkpoint").is_string() && l.at("tokenizer").is_string(),
+        "{}.llama2c: expected {{\"checkpoint\": \"FILE.bin\", \"tokenizer\": \"FILE.bin\"}}, "
+        "got {}",
+        where, l.dump());
     const fs::path checkpoint = (dir / l.at("checkpoint").get<std::string>()).lexically_normal();
     const fs::path tokenizer_bin = (dir / l.at("tokenizer").get<std::string>()).lexically_normal();
     json placeholder = root;
@@ -459,15 +466,17 @@ GoldenInput LoadGoldenInput(const fs::path& scenario_file) {
     in.scenario.name = scenario_file.stem().string();
     for (const fs::path& f : {checkpoint, tokenizer_bin}) {
       if (!fs::is_regular_file(f)) {
-        in.missing = fmt::format("model data not found: {} (the llama2.c model is read from outside "
-                                 "the repository; set it up to run this set)",
-                                 f.string());
+        in.missing = fmt::format(
+            "model data not found: {} (the llama2.c model is read from outside "
+            "the repository; set it up to run this set)",
+            f.string());
         return in;
       }
     }
     in.model_files[checkpoint.filename().string()] = Sha256File(checkpoint);
     in.model_files[tokenizer_bin.filename().string()] = Sha256File(tokenizer_bin);
-    auto weights = std::make_shared<format::ModelWeights>(format::ReadLlama2cCheckpoint(checkpoint));
+    auto weights =
+        std::make_shared<format::ModelWeights>(format::ReadLlama2cCheckpoint(checkpoint));
     in.weights = weights;
     // Text prompts are tokenized by PrepareScenario from a model directory's tokenizer file.
     ScratchDir scratch;
@@ -493,7 +502,8 @@ GoldenInput LoadGoldenInput(const fs::path& scenario_file) {
     }
     const format::ModelFileInfo info = format::InspectModel(model_dir);
     in.model_files["config.json"] = Sha256File(model_dir / "config.json");
-    for (const fs::path& f : info.safetensors_files) in.model_files[f.filename().string()] = Sha256File(f);
+    for (const fs::path& f : info.safetensors_files)
+      in.model_files[f.filename().string()] = Sha256File(f);
   }
   in.weights = LoadModelFor(in.scenario.model);
   PrepareScenario(in.scenario, *in.weights);
@@ -587,8 +597,8 @@ Recording RecordScenario(const Scenario& sc, const Backend& backend,
                      full.rows(), full.cols(), last + 1, vocab);
         for (size_t k = begin; k < rec.rows.size(); ++k) {
           RecordedRow& r = rec.rows[k];
-          r.vs_oracle = CompareRows(r.logits.data(), full.row(r.position).data(), vocab,
-                                    sc.tolerance_abs);
+          r.vs_oracle =
+              CompareRows(r.logits.data(), full.row(r.position).data(), vocab, sc.tolerance_abs);
         }
       }
     } catch (const std::exception& e) {
@@ -609,9 +619,11 @@ std::string GoldenChange::Summary() const {
     parts.push_back(fmt::format("{} of {} rows changed, largest change {}{}", rows_changed,
                                 rows_total, FormatDiff(largest_change),
                                 largest_where.empty() ? "" : " at " + largest_where));
-    parts.push_back(fmt::format("{} token{} changed", tokens_changed, tokens_changed == 1 ? "" : "s"));
+    parts.push_back(
+        fmt::format("{} token{} changed", tokens_changed, tokens_changed == 1 ? "" : "s"));
   }
-  if (!header_fields.empty()) parts.push_back(fmt::format("header: {}", fmt::join(header_fields, ", ")));
+  if (!header_fields.empty())
+    parts.push_back(fmt::format("header: {}", fmt::join(header_fields, ", ")));
   if (parts.empty()) {
     return fmt::format("{} rows, nothing moved (largest change {})", rows_total,
                        FormatDiff(largest_change));
@@ -670,8 +682,10 @@ GoldenChange DiffGolden(const Golden& a, const Golden& b) {
       const double d = (fa == a.full_rows.end() || fb == b.full_rows.end())
                            ? INFINITY
                            : MaxAbsDiff(fa->second, fb->second);
-      if (std::isinf(d)) changed = true;
-      else largest = std::max(largest, d);
+      if (std::isinf(d))
+        changed = true;
+      else
+        largest = std::max(largest, d);
     }
     const DigestTolerance t = DigestTolerances(b.tolerance, b.vocab_size, y.sum_sq);
     if (largest > noise || std::fabs(x.sum - y.sum) > kGoldenNoiseFraction * t.sum ||
@@ -689,12 +703,18 @@ GoldenChange DiffGolden(const Golden& a, const Golden& b) {
 
 std::string RegenStatusName(RegenStatus s) {
   switch (s) {
-    case RegenStatus::kUnchanged: return "unchanged";
-    case RegenStatus::kWritten: return "written";
-    case RegenStatus::kWouldChange: return "would change";
-    case RegenStatus::kRefused: return "REFUSED";
-    case RegenStatus::kSkipped: return "skip";
-    case RegenStatus::kError: return "ERROR";
+    case RegenStatus::kUnchanged:
+      return "unchanged";
+    case RegenStatus::kWritten:
+      return "written";
+    case RegenStatus::kWouldChange:
+      return "would change";
+    case RegenStatus::kRefused:
+      return "REFUSED";
+    case RegenStatus::kSkipped:
+      return "skip";
+    case RegenStatus::kError:
+      return "ERROR";
   }
   return "?";
 }
@@ -725,9 +745,9 @@ RegenResult RegenGoldenSet(const GoldenPaths& paths, const RegenOptions& options
         before_problem = e.what();
       }
     }
-    const std::string backend_name =
-        !options.backend.empty() ? options.backend
-                                 : before ? before->backend : std::string(kGoldenDefaultBackend);
+    const std::string backend_name = !options.backend.empty() ? options.backend
+                                     : before                 ? before->backend
+                                                              : std::string(kGoldenDefaultBackend);
     KVDIFF_CHECK(Available(backend_name),
                  "{}: the golden is made with backend {}, which this kvdiff lacks (available: {}); "
                  "regenerate with a kvdiff built with LibTorch ({} still works against impl)",
@@ -831,9 +851,10 @@ std::string CompareWithGolden(const GoldenRow& g, const std::vector<float>* full
   };
   if (r.token != g.token) {
     worst = INFINITY;
-    return done(fmt::format(
-        "input token {}, the golden fed {} (an earlier greedy choice differed: the histories split)",
-        r.token, g.token));
+    return done(
+        fmt::format("input token {}, the golden fed {} (an earlier greedy choice differed: the "
+                    "histories split)",
+                    r.token, g.token));
   }
   for (int64_t i = 0; i < vocab; ++i) {
     if (!std::isfinite(a[i])) {
@@ -847,9 +868,10 @@ std::string CompareWithGolden(const GoldenRow& g, const std::vector<float>* full
     const double d = std::fabs(double(a[id]) - double(expected));
     worst = std::max(worst, d);
     if (d > tol) {
-      return done(fmt::format("logit of token {} (golden rank {}) is {}, golden {}: |diff| {} > "
-                              "tolerance {}",
-                              id, k + 1, a[id], expected, FormatDiff(d), FormatDiff(tol)));
+      return done(
+          fmt::format("logit of token {} (golden rank {}) is {}, golden {}: |diff| {} > "
+                      "tolerance {}",
+                      id, k + 1, a[id], expected, FormatDiff(d), FormatDiff(tol)));
     }
   }
   // A token outside the golden's top-k had a golden logit <= its k-th; rising above that by more
@@ -861,18 +883,19 @@ std::string CompareWithGolden(const GoldenRow& g, const std::vector<float>* full
   for (const auto& [id, logit] : mine.top_k) {
     if (golden_ids.count(id) || static_cast<int64_t>(g.top_k.size()) >= vocab) continue;
     if (double(logit) - kth > tol) {
-      return done(fmt::format("token {} has logit {}, above the golden's rank-{} logit {} by {} "
-                              "> tolerance {}, yet is not in the golden's top {}",
-                              id, logit, g.top_k.size(), kth, FormatDiff(double(logit) - kth),
-                              FormatDiff(tol), g.top_k.size()));
+      return done(
+          fmt::format("token {} has logit {}, above the golden's rank-{} logit {} by {} "
+                      "> tolerance {}, yet is not in the golden's top {}",
+                      id, logit, g.top_k.size(), kth, FormatDiff(double(logit) - kth),
+                      FormatDiff(tol), g.top_k.size()));
     }
   }
   const DigestTolerance t = DigestTolerances(tol, vocab, g.sum_sq);
   if (std::fabs(mine.sum - g.sum) > t.sum) {
-    return done(fmt::format("sum of the {} logits is {}, golden {}: |diff| {} > {} (vocab x "
-                            "tolerance)",
-                            vocab, mine.sum, g.sum, FormatDiff(std::fabs(mine.sum - g.sum)),
-                            FormatDiff(t.sum)));
+    return done(fmt::format(
+        "sum of the {} logits is {}, golden {}: |diff| {} > {} (vocab x "
+        "tolerance)",
+        vocab, mine.sum, g.sum, FormatDiff(std::fabs(mine.sum - g.sum)), FormatDiff(t.sum)));
   }
   if (std::fabs(mine.sum_sq - g.sum_sq) > t.sum_sq) {
     return done(fmt::format(
@@ -934,10 +957,11 @@ GoldenCheck CheckBackend(const GoldenInput& in, const Golden& g, const std::stri
     std::string detail;
     if (r.step != gr.step || r.row != gr.row || r.position != gr.position ||
         r.conversation != gr.conversation) {
-      detail = fmt::format("the replay's row {} is step {} row {} (conversation {}, position {}); "
-                           "the golden's is step {} row {} (conversation {}, position {})",
-                           k, r.step, r.row, r.conversation, r.position, gr.step, gr.row,
-                           gr.conversation, gr.position);
+      detail = fmt::format(
+          "the replay's row {} is step {} row {} (conversation {}, position {}); "
+          "the golden's is step {} row {} (conversation {}, position {})",
+          k, r.step, r.row, r.conversation, r.position, gr.step, gr.row, gr.conversation,
+          gr.position);
       diff = INFINITY;
     } else {
       const std::vector<float>* full = gr.full.empty() ? nullptr : &g.full_rows.at(gr.full);
@@ -947,8 +971,10 @@ GoldenCheck CheckBackend(const GoldenInput& in, const Golden& g, const std::stri
     if (!(diff <= c.worst_diff)) c.worst_diff = diff;
     if (!detail.empty() && !c.first) {
       c.status = PathStatus::kFail;
-      c.first = GoldenMismatch{gr.step, in.scenario.steps[gr.step].ParamString(), gr.row,
-                               gr.conversation, gr.position, gr.token, detail, diff};
+      c.first = GoldenMismatch{gr.step,     in.scenario.steps[gr.step].ParamString(),
+                               gr.row,      gr.conversation,
+                               gr.position, gr.token,
+                               detail,      diff};
     }
   }
   if (!rec.error.empty()) {
@@ -968,8 +994,9 @@ GoldenSetReport VerifySet(const GoldenPaths& p, const std::vector<std::string>& 
   rep.paths = p;
   try {
     KVDIFF_CHECK(fs::exists(p.scenario), "{}: no such scenario file", p.scenario.string());
-    KVDIFF_CHECK(fs::exists(p.golden), "{}: no golden file; create it with `kvdiff golden regen {}`",
-                 p.golden.string(), p.scenario.string());
+    KVDIFF_CHECK(fs::exists(p.golden),
+                 "{}: no golden file; create it with `kvdiff golden regen {}`", p.golden.string(),
+                 p.scenario.string());
     Golden g = ParseGolden(ReadBytes(p.golden), p.golden.string());
     rep.made_with = g.backend;
     rep.tolerance = g.tolerance;
@@ -981,24 +1008,28 @@ GoldenSetReport VerifySet(const GoldenPaths& p, const std::vector<std::string>& 
     }
     const std::string regen = fmt::format("run `kvdiff golden regen {}`", p.scenario.string());
     if (in.scenario_sha256 != g.scenario_sha256) {
-      rep.stale = fmt::format("{} was edited after its golden was made (sha256 {}, the golden "
-                              "recorded {}); {}",
-                              p.scenario.string(), in.scenario_sha256, g.scenario_sha256, regen);
+      rep.stale = fmt::format(
+          "{} was edited after its golden was made (sha256 {}, the golden "
+          "recorded {}); {}",
+          p.scenario.string(), in.scenario_sha256, g.scenario_sha256, regen);
     } else if (in.model_files != g.model_files) {
-      rep.stale = fmt::format("the model files differ from those the golden was made with ({} "
-                              "now, {} recorded); {}",
-                              json(in.model_files).dump(), json(g.model_files).dump(), regen);
+      rep.stale = fmt::format(
+          "the model files differ from those the golden was made with ({} "
+          "now, {} recorded); {}",
+          json(in.model_files).dump(), json(g.model_files).dump(), regen);
     } else if (in.weights->config.vocab_size != g.vocab_size) {
       rep.stale = fmt::format("the model's vocab_size is {}, the golden's {}; {}",
                               in.weights->config.vocab_size, g.vocab_size, regen);
     } else if (!fs::exists(p.rows) || Sha256File(p.rows) != g.rows_sha256) {
-      rep.stale = fmt::format("{} is missing or does not match the rows_sha256 of {} (an "
-                              "interrupted regen?); {}",
-                              p.rows.string(), p.golden.string(), regen);
+      rep.stale = fmt::format(
+          "{} is missing or does not match the rows_sha256 of {} (an "
+          "interrupted regen?); {}",
+          p.rows.string(), p.golden.string(), regen);
     }
     if (!rep.stale.empty()) return rep;
     LoadFullRows(g, p.rows);
-    for (const std::string& name : backends) rep.checks.push_back(CheckBackend(in, g, name, threads));
+    for (const std::string& name : backends)
+      rep.checks.push_back(CheckBackend(in, g, name, threads));
   } catch (const InputError& e) {
     rep.input_error = e.what();
   }
@@ -1018,10 +1049,11 @@ std::string Paint(const std::string& text, const char* colour, bool color) {
 std::string MismatchText(const GoldenSetReport& s, const GoldenCheck& c) {
   if (c.first) {
     const GoldenMismatch& m = *c.first;
-    return fmt::format("{}: {} differs from the golden (made with {}) at step {} {}, row {} "
-                       "(conversation {}, position {}, input token {}): {}",
-                       s.paths.golden.string(), c.backend, s.made_with, m.step, m.params, m.row,
-                       m.conversation, m.position, m.token, m.detail);
+    return fmt::format(
+        "{}: {} differs from the golden (made with {}) at step {} {}, row {} "
+        "(conversation {}, position {}, input token {}): {}",
+        s.paths.golden.string(), c.backend, s.made_with, m.step, m.params, m.row, m.conversation,
+        m.position, m.token, m.detail);
   }
   return fmt::format("{}: {}: {}", s.paths.golden.string(), c.backend, c.message);
 }
@@ -1030,7 +1062,8 @@ std::string MismatchText(const GoldenSetReport& s, const GoldenCheck& c) {
 std::vector<std::string> Problems(const GoldenSetReport& s) {
   std::vector<std::string> out;
   if (!s.input_error.empty()) out.push_back(fmt::format("error: {}", s.input_error));
-  if (!s.stale.empty()) out.push_back(fmt::format("{}: stale golden: {}", s.paths.golden.string(), s.stale));
+  if (!s.stale.empty())
+    out.push_back(fmt::format("{}: stale golden: {}", s.paths.golden.string(), s.stale));
   for (const GoldenCheck& c : s.checks) {
     if (c.status == PathStatus::kFail || c.status == PathStatus::kError) {
       out.push_back(MismatchText(s, c));
@@ -1090,11 +1123,11 @@ VerifyReport VerifyGoldens(const std::vector<GoldenPaths>& sets,
 }
 
 std::string VerifyReport::ToTerminal(bool color) const {
-  std::string out = Paint(fmt::format("kvdiff golden verify: {} golden set{}, backends {}",
-                                      sets.size(), sets.size() == 1 ? "" : "s",
-                                      fmt::join(backends, ", ")),
-                          kBold, color) +
-                    "\n\n";
+  std::string out =
+      Paint(fmt::format("kvdiff golden verify: {} golden set{}, backends {}", sets.size(),
+                        sets.size() == 1 ? "" : "s", fmt::join(backends, ", ")),
+            kBold, color) +
+      "\n\n";
   size_t width = 6;
   for (const auto& s : sets) width = std::max(width, s.paths.golden.string().size());
   out += fmt::format("{:<{}}  {:<7}", "golden", width, "made by");
@@ -1130,21 +1163,28 @@ std::string VerifyReport::ToTerminal(bool color) const {
   }
   out += "\n";
   for (const auto& s : sets) {
-    if (!s.skipped.empty()) out += Paint(fmt::format("skip: {}: {}", s.paths.golden.string(), s.skipped), kYellow, color) + "\n";
+    if (!s.skipped.empty())
+      out +=
+          Paint(fmt::format("skip: {}: {}", s.paths.golden.string(), s.skipped), kYellow, color) +
+          "\n";
     for (const auto& c : s.checks) {
       if (c.status == PathStatus::kSkipped) {
-        out += Paint(fmt::format("skip: {} on {}: {}", s.paths.golden.string(), c.backend, c.message),
-                     kYellow, color) + "\n";
+        out +=
+            Paint(fmt::format("skip: {} on {}: {}", s.paths.golden.string(), c.backend, c.message),
+                  kYellow, color) +
+            "\n";
       }
     }
   }
   for (const auto& s : sets) {
     for (const auto& line : Problems(s)) out += Paint(line, kRed, color) + "\n";
   }
-  const std::string verdict = failed == 0 ? Paint("PASS", kGreen, color) : Paint("FAIL", kRed, color);
-  out += fmt::format("{}: {} of {} golden sets failed, {} skipped; {} rows compared, worst "
-                     "difference {} ({:.2f} s)\n",
-                     verdict, failed, sets.size(), skipped, rows, FormatDiff(worst), seconds);
+  const std::string verdict =
+      failed == 0 ? Paint("PASS", kGreen, color) : Paint("FAIL", kRed, color);
+  out += fmt::format(
+      "{}: {} of {} golden sets failed, {} skipped; {} rows compared, worst "
+      "difference {} ({:.2f} s)\n",
+      verdict, failed, sets.size(), skipped, rows, FormatDiff(worst), seconds);
   return out;
 }
 
@@ -1202,8 +1242,8 @@ std::string VerifyReport::ToJUnit() const {
     int64_t st = 0, sf = 0, se = 0, ss = 0;
     auto add_case = [&](const std::string& name, const std::string& body) {
       ++st;
-      cases += fmt::format("    <testcase classname=\"{}\" name=\"{}\" time=\"0\"", XmlEscape(suite),
-                           XmlEscape(name));
+      cases += fmt::format("    <testcase classname=\"{}\" name=\"{}\" time=\"0\"",
+                           XmlEscape(suite), XmlEscape(name));
       cases += body.empty() ? "/>\n" : ">\n" + body + "    </testcase>\n";
     };
     auto failure = [](const char* tag, const char* type, const std::string& text) {
@@ -1223,9 +1263,9 @@ std::string VerifyReport::ToJUnit() const {
     for (const auto& c : s.checks) {
       if (c.status == PathStatus::kFail || c.status == PathStatus::kError) {
         ++sf;
-        add_case(c.backend, failure("failure", c.status == PathStatus::kFail ? "mismatch"
-                                                                           : "backend_error",
-                                    MismatchText(s, c)));
+        add_case(c.backend,
+                 failure("failure", c.status == PathStatus::kFail ? "mismatch" : "backend_error",
+                         MismatchText(s, c)));
       } else if (c.status == PathStatus::kSkipped) {
         ++ss;
         add_case(c.backend, fmt::format("      <skipped message=\"{}\"/>\n", XmlEscape(c.message)));
@@ -1238,7 +1278,8 @@ std::string VerifyReport::ToJUnit() const {
         "time=\"0\">\n",
         XmlEscape(s.paths.golden.string()), st, sf, se, ss);
     suites += "    <properties>\n";
-    suites += fmt::format("      <property name=\"made_with\" value=\"{}\"/>\n", XmlEscape(s.made_with));
+    suites +=
+        fmt::format("      <property name=\"made_with\" value=\"{}\"/>\n", XmlEscape(s.made_with));
     suites += fmt::format("      <property name=\"tolerance_abs\" value=\"{}\"/>\n", s.tolerance);
     suites += "    </properties>\n" + cases + "  </testsuite>\n";
     tests += st;

@@ -9,12 +9,11 @@
 //   NAME.golden.safetensors    the full float32 row of each conversation's last position
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,8 +40,8 @@ struct GoldenRow {
   int64_t step = 0, row = 0;  // the row's step index and its index within the step
   std::string conversation;
   int64_t position = 0;
-  Token token = 0;   // the token fed at this position
-  Token greedy = 0;  // the row's argmax (the first on ties)
+  Token token = 0;                             // the token fed at this position
+  Token greedy = 0;                            // the row's argmax (the first on ties)
   std::vector<std::pair<Token, float>> top_k;  // highest logits first; ties by lower id
   double sum = 0, sum_sq = 0;  // over the full row, accumulated in float64 in index order
   double max = 0, min = 0;     // the largest and smallest logit (float32 values)
@@ -112,7 +111,7 @@ struct RecordedRow {
   std::string conversation;
   int64_t position = 0;
   Token token = 0;
-  int64_t chosen_by = -1;  // decode rows: index of the row whose argmax chose `token`
+  int64_t chosen_by = -1;     // decode rows: index of the row whose argmax chose `token`
   std::vector<float> logits;  // (vocab)
   RowComparison vs_oracle;    // against ForwardFull, when the replay checked it
 };
@@ -132,9 +131,9 @@ struct GoldenChange {
   bool is_new = false;
   std::vector<std::string> header_fields;  // header fields whose value changed
   int64_t rows_changed = 0, rows_total = 0;
-  int64_t tokens_changed = 0;   // rows whose fed or greedy token changed
-  double largest_change = 0;    // largest logit move (top-k by id, max, full rows)
-  std::string largest_where;    // "step 2 row 1"
+  int64_t tokens_changed = 0;  // rows whose fed or greedy token changed
+  double largest_change = 0;   // largest logit move (top-k by id, max, full rows)
+  std::string largest_where;   // "step 2 row 1"
   bool Any() const { return is_new || !header_fields.empty() || rows_changed > 0; }
   std::string Summary() const;
 };
@@ -182,7 +181,7 @@ struct GoldenCheck {  // one golden set on one backend
 };
 struct GoldenSetReport {
   GoldenPaths paths;
-  std::string model;  // the scenario's model, described
+  std::string model;      // the scenario's model, described
   std::string made_with;  // the golden's backend
   double tolerance = 0;
   std::string skipped;      // the model data is absent

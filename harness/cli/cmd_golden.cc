@@ -64,8 +64,12 @@ int Regen(const RegenArgs& args) {
     switch (r.status) {
       case harness::RegenStatus::kUnchanged:
       case harness::RegenStatus::kWritten:
-      case harness::RegenStatus::kWouldChange: line += ": " + r.change.Summary(); break;
-      default: line += ": " + r.message; break;
+      case harness::RegenStatus::kWouldChange:
+        line += ": " + r.change.Summary();
+        break;
+      default:
+        line += ": " + r.message;
+        break;
     }
     fmt::print("{}\n", line);
     for (const auto& w : r.warnings) fmt::print("  warning: {}\n", w);
@@ -78,8 +82,8 @@ int Regen(const RegenArgs& args) {
   }
   std::string summary;
   for (const auto& [status, n] : counts) {
-    summary += fmt::format("{}{} {}", summary.empty() ? "" : ", ", n,
-                           harness::RegenStatusName(status));
+    summary +=
+        fmt::format("{}{} {}", summary.empty() ? "" : ", ", n, harness::RegenStatusName(status));
   }
   fmt::print("golden regen{}: {} golden set{}: {}\n", args.check ? " --check" : "", sets.size(),
              sets.size() == 1 ? "" : "s", summary);
@@ -98,8 +102,9 @@ void AddGoldenCommand(CLI::App& app, int& exit_code) {
       "verify",
       "Replay each golden set's scenario on each backend and compare every row with the golden "
       "within its tolerance (exit 0 agree, 1 a mismatch or stale golden, 2 bad input)");
-  verify->add_option("paths", verify_args->paths,
-                     "Golden folders (searched recursively) or files: NAME.json or NAME.golden.json")
+  verify
+      ->add_option("paths", verify_args->paths,
+                   "Golden folders (searched recursively) or files: NAME.json or NAME.golden.json")
       ->required();
   verify->add_option("--backends", verify_args->backends,
                      "Comma-separated backends: impl, ref, ref64 (default: impl,ref with "
@@ -116,8 +121,9 @@ void AddGoldenCommand(CLI::App& app, int& exit_code) {
       "Recompute golden sets with their recorded backend (ref64 for new ones) and rewrite, "
       "atomically, those that moved; refuses a backend whose cached and uncached rows disagree "
       "(exit 0 done, 1 refused or --check found changes, 2 bad input)");
-  regen->add_option("paths", regen_args->paths,
-                    "Golden folders (searched recursively) or files: NAME.json or NAME.golden.json")
+  regen
+      ->add_option("paths", regen_args->paths,
+                   "Golden folders (searched recursively) or files: NAME.json or NAME.golden.json")
       ->required();
   regen->add_option("--backend", regen_args->backend,
                     "Backend to compute with (default: the one the golden records, else ref64)");

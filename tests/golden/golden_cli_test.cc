@@ -3,7 +3,6 @@
 // file and row, stale goldens, regen that leaves unchanged files alone (bytes and mtime), --check,
 // the refusal to pin a self-inconsistent backend, and a regen killed midway.
 #include <fcntl.h>
-#include <nlohmann/json.hpp>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -12,6 +11,7 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
 #include <thread>
@@ -69,14 +69,15 @@ std::map<fs::path, FileState> Snapshot(const fs::path& dir) {
 }
 
 // Sets every golden file's mtime to a fixed past time, so a rewrite is seen even within a second.
-void AgeFiles(const fs::path& dir) {
+[[maybe_unused]] void AgeFiles(const fs::path& dir) {
   const auto past = fs::file_time_type::clock::now() - std::chrono::hours(24 * 365);
   for (const auto& [path, state] : Snapshot(dir)) fs::last_write_time(path, past);
 }
 
 // Replaces the first logit of the top-k of the row (step, row) in a golden file's text.
 std::string EditTopLogit(const std::string& text, int step, int row, float delta) {
-  const std::string key = "{\"step\": " + std::to_string(step) + ", \"row\": " + std::to_string(row) + ",";
+  const std::string key =
+      "{\"step\": " + std::to_string(step) + ", \"row\": " + std::to_string(row) + ",";
   const size_t line = text.find(key);
   EXPECT_NE(line, std::string::npos) << key;
   const size_t at = text.find("\"top_k\": [[", line) + 11;
@@ -128,9 +129,10 @@ TEST(GoldenCli, EditedValueFailsVerifyNamingFileAndRow) {
 TEST(GoldenCli, VerifyPassesOnACopyAndRefusesWhatItCannotRead) {
   TempDir dir;
   const fs::path golden = CopyGolden(dir.path(), {"tiny"});
-  auto r = RunKvdiff("golden verify repo/golden/tiny/reset.json repo/golden/tiny/fork.golden.json " +
-                         BackendsArg(),
-                     dir.path());
+  auto r =
+      RunKvdiff("golden verify repo/golden/tiny/reset.json repo/golden/tiny/fork.golden.json " +
+                    BackendsArg(),
+                dir.path());
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("PASS: 0 of 2 golden sets failed"), std::string::npos) << r.out;
 
@@ -203,7 +205,8 @@ TEST(GoldenCli, RegenCreatesAGoldenDeterministically) {
     EXPECT_NE(r.out.find("written: new golden (23 rows)"), std::string::npos) << r.out;
   }
   EXPECT_EQ(ReadFile(dir / "a" / "f.golden.json"), ReadFile(dir / "b" / "f.golden.json"));
-  EXPECT_EQ(ReadFile(dir / "a" / "f.golden.safetensors"), ReadFile(dir / "b" / "f.golden.safetensors"));
+  EXPECT_EQ(ReadFile(dir / "a" / "f.golden.safetensors"),
+            ReadFile(dir / "b" / "f.golden.safetensors"));
   const std::string golden = ReadFile(dir / "a" / "f.golden.json");
   EXPECT_NE(golden.find("\"regenerate\": \"kvdiff golden regen f.json --backend impl\""),
             std::string::npos);
@@ -301,7 +304,8 @@ TEST(GoldenCli, InterruptedRegenLeavesEveryFileOldOrNew) {
   fs::copy(dir / "base", dir / "full", fs::copy_options::recursive);
   const auto t0 = std::chrono::steady_clock::now();
   const auto r = RunKvdiff("golden regen repo/golden" + backend, dir / "full");
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   std::map<fs::path, std::string> new_bytes;
   for (const auto& [path, state] : Snapshot(dir / "full" / "repo" / "golden")) {
@@ -338,8 +342,9 @@ TEST(GoldenCli, InterruptedRegenLeavesEveryFileOldOrNew) {
       const std::string now = ReadFile(run / rel);
       const bool is_old = now == state.bytes;
       const bool is_new = now == new_bytes.at(rel);
-      EXPECT_TRUE(is_old || is_new) << rel << " is neither the old nor the new version after a kill "
-                                    << "at " << k << "/7 of the run (" << now.size() << " bytes)";
+      EXPECT_TRUE(is_old || is_new)
+          << rel << " is neither the old nor the new version after a kill "
+          << "at " << k << "/7 of the run (" << now.size() << " bytes)";
       olds += is_old && !is_new;
       news += is_new && !is_old;
     }

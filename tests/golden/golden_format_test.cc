@@ -1,7 +1,5 @@
 // The golden library without the binary: text round trips, parse errors, file discovery, the row
 // comparison and its digest tolerances, and what regen counts as a move.
-#include "harness/golden.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +8,7 @@
 #include <vector>
 
 #include "harness/format/error.h"
+#include "harness/golden.h"
 #include "tests/harness/harness_test_util.h"
 #include "tests/test_support.h"
 
@@ -126,12 +125,15 @@ TEST(GoldenText, ParseErrorsNameTheField) {
     return t.replace(at, from.size(), to);
   };
   ExpectParseError("{", "invalid JSON");
-  ExpectParseError(replaced("\"kvdiff-golden\"", "\"other\""), "format: expected \"kvdiff-golden\"");
+  ExpectParseError(replaced("\"kvdiff-golden\"", "\"other\""),
+                   "format: expected \"kvdiff-golden\"");
   ExpectParseError(replaced("\"version\": 1", "\"version\": 9"), "version 1, the file has 9");
   ExpectParseError(replaced("\"vocab_size\": 300", "\"vocab_size\": 3"), "outside [0, 3)");
   ExpectParseError(replaced("\"rows_sha256\"", "\"rows_sha\""), "missing field \"rows_sha256\"");
-  ExpectParseError(replaced("\"sum\": ", "\"sum\": \"x\", \"was\": "), "rows[0].sum: expected a number");
-  ExpectParseError(replaced("\"top_k\": [[", "\"top_k\": [[\"a\"], ["), "rows[0].top_k[0]: expected [id, logit]");
+  ExpectParseError(replaced("\"sum\": ", "\"sum\": \"x\", \"was\": "),
+                   "rows[0].sum: expected a number");
+  ExpectParseError(replaced("\"top_k\": [[", "\"top_k\": [[\"a\"], ["),
+                   "rows[0].top_k[0]: expected [id, logit]");
 }
 
 TEST(GoldenPaths, FromAnyOfTheThreeNames) {
@@ -211,7 +213,8 @@ TEST(GoldenCompare, CatchesEachKindOfChange) {
   {  // one top-k logit
     auto now = golden;
     now[g.top_k[4].first] += 3e-4f;
-    EXPECT_NE(Compare(golden, now).find("(golden rank 5)"), std::string::npos) << Compare(golden, now);
+    EXPECT_NE(Compare(golden, now).find("(golden rank 5)"), std::string::npos)
+        << Compare(golden, now);
   }
   {  // a token from below rises into the top
     auto now = golden;
@@ -255,7 +258,8 @@ TEST(GoldenCompare, CatchesEachKindOfChange) {
   {  // not finite
     auto now = golden;
     now[7] = NAN;
-    EXPECT_NE(Compare(golden, now).find("logit 7 is nan"), std::string::npos) << Compare(golden, now);
+    EXPECT_NE(Compare(golden, now).find("logit 7 is nan"), std::string::npos)
+        << Compare(golden, now);
   }
   {  // a different input token
     const std::string r = CompareWithGolden(g, nullptr, Recorded(golden, 6), 1e-4, nullptr);
