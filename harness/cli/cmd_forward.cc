@@ -12,6 +12,7 @@
 #include "harness/backend.h"
 #include "harness/cli/commands.h"
 #include "harness/format/error.h"
+#include "harness/cli/cli_util.h"
 #include "harness/format/model_files.h"
 #include "harness/format/safetensors.h"
 
@@ -27,26 +28,6 @@ struct ForwardOptions {
   int threads = 0;
   std::string out;
 };
-
-// "1,2,3" -> {1, 2, 3}. Every item must be a whole non-negative integer: "1,x,3", "1,,3", "1.5"
-// are refused with the offending item named.
-std::vector<int64_t> ParseIntList(const std::string& flag, const std::string& text) {
-  std::vector<int64_t> values;
-  size_t start = 0;
-  while (true) {
-    const size_t comma = text.find(',', start);
-    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos
-                                                                           : comma - start);
-    KVDIFF_CHECK(!item.empty() && item.size() <= 18 &&
-                     std::all_of(item.begin(), item.end(), [](char c) { return c >= '0' && c <= '9'; }),
-                 "{}: expected comma-separated non-negative integers like 1,2,3; item {} is \"{}\"",
-                 flag, values.size(), item);
-    values.push_back(std::stoll(item));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return values;
-}
 
 void PrintTop5(const Logits& logits, const Tokens& tokens) {
   const int64_t last = logits.rows() - 1;
@@ -67,13 +48,7 @@ void PrintTop5(const Logits& logits, const Tokens& tokens) {
 void RunForward(const ForwardOptions& o) {
   auto weights = std::make_shared<const format::ModelWeights>(format::LoadModel(o.model));
   const int64_t vocab = weights->config.vocab_size;
-  Tokens tokens;
-  const std::vector<int64_t> ids = ParseIntList("--tokens", o.tokens);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    KVDIFF_CHECK(ids[i] < vocab, "--tokens: token id {} at index {} is out of range for vocab_size {}",
-                 ids[i], i, vocab);
-    tokens.push_back(static_cast<Token>(ids[i]));
-  }
+  const Tokens tokens = ParseTokenIds("--tokens", o.tokens, vocab);
   const auto n = static_cast<int64_t>(tokens.size());
 
   std::vector<int64_t> chunks;

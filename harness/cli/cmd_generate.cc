@@ -11,6 +11,7 @@
 #include <string>
 
 #include "harness/backend.h"
+#include "harness/cli/cli_util.h"
 #include "harness/cli/commands.h"
 #include "harness/format/error.h"
 #include "harness/format/model_files.h"
@@ -18,32 +19,6 @@
 
 namespace kvdiff::cli {
 namespace {
-
-// "1,2,3" or "1 2 3" -> ids, each checked against the vocabulary.
-Tokens ParseTokenList(const std::string& text, int64_t vocab_size) {
-  std::string spaced = text;
-  for (char& c : spaced) {
-    if (c == ',') c = ' ';
-  }
-  std::istringstream in(spaced);
-  Tokens tokens;
-  std::string word;
-  while (in >> word) {
-    size_t used = 0;
-    long long id = -1;
-    try {
-      id = std::stoll(word, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    KVDIFF_CHECK(used == word.size(), "--tokens: expected integer token ids, got \"{}\"", word);
-    KVDIFF_CHECK(id >= 0 && id < vocab_size, "--tokens: token id {} outside the vocabulary [0, {})",
-                 id, vocab_size);
-    tokens.push_back(static_cast<Token>(id));
-  }
-  KVDIFF_CHECK(!tokens.empty(), "--tokens: expected at least one token id, got \"{}\"", text);
-  return tokens;
-}
 
 // The first maximum, as llama2.c's argmax; a NaN or inf logit is a backend failure, not a token.
 Token Argmax(const Logits& logits, int64_t row, int64_t position) {
@@ -122,7 +97,7 @@ void AddGenerateCommand(CLI::App& app, int& exit_code) {
                  opts->model, format::kTokenizerFileName);
 
     const Tokens prompt_tokens = opts->prompt ? tokenizer->Encode(*opts->prompt, /*add_bos=*/true)
-                                              : ParseTokenList(*opts->tokens, config.vocab_size);
+                                              : ParseTokenIds("--tokens", *opts->tokens, config.vocab_size);
     const int64_t capacity = config.max_position_embeddings;
     KVDIFF_CHECK(static_cast<int64_t>(prompt_tokens.size()) <= capacity,
                  "generate: the prompt has {} tokens, the model's context is {} "

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/cli/cli_util.h"
 #include "harness/cli/commands.h"
 #include "harness/format/error.h"
 #include "harness/format/model_files.h"
@@ -34,31 +35,6 @@ struct ReproArgs {
   std::string save;
   int threads = 0;
 };
-
-// "1,2,3" or "1 2 3" -> ids (checked against the vocabulary later, naming the option).
-Tokens ParseIds(const std::string& text, const char* option) {
-  std::string spaced = text;
-  for (char& c : spaced) {
-    if (c == ',') c = ' ';
-  }
-  std::istringstream in(spaced);
-  Tokens tokens;
-  std::string word;
-  while (in >> word) {
-    size_t used = 0;
-    long long id = -1;
-    try {
-      id = std::stoll(word, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    KVDIFF_CHECK(used == word.size() && id >= 0 && id <= INT32_MAX,
-                 "{}: expected non-negative integer token ids, got \"{}\"", option, word);
-    tokens.push_back(static_cast<Token>(id));
-  }
-  KVDIFF_CHECK(!tokens.empty(), "{}: expected at least one token id, got \"{}\"", option, text);
-  return tokens;
-}
 
 int Run(const ReproArgs& args) {
   const bool all = args.name == "all";
@@ -95,8 +71,8 @@ int Run(const ReproArgs& args) {
   harness::ReproInput input;
   input.prompt = args.prompt;
   input.second = args.second;
-  if (args.tokens) input.tokens = ParseIds(*args.tokens, "--tokens");
-  if (args.second_tokens) input.second_tokens = ParseIds(*args.second_tokens, "--second-tokens");
+  if (args.tokens) input.tokens = ParseTokenIds("--tokens", *args.tokens);
+  if (args.second_tokens) input.second_tokens = ParseTokenIds("--second-tokens", *args.second_tokens);
   if (args.second1_token) {
     KVDIFF_CHECK(*args.second1_token >= 0 && *args.second1_token <= INT32_MAX,
                  "--second1-token: expected a token id, got {}", *args.second1_token);

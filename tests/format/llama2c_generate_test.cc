@@ -160,7 +160,7 @@ TEST(Llama2cGenerateTest, CommandsRefuseBadInput) {
   RunResult bad_id = RunKvdiff(
       {"generate", "--model", model.string(), "--tokens", "1,512", "-n", "3", "--ids"}, err);
   EXPECT_EQ(bad_id.exit_code, 2);
-  EXPECT_THAT(bad_id.err, HasSubstr("token id 512 outside the vocabulary [0, 512)"));
+  EXPECT_THAT(bad_id.err, HasSubstr("--tokens: token id 512 at index 1 is out of range for vocab_size 512"));
   RunResult both = RunKvdiff(
       {"generate", "--model", model.string(), "--tokens", "1", "--ids", "--cached", "--uncached"},
       err);

@@ -53,7 +53,9 @@ TEST(ReproCli, BadInputExitsTwoWithAMessage) {
       {"repro reuse2 --preset tiny", "experiment \"reuse2\": expected one of ok, pos0"},
       {"repro ok", "repro: give --model DIR or --preset NAME (with --seed), not neither"},
       {"repro ok --preset tiny --prompt hello", "text prompts need a tokenizer"},
-      {"repro ok --preset tiny --tokens 1,x", "--tokens: expected non-negative integer token ids"},
+      {"repro ok --preset tiny --tokens 1,x",
+       "--tokens: expected non-negative integers separated by commas or spaces, like 1,2,3; "
+       "item 1 is \"x\""},
       {"repro ok --preset tiny --second-tokens 9", "the second prompt has 1 token"},
       {"repro ok --preset tiny -n 1", "-n: expected at least 2 generated tokens"},
       {"repro all --preset tiny --save x.json", "--save: writes one experiment's scenario"},
