@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "harness/format/error.h"
 #include "harness/format/tensor.h"
 
 namespace kvdiff::impl {
@@ -124,43 +125,102 @@ void DotRows(const float* __restrict w, const float* __restrict x, int64_t x_str
 
 }  // namespace
 
-void LinearRows(ThreadPool& pool, const float* x, int64_t s, const WeightView& w, float* y) {
-  pool.ParallelFor(w.rows, kMatVecGrain, [&](int64_t begin, int64_t end, int) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* wr = w.Row(r);  // read from memory once, then from L1 for every input row
-      int64_t i = 0;
-      for (; i + 4 <= s; i += 4) DotRows<4>(wr, x + i * w.cols, w.cols, w.cols, y + i * w.rows + r, w.rows);
-      switch (s - i) {
-        case 3: DotRows<3>(wr, x + i * w.cols, w.cols, w.cols, y + i * w.rows + r, w.rows); break;
-        case 2: DotRows<2>(wr, x + i * w.cols, w.cols, w.cols, y + i * w.rows + r, w.rows); break;
-        case 1: DotRows<1>(wr, x + i * w.cols, w.cols, w.cols, y + i * w.rows + r, w.rows); break;
-        default: break;
+namespace {
+
+// The work items of a LinearMany call, in order: output k owns items [begin[k], begin[k + 1]).
+// An item is a weight row (rows path) or a tile of GemmTileRows rows (GEMM path).
+struct LinearItems {
+  int64_t begin[kLinearManyMax + 1];
+  int count;
+  int64_t Total() const { return begin[count]; }
+  int Owner(int64_t item) const {  // the output an item belongs to (count is tiny: a scan)
+    int k = 0;
+    while (item >= begin[k + 1]) ++k;
+    return k;
+  }
+};
+
+LinearItems CountItems(const LinearOutput* outputs, int count, bool gemm) {
+  KVDIFF_CHECK(count >= 1 && count <= kLinearManyMax, "LinearMany: expected 1..{} outputs, got {}",
+               kLinearManyMax, count);
+  LinearItems items{};
+  items.count = count;
+  for (int k = 0; k < count; ++k) {
+    const int64_t rows = outputs[k].w.rows;
+    const int64_t n = gemm ? (rows + GemmTileRows(rows) - 1) / GemmTileRows(rows) : rows;
+    items.begin[k + 1] = items.begin[k] + n;
+  }
+  return items;
+}
+
+// y rows [r, r + 1) of one output, for every input row: the weight row is read from memory once,
+// then from L1 for each group of up to 4 input rows.
+void RowsOfOne(const float* x, int64_t s, const WeightView& w, int64_t r, float* y) {
+  const float* wr = w.Row(r);
+  int64_t i = 0;
+  for (; i + 4 <= s; i += 4) DotRows<4>(wr, x + i * w.cols, w.cols, w.cols, y + i * w.rows + r, w.rows);
+  switch (s - i) {
+    case 3: DotRows<3>(wr, x + i * w.cols, w.cols, w.cols, y + i * w.rows + r, w.rows); break;
+    case 2: DotRows<2>(wr, x + i * w.cols, w.cols, w.cols, y + i * w.rows + r, w.rows); break;
+    case 1: DotRows<1>(wr, x + i * w.cols, w.cols, w.cols, y + i * w.rows + r, w.rows); break;
+    default: break;
+  }
+}
+
+// Tile t of one output: y[:, t*tile .. +rows] = x · W[t*tile .. +rows]ᵀ by one Eigen GEMM call.
+void GemmTileOfOne(const float* x, int64_t s, const WeightView& w, int64_t t, float* y) {
+  const int64_t tile = GemmTileRows(w.rows);
+  const int64_t r0 = t * tile;
+  const int64_t rows = std::min(tile, w.rows - r0);
+  Eigen::Map<const RowMatrix> x_map(x, s, w.cols);                   // (s, in)
+  Eigen::Map<const RowMatrix> w_tile(w.Row(r0), rows, w.cols);        // (rows, in)
+  StridedMap y_tile(y + r0, s, rows, Eigen::OuterStride<>(w.rows));  // (s, rows) of (s, out)
+  y_tile.noalias() = x_map * w_tile.transpose();
+}
+
+void RunLinear(ThreadPool& pool, const float* x, int64_t s, const LinearOutput* outputs, int count,
+               bool gemm) {
+  const LinearItems items = CountItems(outputs, count, gemm);
+  // Rows: chunk boundaries every 16 rows keep the split even; tiles are big enough alone.
+  pool.ParallelFor(items.Total(), gemm ? 1 : kMatVecGrain, [&](int64_t begin, int64_t end, int) {
+    int k = items.Owner(begin);
+    for (int64_t item = begin; item < end; ++item) {
+      while (item >= items.begin[k + 1]) ++k;
+      const LinearOutput& o = outputs[k];
+      if (gemm) {
+        GemmTileOfOne(x, s, o.w, item - items.begin[k], o.y);
+      } else {
+        RowsOfOne(x, s, o.w, item - items.begin[k], o.y);
       }
     }
   });
 }
 
+}  // namespace
+
+void LinearRows(ThreadPool& pool, const float* x, int64_t s, const WeightView& w, float* y) {
+  const LinearOutput output{w, y};
+  RunLinear(pool, x, s, &output, 1, false);
+}
+
 void LinearGemm(ThreadPool& pool, const float* x, int64_t s, const WeightView& w, float* y) {
-  const int64_t tile = GemmTileRows(w.rows);
-  const int64_t tiles = (w.rows + tile - 1) / tile;
-  Eigen::Map<const RowMatrix> x_map(x, s, w.cols);  // (s, in)
-  pool.ParallelFor(tiles, 1, [&](int64_t begin, int64_t end, int) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t r0 = t * tile;
-      const int64_t rows = std::min(tile, w.rows - r0);
-      Eigen::Map<const RowMatrix> w_tile(w.Row(r0), rows, w.cols);  // (rows, in)
-      StridedMap y_tile(y + r0, s, rows, Eigen::OuterStride<>(w.rows));  // (s, rows) of (s, out)
-      y_tile.noalias() = x_map * w_tile.transpose();
-    }
-  });
+  const LinearOutput output{w, y};
+  RunLinear(pool, x, s, &output, 1, true);
+}
+
+void LinearMany(ThreadPool& pool, const float* x, int64_t s, const LinearOutput* outputs,
+                int count) {
+  for (int k = 1; k < count; ++k) {
+    KVDIFF_CHECK(outputs[k].w.cols == outputs[0].w.cols,
+                 "LinearMany: output {} has {} input features, output 0 has {}", k,
+                 outputs[k].w.cols, outputs[0].w.cols);
+  }
+  RunLinear(pool, x, s, outputs, count, s > kLinearRowsMax);
 }
 
 void Linear(ThreadPool& pool, const float* x, int64_t s, const WeightView& w, float* y) {
-  if (s <= kLinearRowsMax) {
-    LinearRows(pool, x, s, w, y);
-  } else {
-    LinearGemm(pool, x, s, w, y);
-  }
+  const LinearOutput output{w, y};
+  RunLinear(pool, x, s, &output, 1, s > kLinearRowsMax);
 }
 
 void RmsNorm(const float* x, const float* weight, int64_t s, int64_t n, float eps, float* out) {

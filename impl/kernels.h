@@ -35,6 +35,18 @@ void LinearRows(ThreadPool& pool, const float* x, int64_t s, const WeightView& w
 // Compute-bound: Eigen GEMM on fixed tiles of output rows (tile size depends on the shape only,
 // never on the thread count, so the bits do not either), the tiles spread over the pool.
 void LinearGemm(ThreadPool& pool, const float* x, int64_t s, const WeightView& w, float* y);
+// One output of LinearMany: y (s, w.rows) = x (s, w.cols) · wᵀ.
+struct LinearOutput {
+  WeightView w;
+  float* y;
+};
+constexpr int kLinearManyMax = 4;
+// Several linear layers of the same input (Q, K and V; gate and up) in ONE parallel region: their
+// rows (or tiles) are dealt out together, so a small matrix (K, V: 192 rows) neither leaves a
+// thread idle at its end nor costs a region of its own. Every element is computed exactly as
+// Linear computes it. Throws InputError unless 1 <= count <= kLinearManyMax and the inputs agree.
+void LinearMany(ThreadPool& pool, const float* x, int64_t s, const LinearOutput* outputs,
+                int count);
 // Where LinearGemm starts to win (tests/bench kernels_bench BM_LinearFewRows measures both).
 constexpr int64_t kLinearRowsMax = 8;
 

@@ -122,9 +122,8 @@ struct Model::State {
     const int64_t q_dim = config.QDim(), kv_dim = config.KvDim();
     float* new_keys = cache.KeyRow(l, past);      // (s, kv_dim): the cache rows of this call
     float* new_values = cache.ValueRow(l, past);  // (s, kv_dim)
-    Linear(pool, ws.xn.data(), s, w.q, ws.q.data());
-    Linear(pool, ws.xn.data(), s, w.k, new_keys);
-    Linear(pool, ws.xn.data(), s, w.v, new_values);
+    const LinearOutput qkv[] = {{w.q, ws.q.data()}, {w.k, new_keys}, {w.v, new_values}};
+    LinearMany(pool, ws.xn.data(), s, qkv, 3);
     for (int64_t i = 0; i < s; ++i) {
       const float* cos = rope.Cos(index_pos + i);
       const float* sin = rope.Sin(index_pos + i);
@@ -139,8 +138,8 @@ struct Model::State {
   // 5. SwiGLU MLP: reads ws.xn, leaves down_proj's output in ws.proj.
   void MlpBlock(int64_t l, int64_t s) {
     const LayerWeights& w = layers[l];
-    Linear(pool, ws.xn.data(), s, w.gate, ws.gate.data());
-    Linear(pool, ws.xn.data(), s, w.up, ws.up.data());
+    const LinearOutput gate_up[] = {{w.gate, ws.gate.data()}, {w.up, ws.up.data()}};
+    LinearMany(pool, ws.xn.data(), s, gate_up, 2);
     SwiGlu(ws.gate.data(), ws.up.data(), s * config.intermediate_size, ws.act.data());
     Linear(pool, ws.act.data(), s, w.down, ws.proj.data());
   }

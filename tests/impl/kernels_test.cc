@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "harness/format/config.h"
+#include "harness/format/error.h"
 #include "impl/kernels.h"
 #include "impl/thread_pool.h"
 
@@ -177,6 +178,50 @@ TEST(KernelsTest, LinearRowsGivesTheBitsOfOneRowCallsAndAgreesWithGemm) {
       }
     }
     EXPECT_LT(MaxAbsDiff(rows, std::vector<double>(gemm.begin(), gemm.end())), 1e-5) << "s=" << s;
+  }
+}
+
+// LinearMany (Q, K, V in one region) gives each output the bits of its own Linear call, on both
+// paths and for any thread count; outputs of different sizes share the pool's chunks.
+TEST(KernelsTest, LinearManyGivesTheBitsOfSeparateLinearCalls) {
+  const int64_t in = 48;
+  auto wq = RandomVector(80 * in, 31, 0.1f), wk = RandomVector(16 * in, 32, 0.1f),
+       wv = RandomVector(33 * in, 33, 0.1f);
+  const WeightView q{wq.data(), 80, in}, k{wk.data(), 16, in}, v{wv.data(), 33, in};
+  for (int64_t s : {int64_t{1}, int64_t{5}, kLinearRowsMax + 3}) {
+    auto x = RandomVector(s * in, 34 + s);
+    std::vector<float> q1(s * 80), k1(s * 16), v1(s * 33);
+    ThreadPool one(1);
+    Linear(one, x.data(), s, q, q1.data());
+    Linear(one, x.data(), s, k, k1.data());
+    Linear(one, x.data(), s, v, v1.data());
+    for (int threads : {1, 2, 3}) {
+      ThreadPool pool(threads);
+      std::vector<float> q2(s * 80), k2(s * 16), v2(s * 33);
+      const LinearOutput outputs[] = {{q, q2.data()}, {k, k2.data()}, {v, v2.data()}};
+      LinearMany(pool, x.data(), s, outputs, 3);
+      EXPECT_EQ(q2, q1) << "s=" << s << " threads=" << threads;
+      EXPECT_EQ(k2, k1) << "s=" << s << " threads=" << threads;
+      EXPECT_EQ(v2, v1) << "s=" << s << " threads=" << threads;
+    }
+  }
+}
+
+TEST(KernelsTest, LinearManyRefusesMismatchedInputsAndCounts) {
+  std::vector<float> w(64), x(8), y(64);
+  ThreadPool pool(1);
+  const LinearOutput mixed[] = {{{w.data(), 8, 8}, y.data()}, {{w.data(), 4, 16}, y.data()}};
+  try {
+    LinearMany(pool, x.data(), 1, mixed, 2);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_STREQ(e.what(), "LinearMany: output 1 has 16 input features, output 0 has 8");
+  }
+  try {
+    LinearMany(pool, x.data(), 1, mixed, 0);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_STREQ(e.what(), "LinearMany: expected 1..4 outputs, got 0");
   }
 }
 
