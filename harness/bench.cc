@@ -15,6 +15,7 @@
 #include <limits>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "harness/backend.h"
 #include "harness/format/error.h"
@@ -156,24 +157,22 @@ int64_t KvBytesPerPosition(const format::LlamaConfig& config) {
 // ---------------------------------------------------------------------------------------------
 // The machine.
 
-double MeasureReadBandwidth(int threads, int64_t bytes, int reps) {
-  KVDIFF_CHECK(bytes >= (int64_t{1} << 20), "bandwidth buffer: expected at least 1 MiB, got {} bytes",
-               bytes);
-  KVDIFF_CHECK(reps >= 1, "bandwidth reps: expected at least 1, got {}", reps);
-  impl::ThreadPool pool(threads);
-  const int64_t n = bytes / static_cast<int64_t>(sizeof(float));
-  std::vector<float> buffer(n, 1.0f);  // written once, so every page is resident before timing
-  constexpr int kPad = 16;             // one cache line per thread's result: no false sharing
+namespace {
+
+// Seconds to read every float of `spans` once (a sum), each span split over the pool the way a
+// matrix-vector product splits its rows. 32 independent partial sums (two AVX-512 registers) per
+// thread: memory, not the adds, sets the pace (64 measured ~15% slower here: more register
+// pressure, worse code).
+double StreamingReadSeconds(impl::ThreadPool& pool, const std::vector<FloatSpan>& spans) {
+  constexpr int kPad = 16;  // one cache line per thread's result: no false sharing
   std::vector<float> sums(static_cast<size_t>(pool.Size()) * kPad);
-  constexpr int64_t kGrain = int64_t{1} << 16;  // 256 KiB per chunk boundary
-  double best = 0;
-  for (int rep = 0; rep < reps; ++rep) {
-    const auto start = Clock::now();
-    pool.ParallelFor(n, kGrain, [&](int64_t begin, int64_t end, int thread) {
-      // 64 independent partial sums: enough in flight that the loads, not the adds, set the pace.
-      constexpr int kLanes = 64;
+  constexpr int64_t kGrain = int64_t{1} << 13;  // 32 KiB per chunk boundary
+  const auto start = Clock::now();
+  for (const FloatSpan& span : spans) {
+    pool.ParallelFor(span.size, kGrain, [&](int64_t begin, int64_t end, int thread) {
+      constexpr int kLanes = 32;
       float acc[kLanes] = {};
-      const float* x = buffer.data();
+      const float* x = span.data;
       int64_t i = begin;
       for (; i + kLanes <= end; i += kLanes) {
         for (int j = 0; j < kLanes; ++j) acc[j] += x[i + j];
@@ -183,11 +182,42 @@ double MeasureReadBandwidth(int threads, int64_t bytes, int reps) {
       for (float a : acc) s += a;
       sums[static_cast<size_t>(thread) * kPad] += s;
     });
-    best = std::max(best, static_cast<double>(n * sizeof(float)) / SecondsSince(start) / 1e9);
   }
-  // Use the sums so the reads cannot be optimized away.
-  volatile float sink = 0;
-  for (float s : sums) sink = sink + s;
+  const double seconds = SecondsSince(start);
+  volatile float sink = 0;  // use the sums, so the reads cannot be optimized away
+  for (float v : sums) sink = sink + v;
+  return seconds;
+}
+
+int64_t SpanBytes(const std::vector<FloatSpan>& spans) {
+  int64_t floats = 0;
+  for (const FloatSpan& span : spans) floats += span.size;
+  return floats * static_cast<int64_t>(sizeof(float));
+}
+
+}  // namespace
+
+std::vector<FloatSpan> DecodeWeightSpans(const format::ModelWeights& weights) {
+  std::vector<FloatSpan> spans;
+  for (const format::TensorSpec& spec : format::ExpectedTensors(weights.config)) {
+    if (spec.name == "model.embed_tokens.weight" && !weights.config.tie_word_embeddings) continue;
+    const format::Tensor& t = weights.Get(spec.name);
+    spans.push_back({t.data.data(), static_cast<int64_t>(t.data.size())});
+  }
+  return spans;
+}
+
+double MeasureReadBandwidth(int threads, int64_t bytes, int reps) {
+  KVDIFF_CHECK(bytes >= (int64_t{1} << 20), "bandwidth buffer: expected at least 1 MiB, got {} bytes",
+               bytes);
+  KVDIFF_CHECK(reps >= 1, "bandwidth reps: expected at least 1, got {}", reps);
+  impl::ThreadPool pool(threads);
+  std::vector<float> buffer(bytes / sizeof(float), 1.0f);  // written, so resident before timing
+  const std::vector<FloatSpan> spans = {{buffer.data(), static_cast<int64_t>(buffer.size())}};
+  double best = 0;
+  for (int rep = 0; rep < reps; ++rep) {
+    best = std::max(best, SpanBytes(spans) / StreamingReadSeconds(pool, spans) / 1e9);
+  }
   return best;
 }
 
@@ -227,7 +257,10 @@ json BackendFigures::ToJson() const {
               {"loaded_rss_mb", Number(loaded_rss_mb)},
               {"load_peak_rss_mb", Number(load_peak_rss_mb)},
               {"peak_reset", peak_reset},
-              {"reps_done_min", reps_done_min}};
+              {"reps_done_min", reps_done_min},
+              {"bandwidth_gb_s", Number(bandwidth_gb_s)},
+              {"decode_fraction_of_limit_ctx64", Number(decode_fraction_ctx64)},
+              {"decode_fraction_of_limit_ctx512", Number(decode_fraction_ctx512)}};
 }
 
 BackendFigures BackendFigures::FromJson(const json& j) {
@@ -246,6 +279,9 @@ BackendFigures BackendFigures::FromJson(const json& j) {
   f.load_peak_rss_mb = FromNumber(j.at("load_peak_rss_mb"));
   f.peak_reset = j.at("peak_reset").get<bool>();
   f.reps_done_min = j.at("reps_done_min").get<int>();
+  f.bandwidth_gb_s = FromNumber(j.at("bandwidth_gb_s"));
+  f.decode_fraction_ctx64 = FromNumber(j.at("decode_fraction_of_limit_ctx64"));
+  f.decode_fraction_ctx512 = FromNumber(j.at("decode_fraction_of_limit_ctx512"));
   return f;
 }
 
@@ -258,7 +294,8 @@ BackendFigures MeasureBackend(const std::string& backend, const ModelSource& sou
   f.baseline_rss_mb = ReadMemoryUsage().rss_mb;
 
   auto start = Clock::now();
-  std::unique_ptr<Backend> model = MakeBackend(backend, source.Load(), options.threads);
+  std::shared_ptr<const format::ModelWeights> weights = source.Load();
+  std::unique_ptr<Backend> model = MakeBackend(backend, weights, options.threads);
   f.load_s = SecondsSince(start);
   const MemoryUsage loaded = ReadMemoryUsage();
   f.loaded_rss_mb = loaded.rss_mb;
@@ -288,15 +325,37 @@ BackendFigures MeasureBackend(const std::string& backend, const ModelSource& sou
 
   // Decode: every timed step appends position `context` to the same cache, cropped back between
   // steps, so each one sees exactly `context` cached positions. Steps are cheap: 3x the reps.
-  auto decode = [&](int64_t context) {
+  // Just before each step (untimed) the weights a step reads are read once more by a plain
+  // streaming sum with as many threads: the memory bandwidth of that very moment, so that a
+  // neighbour's load on a shared machine moves both figures of a pair alike.
+  const std::vector<FloatSpan> spans = DecodeWeightSpans(*weights);
+  impl::ThreadPool read_pool(options.threads);
+  auto decode = [&](int64_t context, double& bandwidth, double& fraction) {
     std::unique_ptr<BackendSession> s = model->NewSession();
     GrowTo(*s, history, context);
     const Tokens next = {history[context]};
-    return 1.0 / median(Repeat(3 * options.reps, options.max_seconds, true,
-                               [&] { s->Truncate(context); }, [&] { s->Append(next); }));
+    std::vector<double> reads;
+    const std::vector<double> steps = Repeat(3 * options.reps, options.max_seconds, true, [&] {
+      s->Truncate(context);
+      // The pools' idle workers spin for 200 us before they sleep: pause so that neither
+      // measurement shares the two cores with the other's spinning threads.
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      reads.push_back(StreamingReadSeconds(read_pool, spans));
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }, [&] { s->Append(next); });
+    reads.erase(reads.begin());  // the warm-up's
+    std::vector<double> bandwidths, fractions;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      bandwidths.push_back(SpanBytes(spans) / reads[i] / 1e9);
+      fractions.push_back(reads[i] / steps[i]);  // (bytes / step) / (bytes / read)
+    }
+    bandwidth = Median(bandwidths);
+    fraction = Median(fractions);
+    return 1.0 / median(steps);
   };
-  f.decode_tok_s_ctx64 = decode(64);
-  f.decode_tok_s_ctx512 = decode(512);
+  f.decode_tok_s_ctx64 = decode(64, f.bandwidth_gb_s, f.decode_fraction_ctx64);
+  double bandwidth_512 = 0;
+  f.decode_tok_s_ctx512 = decode(512, bandwidth_512, f.decode_fraction_ctx512);
   f.peak_rss_mb = ReadMemoryUsage().peak_mb;
 
   auto full = [&](int64_t n) {

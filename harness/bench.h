@@ -42,6 +42,14 @@ int64_t WeightBytes(const format::LlamaConfig& config);
 // Bytes of K and V one position adds to a float32 cache (all layers).
 int64_t KvBytesPerPosition(const format::LlamaConfig& config);
 
+// A run of floats in memory.
+struct FloatSpan {
+  const float* data;
+  int64_t size;
+};
+// The weights a decode step reads (DecodeWeightBytes): every tensor but an untied embedding.
+std::vector<FloatSpan> DecodeWeightSpans(const format::ModelWeights& weights);
+
 // GB/s (1e9 bytes/s) of a streaming read (a sum) over a buffer of `bytes`, far larger than the
 // caches, split over `threads` threads by the impl's thread pool the way a matrix-vector product
 // is. The best of `reps` passes: the figure is a ceiling for decode.
@@ -83,6 +91,13 @@ struct BackendFigures {
   double load_peak_rss_mb = 0;               // the peak while loading (the loader's transients)
   bool peak_reset = false;                   // whether the peak could be reset at the start
   int reps_done_min = 0;  // fewest repetitions any figure got (max_seconds can cut them short)
+  // Memory bandwidth measured in the same process, interleaved with the decode steps at context
+  // 64: before each step, a streaming read of the weights the step reads (median GB/s).
+  double bandwidth_gb_s = 0;
+  // Median over the steps of (the read's time / the step's time): the step's speed as a fraction
+  // of reading its weights once at the bandwidth of that moment.
+  double decode_fraction_ctx64 = 0;
+  double decode_fraction_ctx512 = 0;
 
   nlohmann::json ToJson() const;
   static BackendFigures FromJson(const nlohmann::json& j);
