@@ -15,9 +15,7 @@
 
 #include "harness/drivers.h"
 #include "harness/format/error.h"
-#include "harness/format/llama2c.h"
 #include "harness/format/safetensors.h"
-#include "harness/format/tokenizer.h"
 #include "harness/report.h"
 #include "harness/sha256.h"
 
@@ -430,81 +428,19 @@ GoldenInput LoadGoldenInput(const fs::path& scenario_file) {
   GoldenInput in;
   const std::string text = ReadBytes(scenario_file);
   in.scenario_sha256 = Sha256Hex(text);
-  const fs::path dir = scenario_file.parent_path();
-  json root;
   try {
-    root = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw InputError(fmt::format("{}: invalid JSON: {}", scenario_file.string(), e.what()));
-  }
-  KVDIFF_CHECK(root.is_object() && root.contains("model"),
-               "{}: expected a scenario object with a \"model\"", scenario_file.string());
-  in.model_json = root.at("model");
-  const std::string where = scenario_file.string() + ": model";
-
-  if (in.model_json.is_object() && in.model_json.contains("llama2c")) {
-    // {"llama2c": {"checkpoint": F, "tokenizer": F}}: parsed here, then the scenario is handed to
-    // the ordinary parser with a placeholder model.
-    KVDIFF_CHECK(in.model_json.size() == 1, "{}: \"llama2c\" takes no other field beside it",
-                 where);
-    const json& l = in.model_json.at("llama2c");
-    KVDIFF_CHECK(
-        l.is_object() && l.size() == 2 && l.contains("checkpoint") && l.contains("tokenizer") &&
-            l.at("checkpoint").is_string() && l.at("tokenizer").is_string(),
-        "{}.llama2c: expected {{\"checkpoint\": \"FILE.bin\", \"tokenizer\": \"FILE.bin\"}}, "
-        "got {}",
-        where, l.dump());
-    const fs::path checkpoint = (dir / l.at("checkpoint").get<std::string>()).lexically_normal();
-    const fs::path tokenizer_bin = (dir / l.at("tokenizer").get<std::string>()).lexically_normal();
-    json placeholder = root;
-    placeholder["model"] = {{"path", "."}};
-    try {
-      in.scenario = ParseScenario(placeholder.dump(), dir);
-    } catch (const InputError& e) {
-      throw InputError(fmt::format("{}: {}", scenario_file.string(), e.what()));
-    }
-    in.scenario.name = scenario_file.stem().string();
-    for (const fs::path& f : {checkpoint, tokenizer_bin}) {
-      if (!fs::is_regular_file(f)) {
-        in.missing = fmt::format(
-            "model data not found: {} (the llama2.c model is read from outside "
-            "the repository; set it up to run this set)",
-            f.string());
-        return in;
-      }
-    }
-    in.model_files[checkpoint.filename().string()] = Sha256File(checkpoint);
-    in.model_files[tokenizer_bin.filename().string()] = Sha256File(tokenizer_bin);
-    auto weights =
-        std::make_shared<format::ModelWeights>(format::ReadLlama2cCheckpoint(checkpoint));
-    in.weights = weights;
-    // Text prompts are tokenized by PrepareScenario from a model directory's tokenizer file.
-    ScratchDir scratch;
-    format::Tokenizer::ReadLlama2c(tokenizer_bin, weights->config.vocab_size)
-        .Save(scratch.path() / format::kTokenizerFileName);
-    in.scenario.model.path = scratch.path();
-    PrepareScenario(in.scenario, *in.weights);
-    in.scenario.model.path = checkpoint;
-    return in;
-  }
-
-  try {
-    in.scenario = ParseScenario(text, dir);
+    in.scenario = ParseScenario(text, scenario_file.parent_path());
   } catch (const InputError& e) {
     throw InputError(fmt::format("{}: {}", scenario_file.string(), e.what()));
   }
   in.scenario.name = scenario_file.stem().string();
-  if (in.scenario.model.path) {
-    const fs::path model_dir = *in.scenario.model.path;
-    if (!fs::is_regular_file(model_dir / "config.json")) {
-      in.missing = fmt::format("model data not found: {} has no config.json", model_dir.string());
-      return in;
-    }
-    const format::ModelFileInfo info = format::InspectModel(model_dir);
-    in.model_files["config.json"] = Sha256File(model_dir / "config.json");
-    for (const fs::path& f : info.safetensors_files)
-      in.model_files[f.filename().string()] = Sha256File(f);
-  }
+  // The header records the model as written (relative paths and all): the resolved spec holds
+  // paths that depend on where the command was run from.
+  in.model_json = json::parse(text).at("model");
+  in.missing = MissingModelData(in.scenario.model);
+  if (!in.missing.empty()) return in;
+  for (const fs::path& f : ModelDataFiles(in.scenario.model))
+    in.model_files[f.filename().string()] = Sha256File(f);
   in.weights = LoadModelFor(in.scenario.model);
   PrepareScenario(in.scenario, *in.weights);
   return in;

@@ -2,7 +2,7 @@
 // change anywhere (a kernel, a dependency, a cache refactor) that moves the numbers is seen in
 // review. The format is documented in golden/README.md; in short, a golden set is three files in
 // one folder:
-//   NAME.json                  the scenario (as `kvdiff run` reads it, plus a "llama2c" model kind)
+//   NAME.json                  the scenario, as `kvdiff run` reads it
 //   NAME.golden.json           per compared row: token fed, greedy token, top-10 ids and logits,
 //                              sum / sum of squares / max of the full row; a header naming the
 //                              model, backend, dtype, tolerance, kvdiff version, regen command
@@ -101,8 +101,8 @@ struct GoldenInput {
   std::shared_ptr<const format::ModelWeights> weights;
   std::string missing;  // not empty: the model's data is absent here, and the set is skipped
 };
-// Accepts one model kind beyond `kvdiff run`'s: {"llama2c": {"checkpoint": F, "tokenizer": F}}, a
-// llama2.c checkpoint converted in memory (paths relative to the scenario's folder).
+// The model is whatever ParseScenario accepts (a preset, a directory, a llama2c checkpoint); when
+// its files are absent here, `missing` says which and nothing is loaded.
 GoldenInput LoadGoldenInput(const std::filesystem::path& scenario_file);
 
 // One replay of a scenario on one backend with every logits row kept.

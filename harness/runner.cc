@@ -11,6 +11,7 @@
 
 #include "harness/drivers.h"
 #include "harness/format/error.h"
+#include "harness/format/llama2c.h"
 #include "harness/format/tokenizer.h"
 
 namespace kvdiff::harness {
@@ -325,8 +326,64 @@ double StepReport::MaxAbsDiff() const {
 
 std::shared_ptr<const format::ModelWeights> LoadModelFor(const ModelSpec& spec) {
   if (spec.path) return std::make_shared<const format::ModelWeights>(format::LoadModel(*spec.path));
+  if (spec.llama2c) {
+    // Checked before reading: a missing shared-data file is the likely mistake, and it deserves
+    // a message naming the field rather than the reader's "cannot open".
+    KVDIFF_CHECK(std::filesystem::is_regular_file(spec.llama2c->checkpoint),
+                 "model.llama2c.checkpoint: {} does not exist (the llama2.c model file, e.g. "
+                 "stories260K.bin; relative paths are resolved against the scenario's folder)",
+                 spec.llama2c->checkpoint.string());
+    if (spec.llama2c->tokenizer) {
+      KVDIFF_CHECK(std::filesystem::is_regular_file(*spec.llama2c->tokenizer),
+                   "model.llama2c.tokenizer: {} does not exist (the llama2.c tokenizer file, "
+                   "e.g. tok512.bin; relative paths are resolved against the scenario's folder)",
+                   spec.llama2c->tokenizer->string());
+    }
+    return std::make_shared<const format::ModelWeights>(
+        format::ReadLlama2cCheckpoint(spec.llama2c->checkpoint));
+  }
   return std::make_shared<const format::ModelWeights>(
       format::MakeRandomModel(format::PresetConfig(spec.preset.value_or("")), spec.seed));
+}
+
+std::optional<format::Tokenizer> LoadTokenizerFor(const ModelSpec& spec, int64_t vocab_size) {
+  if (spec.path) return format::Tokenizer::LoadFromModelDir(*spec.path);
+  if (spec.llama2c && spec.llama2c->tokenizer) {
+    return format::Tokenizer::ReadLlama2c(*spec.llama2c->tokenizer, vocab_size);
+  }
+  return std::nullopt;
+}
+
+std::string MissingModelData(const ModelSpec& spec) {
+  if (spec.path) {
+    if (!std::filesystem::is_regular_file(*spec.path / "config.json")) {
+      return fmt::format("model data not found: {} has no config.json", spec.path->string());
+    }
+  } else if (spec.llama2c) {
+    std::vector<std::filesystem::path> files = {spec.llama2c->checkpoint};
+    if (spec.llama2c->tokenizer) files.push_back(*spec.llama2c->tokenizer);
+    for (const auto& f : files) {
+      if (!std::filesystem::is_regular_file(f)) {
+        return fmt::format(
+            "model data not found: {} (the llama2.c model is read from outside the repository; "
+            "set it up to run this set)",
+            f.string());
+      }
+    }
+  }
+  return "";
+}
+
+std::vector<std::filesystem::path> ModelDataFiles(const ModelSpec& spec) {
+  std::vector<std::filesystem::path> files;
+  if (spec.path) {
+    files.push_back(*spec.path / "config.json");
+    for (const auto& f : format::InspectModel(*spec.path).safetensors_files) files.push_back(f);
+  } else if (spec.llama2c) {
+    files.push_back(spec.llama2c->checkpoint);
+    if (spec.llama2c->tokenizer) files.push_back(*spec.llama2c->tokenizer);
+  }
+  return files;
 }
 
 std::string DescribeModel(const format::LlamaConfig& c) {
@@ -393,15 +450,20 @@ void PrepareScenario(Scenario& scenario, const format::ModelWeights& weights) {
       case Op::kPrefill:
         if (s.text && s.tokens.empty()) {
           if (!tokenizer) {
-            KVDIFF_CHECK(scenario.model.path,
+            KVDIFF_CHECK(!scenario.model.preset,
                          "steps[{}].text: text prompts need a tokenizer, and a preset model has "
                          "none; give \"tokens\" or a model directory with {}",
                          i, format::kTokenizerFileName);
-            tokenizer = format::Tokenizer::LoadFromModelDir(*scenario.model.path);
+            tokenizer = LoadTokenizerFor(scenario.model, weights.config.vocab_size);
+            KVDIFF_CHECK(!scenario.model.llama2c || tokenizer,
+                         "steps[{}].text: text prompts need a tokenizer; add \"tokenizer\": "
+                         "\"FILE.bin\" to model.llama2c, or give \"tokens\" instead",
+                         i);
             KVDIFF_CHECK(tokenizer,
                          "steps[{}].text: the model directory {} has no tokenizer ({}); "
                          "give \"tokens\" instead",
-                         i, scenario.model.path->string(), format::kTokenizerFileName);
+                         i, scenario.model.path ? scenario.model.path->string() : "?",
+                         format::kTokenizerFileName);
           }
           s.tokens = tokenizer->Encode(*s.text,
                                        empty.count(s.conversation) ? empty[s.conversation] : true);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -13,6 +14,7 @@
 #include "harness/backend.h"
 #include "harness/compare.h"
 #include "harness/format/model_files.h"
+#include "harness/format/tokenizer.h"
 #include "harness/scenario.h"
 
 namespace kvdiff::harness {
@@ -103,8 +105,19 @@ struct RunOptions {
   int threads = 0;
 };
 
-// The model of a spec: format::LoadModel(path) or MakeRandomModel(PresetConfig(preset), seed).
+// The model of a spec: format::LoadModel(path), MakeRandomModel(PresetConfig(preset), seed), or a
+// llama2.c checkpoint converted in memory (format::ReadLlama2cCheckpoint). InputError naming the
+// missing file when the model's data is absent.
 std::shared_ptr<const format::ModelWeights> LoadModelFor(const ModelSpec& spec);
+// The model's tokenizer: tokenizer.kvdiff.json of a directory, or a llama2c spec's tokenizer.bin
+// read for vocab_size tokens. nullopt for a preset or a model without one.
+std::optional<format::Tokenizer> LoadTokenizerFor(const ModelSpec& spec, int64_t vocab_size);
+// "" when every file the spec reads is present; else "model data not found: FILE ..." (golden sets
+// are skipped, not failed, where the shared data is absent).
+std::string MissingModelData(const ModelSpec& spec);
+// The files the model is read from, for recording their hashes: config.json and the safetensors
+// files of a directory; the checkpoint and tokenizer of a llama2c model; none for a preset.
+std::vector<std::filesystem::path> ModelDataFiles(const ModelSpec& spec);
 // "2 layers, hidden 64, 4/2 heads (head_dim 16), intermediate 172, vocab 256, 2048 positions"
 std::string DescribeModel(const format::LlamaConfig& config);
 
@@ -115,7 +128,7 @@ std::vector<std::string> PlanBackends(const std::vector<std::string>& requested,
                                       const Scenario& scenario, std::vector<std::string>* notes);
 std::vector<std::string> DefaultBackends();
 
-// Tokenizes the text prompts with the tokenizer in the model directory (InputError when the
+// Tokenizes the text prompts with the model's tokenizer (LoadTokenizerFor; InputError when the
 // model has none) and validates the scenario against the model.
 void PrepareScenario(Scenario& scenario, const format::ModelWeights& weights);
 

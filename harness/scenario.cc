@@ -157,21 +157,44 @@ Step ParseStep(const json& s, size_t index) {
   return step;
 }
 
+// A relative path in a scenario file names a file beside it, not one in the working folder.
+std::filesystem::path ResolvePath(const json& obj, const std::string& key, const std::string& where,
+                                  const std::filesystem::path& base_dir) {
+  std::filesystem::path p = GetString(obj, key, where);
+  KVDIFF_CHECK(!p.empty(), "{}.{}: must not be empty", where, key);
+  if (p.is_relative() && !base_dir.empty()) p = base_dir / p;
+  return p.lexically_normal();
+}
+
 ModelSpec ParseModel(const json& m, const std::filesystem::path& base_dir) {
   KVDIFF_CHECK(m.is_object(),
-               "model: expected an object like {{\"preset\": \"tiny\", \"seed\": 3}} "
-               "or {{\"path\": \"DIR\"}}, got {}",
+               "model: expected an object like {{\"preset\": \"tiny\", \"seed\": 3}}, "
+               "{{\"path\": \"DIR\"}} or {{\"llama2c\": {{\"checkpoint\": \"FILE.bin\", "
+               "\"tokenizer\": \"FILE.bin\"}}}}, got {}",
                m.dump());
   ModelSpec spec;
   if (m.contains("path")) {
     CheckKeys(m, "model", {"path"});
-    std::filesystem::path p = GetString(m, "path", "model");
-    KVDIFF_CHECK(!p.empty(), "model.path: must not be empty");
-    if (p.is_relative() && !base_dir.empty()) p = base_dir / p;
-    spec.path = p.lexically_normal();
+    spec.path = ResolvePath(m, "path", "model", base_dir);
+  } else if (m.contains("llama2c")) {
+    CheckKeys(m, "model", {"llama2c"});
+    const json& l = m.at("llama2c");
+    KVDIFF_CHECK(l.is_object(),
+                 "model.llama2c: expected an object like {{\"checkpoint\": \"FILE.bin\", "
+                 "\"tokenizer\": \"FILE.bin\"}}, got {}",
+                 l.dump());
+    CheckKeys(l, "model.llama2c", {"checkpoint", "tokenizer"});
+    KVDIFF_CHECK(l.contains("checkpoint"),
+                 "model.llama2c: missing field \"checkpoint\" (the llama2.c .bin model file)");
+    Llama2cSpec spec_l;
+    spec_l.checkpoint = ResolvePath(l, "checkpoint", "model.llama2c", base_dir);
+    if (l.contains("tokenizer"))
+      spec_l.tokenizer = ResolvePath(l, "tokenizer", "model.llama2c", base_dir);
+    spec.llama2c = spec_l;
   } else {
     CheckKeys(m, "model", {"preset", "seed"});
-    KVDIFF_CHECK(m.contains("preset"), "model: needs \"preset\" (with \"seed\") or \"path\"");
+    KVDIFF_CHECK(m.contains("preset"),
+                 "model: needs \"preset\" (with \"seed\"), \"path\" or \"llama2c\"");
     spec.preset = GetString(m, "preset", "model");
     if (m.contains("seed")) {
       const json& seed = m.at("seed");
@@ -251,11 +274,21 @@ std::string Step::ParamString() const {
 
 std::string ModelSpec::Describe() const {
   if (path) return "path " + path->string();
+  if (llama2c) {
+    return fmt::format("llama2c {}, {}", llama2c->checkpoint.string(),
+                       llama2c->tokenizer ? "tokenizer " + llama2c->tokenizer->string()
+                                          : std::string("no tokenizer"));
+  }
   return fmt::format("preset {}, seed {}", preset.value_or("?"), seed);
 }
 
 nlohmann::json ModelSpec::ToJson() const {
   if (path) return {{"path", path->string()}};
+  if (llama2c) {
+    json l = {{"checkpoint", llama2c->checkpoint.string()}};
+    if (llama2c->tokenizer) l["tokenizer"] = llama2c->tokenizer->string();
+    return {{"llama2c", l}};
+  }
   return {{"preset", preset.value_or("")}, {"seed", seed}};
 }
 
@@ -333,8 +366,8 @@ Scenario ParseScenario(const std::string& json_text, const std::filesystem::path
   Scenario sc;
   if (root.contains("description")) sc.description = GetString(root, "description", "scenario");
   KVDIFF_CHECK(root.contains("model"),
-               "scenario: missing field \"model\" ({{\"preset\": \"tiny\", \"seed\": 3}} or "
-               "{{\"path\": \"DIR\"}})");
+               "scenario: missing field \"model\" ({{\"preset\": \"tiny\", \"seed\": 3}}, "
+               "{{\"path\": \"DIR\"}} or {{\"llama2c\": {{\"checkpoint\": \"FILE.bin\"}}}})");
   sc.model = ParseModel(root.at("model"), base_dir);
   if (root.contains("tolerance")) {
     const json& t = root.at("tolerance");

@@ -42,14 +42,24 @@ struct Step {
   std::string ParamString() const;
 };
 
+// A llama2.c checkpoint (e.g. stories260K.bin) converted to HF weights in memory when loaded, so a
+// scenario can name the published files directly with no conversion step and nothing written.
+struct Llama2cSpec {
+  std::filesystem::path checkpoint;                // resolved against the file's folder
+  std::optional<std::filesystem::path> tokenizer;  // tokenizer.bin; needed for "text" prompts
+};
+
+// Exactly one of preset, path and llama2c is set.
 struct ModelSpec {
   std::optional<std::string> preset;  // {"preset": "tiny", "seed": 3}
   uint64_t seed = 0;
   std::optional<std::filesystem::path> path;  // {"path": "DIR"}, resolved against the file's folder
-  std::string Describe() const;               // "preset tiny, seed 3" or "path /abs/dir"
+  // {"llama2c": {"checkpoint": "FILE.bin", "tokenizer": "FILE.bin"}}, the tokenizer optional
+  std::optional<Llama2cSpec> llama2c;
+  // "preset tiny, seed 3", "path /abs/dir" or "llama2c /abs/ck.bin, tokenizer /abs/tok.bin"
+  std::string Describe() const;
+  // The "model" object of a scenario file; ParseScenario reads it back to the same spec.
   nlohmann::json ToJson() const;
-  // ToJson() as a readable file: one line per top-level field and per step.
-  std::string ToText() const;
 };
 
 struct Scenario {

@@ -3,17 +3,23 @@
 // JSON / JUnit / terminal reports carry it all.
 #include "harness/runner.h"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "harness/backend.h"
 #include "harness/drivers.h"
 #include "harness/format/error.h"
+#include "harness/format/llama2c.h"
 #include "harness/report.h"
 #include "harness/scenario.h"
 #include "tests/harness/harness_test_util.h"
+#include "tests/test_support.h"
 
 namespace kvdiff::harness {
 namespace {
@@ -218,6 +224,135 @@ TEST_F(RunnerTest, TerminalReportHasOneLinePerStepAndColourOnlyOnRequest) {
   EXPECT_THAT(plain, HasSubstr("position 5"));
   EXPECT_THAT(plain, HasSubstr("margin"));
   EXPECT_NE(FormatTerminal(r, true).find("\033["), std::string::npos);
+}
+
+// ---- llama2c models: a small synthetic checkpoint and tokenizer, so these run without the data.
+
+template <typename T>
+void Append(std::string& out, T value) {
+  out.append(reinterpret_cast<const char*>(&value), sizeof(T));
+}
+
+// A llama2.c checkpoint of the given header with small deterministic weights.
+void WriteLlama2cCheckpoint(const std::filesystem::path& file, const format::Llama2cHeader& h) {
+  std::string bytes;
+  for (int32_t v :
+       {h.dim, h.hidden_dim, h.n_layers, h.n_heads, h.n_kv_heads, h.vocab_size, h.seq_len}) {
+    Append<int32_t>(bytes, v);
+  }
+  for (int64_t i = 0; static_cast<int64_t>(bytes.size()) < h.ExpectedFileBytes(); ++i) {
+    Append<float>(bytes, 0.1f * static_cast<float>(std::sin(0.7 * static_cast<double>(i))));
+  }
+  testing::WriteFile(file, bytes);
+}
+
+// A llama2.c tokenizer.bin of 260 pieces: <unk>, BOS, EOS, the 256 byte pieces, and " a".
+void WriteLlama2cTokenizer(const std::filesystem::path& file) {
+  std::string bytes;
+  Append<int32_t>(bytes, 6);
+  std::vector<std::string> pieces = {"<unk>", "\n<s>\n", "\n</s>\n"};
+  for (int b = 0; b < 256; ++b) pieces.push_back(fmt::format("<0x{:02X}>", b));
+  pieces.push_back(" a");
+  for (const auto& p : pieces) {
+    Append<float>(bytes, 0.0f);
+    Append<int32_t>(bytes, static_cast<int32_t>(p.size()));
+    bytes += p;
+  }
+  testing::WriteFile(file, bytes);
+}
+
+const format::Llama2cHeader kSmallLlama2c{16, 32, 1, 2, 2, 260, 32};
+
+std::string ErrorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(no InputError)";
+}
+
+TEST(ModelFor, Llama2cCheckpointIsConvertedInMemoryAndRuns) {
+  testing::TempDir dir;
+  std::filesystem::create_directories(dir / "data");
+  std::filesystem::create_directories(dir / "scenarios");
+  WriteLlama2cCheckpoint(dir / "data" / "m.bin", kSmallLlama2c);
+  WriteLlama2cTokenizer(dir / "data" / "tok.bin");
+  testing::WriteFile(dir / "scenarios" / "s.json",
+                     R"({"model": {"llama2c": {"checkpoint": "../data/m.bin",
+                                               "tokenizer": "../data/tok.bin"}},
+                         "backends": ["impl"],
+                         "steps": [{"op": "prefill", "text": " a a"},
+                                   {"op": "decode", "n": 3}]})");
+  Scenario sc = LoadScenario(dir / "scenarios" / "s.json");
+  EXPECT_EQ(MissingModelData(sc.model), "");
+  EXPECT_EQ(ModelDataFiles(sc.model),
+            (std::vector<std::filesystem::path>{dir / "data" / "m.bin", dir / "data" / "tok.bin"}));
+  auto weights = LoadModelFor(sc.model);
+  EXPECT_EQ(weights->config.vocab_size, 260);
+  EXPECT_EQ(weights->config.num_hidden_layers, 1);
+  EXPECT_EQ(weights->config.max_position_embeddings, 32);
+  const auto tokenizer = LoadTokenizerFor(sc.model, weights->config.vocab_size);
+  ASSERT_TRUE(tokenizer);
+  EXPECT_EQ(tokenizer->VocabSize(), 260);
+  PrepareScenario(sc, *weights);
+  EXPECT_EQ(sc.steps[0].tokens, tokenizer->Encode(" a a", true));
+  EXPECT_EQ(sc.steps[0].tokens.at(0), 1) << "a prompt on an empty conversation starts with BOS";
+  // Nothing was written beside the files (the conversion is in memory).
+  int files = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path()))
+    files += e.is_regular_file();
+  EXPECT_EQ(files, 3);
+  auto impl = MakeBackend("impl", weights, 1);
+  const RunReport report = RunScenario(sc, weights, {impl.get()}, {});
+  EXPECT_TRUE(report.Passed()) << FormatTerminal(report, false);
+  EXPECT_EQ(report.model_source, "llama2c " + (dir / "data" / "m.bin").string() + ", tokenizer " +
+                                     (dir / "data" / "tok.bin").string());
+}
+
+TEST(ModelFor, MissingLlama2cFilesAreNamed) {
+  testing::TempDir dir;
+  const Scenario sc = ParseScenario(
+      R"({"model": {"llama2c": {"checkpoint": "none.bin", "tokenizer": "tok.bin"}},
+          "steps": [{"op": "reset"}]})",
+      dir.path());
+  const std::string checkpoint = (dir / "none.bin").string();
+  EXPECT_EQ(ErrorOf([&] { LoadModelFor(sc.model); }),
+            "model.llama2c.checkpoint: " + checkpoint +
+                " does not exist (the llama2.c model file, e.g. stories260K.bin; relative paths "
+                "are resolved against the scenario's folder)");
+  EXPECT_THAT(MissingModelData(sc.model), HasSubstr("model data not found: " + checkpoint));
+  // The checkpoint present, the tokenizer it names absent.
+  WriteLlama2cCheckpoint(dir / "none.bin", kSmallLlama2c);
+  EXPECT_THAT(
+      ErrorOf([&] { LoadModelFor(sc.model); }),
+      HasSubstr("model.llama2c.tokenizer: " + (dir / "tok.bin").string() + " does not exist"));
+  EXPECT_THAT(MissingModelData(sc.model),
+              HasSubstr("model data not found: " + (dir / "tok.bin").string()));
+  // A checkpoint that is not one is the reader's error, not a crash.
+  testing::WriteFile(dir / "bad.bin", "not a checkpoint");
+  EXPECT_THAT(ErrorOf([&] {
+                LoadModelFor(ParseScenario(R"({"model": {"llama2c": {"checkpoint": "bad.bin"}},
+                                              "steps": [{"op": "reset"}]})",
+                                           dir.path())
+                                 .model);
+              }),
+              HasSubstr("bad.bin"));
+}
+
+TEST(ModelFor, TextPromptsOnALlama2cModelNeedItsTokenizer) {
+  testing::TempDir dir;
+  WriteLlama2cCheckpoint(dir / "m.bin", kSmallLlama2c);
+  Scenario sc = ParseScenario(R"({"model": {"llama2c": {"checkpoint": "m.bin"}},
+                                  "steps": [{"op": "prefill", "tokens": [1, 5]},
+                                            {"op": "prefill", "text": " a"}]})",
+                              dir.path());
+  auto weights = LoadModelFor(sc.model);
+  EXPECT_FALSE(LoadTokenizerFor(sc.model, weights->config.vocab_size).has_value());
+  EXPECT_EQ(ModelDataFiles(sc.model), (std::vector<std::filesystem::path>{dir / "m.bin"}));
+  EXPECT_THAT(ErrorOf([&] { PrepareScenario(sc, *weights); }),
+              HasSubstr("steps[1].text: text prompts need a tokenizer; add \"tokenizer\": "
+                        "\"FILE.bin\" to model.llama2c"));
 }
 
 }  // namespace

@@ -130,6 +130,72 @@ TEST(ScenarioParse, ToJsonReadsBackTheSame) {
   EXPECT_EQ(back.model.Describe(), sc.model.Describe());
 }
 
+std::string ModelError(const std::string& model) {
+  return ParseError(R"({"model": )" + model + R"(, "steps": [{"op": "reset"}]})");
+}
+
+TEST(ScenarioParse, Llama2cModelResolvesBothFilesAgainstTheFilesFolder) {
+  const Scenario sc = ParseScenario(
+      R"({"model": {"llama2c": {"checkpoint": "../../shared/s.bin", "tokenizer": "tok.bin"}},
+          "steps": [{"op": "prefill", "text": "Once"}]})",
+      "/repo/golden/x");
+  ASSERT_TRUE(sc.model.llama2c.has_value());
+  EXPECT_FALSE(sc.model.path.has_value());
+  EXPECT_FALSE(sc.model.preset.has_value());
+  EXPECT_EQ(sc.model.llama2c->checkpoint.string(), "/repo/shared/s.bin");
+  ASSERT_TRUE(sc.model.llama2c->tokenizer.has_value());
+  EXPECT_EQ(sc.model.llama2c->tokenizer->string(), "/repo/golden/x/tok.bin");
+  EXPECT_EQ(sc.model.Describe(), "llama2c /repo/shared/s.bin, tokenizer /repo/golden/x/tok.bin");
+  // Absolute paths are kept; the tokenizer may be left out (token-id prompts need none).
+  const Scenario bare = ParseScenario(
+      R"({"model": {"llama2c": {"checkpoint": "/m/s.bin"}}, "steps": [{"op": "reset"}]})", "/r");
+  EXPECT_EQ(bare.model.llama2c->checkpoint.string(), "/m/s.bin");
+  EXPECT_FALSE(bare.model.llama2c->tokenizer.has_value());
+  EXPECT_EQ(bare.model.Describe(), "llama2c /m/s.bin, no tokenizer");
+}
+
+TEST(ScenarioParse, Llama2cModelRoundTripsThroughToJsonAndToText) {
+  for (const char* model : {R"({"llama2c": {"checkpoint": "a/s.bin", "tokenizer": "t.bin"}})",
+                            R"({"llama2c": {"checkpoint": "a/s.bin"}})"}) {
+    SCOPED_TRACE(model);
+    const Scenario sc = ParseScenario(
+        std::string(R"({"model": )") + model + R"(, "steps": [{"op": "prefill", "tokens": [1]}]})",
+        "/base");
+    const nlohmann::json j = sc.model.ToJson();
+    ASSERT_TRUE(j.contains("llama2c")) << j.dump();
+    EXPECT_EQ(j.at("llama2c").at("checkpoint"), "/base/a/s.bin");
+    EXPECT_EQ(j.at("llama2c").contains("tokenizer"), sc.model.llama2c->tokenizer.has_value());
+    for (const std::string& text : {sc.ToJson().dump(), sc.ToText()}) {
+      const Scenario back = ParseScenario(text, "/elsewhere");  // absolute now: base ignored
+      ASSERT_TRUE(back.model.llama2c.has_value());
+      EXPECT_EQ(back.model.llama2c->checkpoint, sc.model.llama2c->checkpoint);
+      EXPECT_EQ(back.model.llama2c->tokenizer, sc.model.llama2c->tokenizer);
+      EXPECT_EQ(back.model.Describe(), sc.model.Describe());
+    }
+  }
+}
+
+TEST(ScenarioParse, Llama2cModelErrorsNameTheField) {
+  EXPECT_THAT(ModelError(R"({"llama2c": {"tokenizer": "t.bin"}})"),
+              HasSubstr("model.llama2c: missing field \"checkpoint\""));
+  EXPECT_THAT(ModelError(R"({"llama2c": {"checkpoint": "s.bin", "vocab": 512}})"),
+              HasSubstr("model.llama2c: unknown field \"vocab\" (expected one of: checkpoint, "
+                        "tokenizer)"));
+  EXPECT_THAT(ModelError(R"({"llama2c": {"checkpoint": "s.bin"}, "seed": 3})"),
+              HasSubstr("model: unknown field \"seed\" (expected one of: llama2c)"));
+  EXPECT_THAT(ModelError(R"({"llama2c": {"checkpoint": 7}})"),
+              HasSubstr("model.llama2c.checkpoint: expected a string, got number 7"));
+  EXPECT_THAT(ModelError(R"({"llama2c": {"checkpoint": "s.bin", "tokenizer": ["t.bin"]}})"),
+              HasSubstr("model.llama2c.tokenizer: expected a string, got array"));
+  EXPECT_THAT(ModelError(R"({"llama2c": {"checkpoint": ""}})"),
+              HasSubstr("model.llama2c.checkpoint: must not be empty"));
+  EXPECT_THAT(ModelError(R"({"llama2c": "s.bin"})"),
+              HasSubstr("model.llama2c: expected an object like {\"checkpoint\": \"FILE.bin\""));
+  EXPECT_THAT(ModelError(R"({"seed": 3})"),
+              HasSubstr("model: needs \"preset\" (with \"seed\"), \"path\" or \"llama2c\""));
+  EXPECT_THAT(ModelError(R"("tiny")"), HasSubstr("{\"llama2c\": {\"checkpoint\": \"FILE.bin\""));
+}
+
 TEST(ScenarioParse, ChunksMustSumToTheTokenCount) {
   EXPECT_EQ(StepsError(R"([{"op": "prefill", "tokens": [1, 2, 3, 4, 5], "chunks": [2, 2]}])"),
             "steps[0].chunks: sizes sum to 4 but tokens has 5");
