@@ -331,12 +331,12 @@ std::shared_ptr<const format::ModelWeights> LoadModelFor(const ModelSpec& spec) 
     // a message naming the field rather than the reader's "cannot open".
     KVDIFF_CHECK(std::filesystem::is_regular_file(spec.llama2c->checkpoint),
                  "model.llama2c.checkpoint: {} does not exist (the llama2.c model file, e.g. "
-                 "stories260K.bin; relative paths are resolved against the scenario's folder)",
+                 "stories260K.bin; a scenario file's relative paths are read from its folder)",
                  spec.llama2c->checkpoint.string());
     if (spec.llama2c->tokenizer) {
       KVDIFF_CHECK(std::filesystem::is_regular_file(*spec.llama2c->tokenizer),
                    "model.llama2c.tokenizer: {} does not exist (the llama2.c tokenizer file, "
-                   "e.g. tok512.bin; relative paths are resolved against the scenario's folder)",
+                   "e.g. tok512.bin; a scenario file's relative paths are read from its folder)",
                    spec.llama2c->tokenizer->string());
     }
     return std::make_shared<const format::ModelWeights>(

@@ -146,6 +146,43 @@ TEST(RunCli, TextPromptsOnAConvertedLlama2cModel) {
   EXPECT_THAT(bad.err, HasSubstr("steps[0].chunks: sizes sum to 4 but the text has 5 tokens"));
 }
 
+// The llama2c model kind: the golden stories scenarios (which name the shared checkpoint) run
+// through `kvdiff run` as they stand.
+TEST(RunCli, RunsTheGoldenStoriesScenariosOnTheirLlama2cCheckpoint) {
+  KVDIFF_REQUIRE_SHARED_DATA(data);
+  if (!std::filesystem::exists(KVDIFF_SOURCE_DIR "/../shared/data/stories260K/stories260K.bin")) {
+    GTEST_SKIP() << "golden/stories260K reads " KVDIFF_SOURCE_DIR
+                    "/../shared/data/stories260K/, which is absent";
+  }
+  TempDir dir;
+  for (const char* name : {"greedy_bos", "text_prompt"}) {
+    const auto r = RunKvdiff(std::string("run " KVDIFF_SOURCE_DIR "/golden/stories260K/") + name +
+                                 ".json --backends impl --threads 1 --json out.json",
+                             dir.path());
+    EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.out << r.err;
+    EXPECT_THAT(r.out, HasSubstr("model: llama2c ")) << name;
+    EXPECT_THAT(r.out, HasSubstr("vocab 512")) << name;
+    const auto j = nlohmann::json::parse(ReadFile(dir / "out.json"));
+    EXPECT_GT(j.at("rows_compared").get<int64_t>(), 10) << name;
+  }
+}
+
+TEST(RunCli, Llama2cModelWithAMissingCheckpointExitsTwoNamingIt) {
+  TempDir dir;
+  WriteFile(dir / "t.json", R"({"model": {"llama2c": {"checkpoint": "data/none.bin"}},
+    "steps": [{"op": "prefill", "tokens": [1, 2]}]})");
+  const auto r = RunKvdiff("run t.json", dir.path());
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  // The scenario is in the working folder, so the path is reported as written.
+  EXPECT_THAT(r.err, HasSubstr("model.llama2c.checkpoint: data/none.bin does not exist"));
+  // An unknown field inside the kind is named with its place, as for the other kinds.
+  WriteFile(dir / "u.json", R"({"model": {"llama2c": {"checkpoint": "x.bin", "tok": "t.bin"}},
+    "steps": [{"op": "prefill", "tokens": [1, 2]}]})");
+  const auto u = RunKvdiff("run u.json", dir.path());
+  EXPECT_EQ(u.exit_code, 2);
+  EXPECT_THAT(u.err, HasSubstr("u.json: model.llama2c: unknown field \"tok\""));
+}
+
 TEST(CheckCli, SmallCampaignPassesAndReportsItsCases) {
   TempDir dir;
   const auto r =

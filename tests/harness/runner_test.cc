@@ -319,8 +319,8 @@ TEST(ModelFor, MissingLlama2cFilesAreNamed) {
   const std::string checkpoint = (dir / "none.bin").string();
   EXPECT_EQ(ErrorOf([&] { LoadModelFor(sc.model); }),
             "model.llama2c.checkpoint: " + checkpoint +
-                " does not exist (the llama2.c model file, e.g. stories260K.bin; relative paths "
-                "are resolved against the scenario's folder)");
+                " does not exist (the llama2.c model file, e.g. stories260K.bin; a scenario "
+                "file's relative paths are read from its folder)");
   EXPECT_THAT(MissingModelData(sc.model), HasSubstr("model data not found: " + checkpoint));
   // The checkpoint present, the tokenizer it names absent.
   WriteLlama2cCheckpoint(dir / "none.bin", kSmallLlama2c);
