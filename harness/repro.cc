@@ -663,6 +663,11 @@ Scenario ExperimentScenario(Experiment e, const ReproPrompts& p, const ModelSpec
         " The model is the directory {} beside this file (a path relative to it); to use one "
         "elsewhere: kvdiff run FILE --model DIR.",
         model.path->string());
+  } else if (model.llama2c && model.llama2c->checkpoint.is_relative()) {
+    sc.description += fmt::format(
+        " The model is the llama2.c checkpoint {} (a path relative to this file), converted in "
+        "memory; to use a model directory instead: kvdiff run FILE --model DIR.",
+        model.llama2c->checkpoint.string());
   }
 
   return sc;

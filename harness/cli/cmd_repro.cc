@@ -27,6 +27,7 @@ namespace {
 struct ReproArgs {
   std::string name;
   std::string model;
+  std::string llama2c, tokenizer;  // a llama2.c checkpoint and its tokenizer.bin
   std::string preset;
   uint64_t seed = 0;
   std::optional<std::string> prompt, second, tokens, second_tokens;
@@ -45,23 +46,28 @@ int Run(const ReproArgs& args) {
     const std::string why = harness::ExperimentUnavailable(experiments[0]);
     KVDIFF_CHECK(why.empty(), "repro {}: {}", args.name, why);
   }
-  KVDIFF_CHECK(args.model.empty() != args.preset.empty(),
-               "repro: give --model DIR or --preset NAME (with --seed), not {}",
-               args.model.empty() ? "neither" : "both");
+  const int sources = !args.model.empty() + !args.llama2c.empty() + !args.preset.empty();
+  KVDIFF_CHECK(sources == 1,
+               "repro: give one of --model DIR, --llama2c FILE.bin or --preset NAME (with "
+               "--seed), not {}",
+               sources == 0 ? "neither" : "several");
   KVDIFF_CHECK(args.save.empty() || !all,
                "--save: writes one experiment's scenario; name one experiment instead of all");
 
   harness::ModelSpec spec;
   if (!args.model.empty()) {
     spec.path = args.model;
+  } else if (!args.llama2c.empty()) {
+    spec.llama2c = harness::Llama2cSpec{args.llama2c, std::nullopt};
+    if (!args.tokenizer.empty()) spec.llama2c->tokenizer = args.tokenizer;
   } else {
     spec.preset = args.preset;
     spec.seed = args.seed;
   }
   auto weights = harness::LoadModelFor(spec);
   const format::LlamaConfig& config = weights->config;
-  std::optional<format::Tokenizer> tokenizer;
-  if (spec.path) tokenizer = format::Tokenizer::LoadFromModelDir(*spec.path);
+  const std::optional<format::Tokenizer> tokenizer =
+      harness::LoadTokenizerFor(spec, config.vocab_size);
   if (tokenizer) {
     KVDIFF_CHECK(tokenizer->VocabSize() == config.vocab_size,
                  "{}/{} has {} tokens, config.json says vocab_size {}", args.model,
@@ -72,7 +78,8 @@ int Run(const ReproArgs& args) {
   input.prompt = args.prompt;
   input.second = args.second;
   if (args.tokens) input.tokens = ParseTokenIds("--tokens", *args.tokens);
-  if (args.second_tokens) input.second_tokens = ParseTokenIds("--second-tokens", *args.second_tokens);
+  if (args.second_tokens)
+    input.second_tokens = ParseTokenIds("--second-tokens", *args.second_tokens);
   if (args.second1_token) {
     KVDIFF_CHECK(*args.second1_token >= 0 && *args.second1_token <= INT32_MAX,
                  "--second1-token: expected a token id, got {}", *args.second1_token);
@@ -83,12 +90,18 @@ int Run(const ReproArgs& args) {
   harness::ReproPrompts prompts = harness::MakeReproPrompts(input, config, tok);
 
   if (!args.save.empty()) {
-    // A model directory is written relative to the scenario's folder (how `kvdiff run` resolves
-    // it), so a file saved beside the model keeps working when both move together.
+    // Model files are written relative to the scenario's folder (how `kvdiff run` resolves
+    // them), so a file saved beside the model keeps working when both move together. A model
+    // given as --model DIR stays a directory ({"path": ...}), a --llama2c one a checkpoint.
+    const auto folder = std::filesystem::absolute(args.save).parent_path();
+    auto relative = [&folder](const std::filesystem::path& p) {
+      return std::filesystem::proximate(std::filesystem::absolute(p), folder);
+    };
     harness::ModelSpec saved = spec;
-    if (spec.path) {
-      const auto folder = std::filesystem::absolute(args.save).parent_path();
-      saved.path = std::filesystem::proximate(std::filesystem::absolute(*spec.path), folder);
+    if (spec.path) saved.path = relative(*spec.path);
+    if (spec.llama2c) {
+      saved.llama2c->checkpoint = relative(spec.llama2c->checkpoint);
+      if (spec.llama2c->tokenizer) saved.llama2c->tokenizer = relative(*spec.llama2c->tokenizer);
     }
     const harness::Scenario sc =
         harness::ExperimentScenario(experiments[0], prompts, saved, config);
@@ -125,6 +138,12 @@ void AddReproCommand(CLI::App& app, int& exit_code) {
                   "ok, pos0, reuse, reuse1, fresh, fresh1, reference-reuse, or all")
       ->required();
   auto* model = cmd->add_option("--model", args->model, "Model directory");
+  auto* llama2c =
+      cmd->add_option("--llama2c", args->llama2c,
+                      "A llama2.c checkpoint (e.g. stories260K.bin), converted in memory");
+  cmd->add_option("--tokenizer", args->tokenizer,
+                  "The llama2.c checkpoint's tokenizer.bin (e.g. tok512.bin), for text prompts")
+      ->needs(llama2c);
   auto* preset =
       cmd->add_option("--preset", args->preset, "Random model preset: tiny, smollm2-135m");
   model->excludes(preset);

@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "harness/format/model_files.h"
+#include "harness/scenario.h"
 #include "tests/repro/repro_test_util.h"
 #include "tests/test_support.h"
 
@@ -51,7 +53,11 @@ TEST(ReproCli, BadInputExitsTwoWithAMessage) {
   TempDir dir;
   const std::map<std::string, std::string> cases = {
       {"repro reuse2 --preset tiny", "experiment \"reuse2\": expected one of ok, pos0"},
-      {"repro ok", "repro: give --model DIR or --preset NAME (with --seed), not neither"},
+      {"repro ok",
+       "repro: give one of --model DIR, --llama2c FILE.bin or --preset NAME (with "
+       "--seed), not neither"},
+      {"repro ok --preset tiny --llama2c x.bin", "not several"},
+      {"repro ok --llama2c missing.bin", "model.llama2c.checkpoint: missing.bin does not exist"},
       {"repro ok --preset tiny --prompt hello", "text prompts need a tokenizer"},
       {"repro ok --preset tiny --tokens 1,x",
        "--tokens: expected non-negative integers separated by commas or spaces, like 1,2,3; "
@@ -129,6 +135,36 @@ TEST(ReproFiles, EveryShippedFileHasADocumentedOutcomeHere) {
         << name << ": add its documented outcome to ShippedPresetFiles()";
   }
   EXPECT_GE(count, 10);
+}
+
+// The stories files read stories260K where the golden stories sets do: the shared data beside the
+// repository, named relative to the file, so they run in a checkout and in CI with no conversion.
+TEST(ReproFiles, StoriesFilesNameTheSharedCheckpointAsTheGoldenSetsDo) {
+  const std::filesystem::path root = KVDIFF_SOURCE_DIR;
+  const nlohmann::json golden_model =
+      nlohmann::json::parse(ReadFile(root / "golden" / "stories260K" / "greedy_bos.json"))
+          .at("model");
+  const nlohmann::json expected = {
+      {"llama2c",
+       {{"checkpoint", "../../../shared/data/stories260K/stories260K.bin"},
+        {"tokenizer", "../../../shared/data/stories260K/tok512.bin"}}}};
+  EXPECT_EQ(golden_model, expected);
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(root / "harness" / "repro")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find("-stories.json") == std::string::npos) continue;
+    ++count;
+    const nlohmann::json j = nlohmann::json::parse(ReadFile(entry.path()));
+    EXPECT_EQ(j.at("model"), expected) << name;
+    // Both folders are two levels below the root: the same relative path names the same file.
+    const harness::Scenario sc = harness::LoadScenario(entry.path());
+    ASSERT_TRUE(sc.model.llama2c) << name;
+    EXPECT_EQ(std::filesystem::weakly_canonical(sc.model.llama2c->checkpoint),
+              std::filesystem::weakly_canonical(root / ".." / "shared" / "data" / "stories260K" /
+                                                "stories260K.bin"))
+        << name;
+  }
+  EXPECT_EQ(count, 5);
 }
 
 TEST(ReproFiles, PresetFilesReplayWithTheirDocumentedOutcome) {
