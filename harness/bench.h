@@ -64,6 +64,11 @@ struct MemoryUsage {
   double peak_mb = 0;  // VmHWM: the high-water mark
 };
 MemoryUsage ReadMemoryUsage();
+// Paths of the BLAS/LAPACK/MKL libraries mapped into this process (/proc/self/maps), deduplicated.
+std::vector<std::string> LoadedBlasLibraries();
+// "netlib reference BLAS (unoptimized)", "OpenBLAS", "MKL" or "unknown", from a library path.
+std::string BlasKind(const std::string& path);
+
 // Resets VmHWM to the current RSS (writes 5 to /proc/self/clear_refs); false where unsupported.
 bool ResetPeakMemory();
 
@@ -98,6 +103,9 @@ struct BackendFigures {
   // of reading its weights once at the bandwidth of that moment.
   double decode_fraction_ctx64 = 0;
   double decode_fraction_ctx512 = 0;
+  // The BLAS libraries mapped into the process (LibTorch's GEMMs run there; "ref" is only as fast
+  // as the BLAS that libblas.so.3 resolves to: Debian's default is the unoptimized netlib one).
+  std::vector<std::string> blas_libraries;
 
   nlohmann::json ToJson() const;
   static BackendFigures FromJson(const nlohmann::json& j);
@@ -117,6 +125,7 @@ struct CostSeries {
   std::string backend;
   std::vector<double> cached_ms;    // one per context
   std::vector<double> uncached_ms;  // one per context
+  double weights_read_ms = 0;       // median streaming read of the weights a step reads
 };
 struct CostCurve {
   std::vector<int64_t> contexts;

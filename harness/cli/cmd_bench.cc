@@ -73,13 +73,14 @@ std::string Cell(double v, const char* spec) {
   return std::isnan(v) ? std::string("-") : fmt::format(fmt::runtime(spec), v);
 }
 
-// impl/ref with a word saying which way is better: throughput higher, time lower.
-std::string Ratio(double impl, double ref, bool higher_is_better) {
+// impl/ref with words saying which way is better: throughput higher, time and memory lower.
+std::string Ratio(double impl, double ref, bool higher_is_better, const char* better,
+                  const char* worse) {
   if (std::isnan(impl) || std::isnan(ref) || ref == 0 || impl == 0) return "-";
   const double r = impl / ref;
-  const double speedup = higher_is_better ? r : 1 / r;
-  return fmt::format("{:.2f} ({:.1f}x {})", r, speedup >= 1 ? speedup : 1 / speedup,
-                     speedup >= 1 ? "faster" : "slower");
+  const double gain = higher_is_better ? r : 1 / r;
+  return fmt::format("{:.2f} ({:.1f}x {})", r, gain >= 1 ? gain : 1 / gain,
+                     gain >= 1 ? better : worse);
 }
 
 json Figures(const harness::BenchOptions& options, const harness::ModelSource& source,
@@ -166,8 +167,10 @@ void RunFigures(const BenchArgs& args, const harness::ModelSource& source,
     fmt::print("{:<26}", row.label);
     for (const auto& b : columns) fmt::print("{:>12}", Cell(figures[b].*row.field, row.spec));
     if (has_impl && has_ref) {
-      fmt::print("   {}",
-                 Ratio(figures["impl"].*row.field, figures["ref"].*row.field, row.higher_is_better));
+      const bool memory = std::string(row.label).find("MB") != std::string::npos;
+      fmt::print("   {}", Ratio(figures["impl"].*row.field, figures["ref"].*row.field,
+                                row.higher_is_better, memory ? "smaller" : "faster",
+                                memory ? "larger" : "slower"));
     }
     fmt::print("\n");
   }
@@ -212,6 +215,15 @@ void RunFigures(const BenchArgs& args, const harness::ModelSource& source,
   } else {
     out["impl_decode_fraction_of_limit"] = nullptr;
   }
+  for (const auto& [name, f] : figures) {
+    if (name == "impl") continue;  // Eigen's own kernels; LibTorch is merely linked in
+    for (const std::string& path : f.blas_libraries) {
+      if (path.find("libblas.so") == std::string::npos && path.find("mkl") == std::string::npos) {
+        continue;  // libopenblas.so.0 behind libblas.so.3, or liblapack: the BLAS is named below
+      }
+      fmt::print("{}'s BLAS (LibTorch's GEMMs): {}: {}\n", name, path, harness::BlasKind(path));
+    }
+  }
   if (has_impl && has_ref) {
     json ratios;
     for (const char* key : {"prefill_tok_s", "decode_tok_s_ctx64", "decode_tok_s_ctx512",
@@ -249,7 +261,6 @@ void RunCurve(const BenchArgs& args, const harness::ModelSource& source,
     options.max_seconds = args.max_seconds;
     fmt::print("kvdiff bench --curve: {}, {} threads, contexts 1..{}, load {:.2f}\n",
                source.Describe(), threads, args.curve_max, load);
-    bandwidth = Bandwidth(threads);
     for (const std::string& backend : backends) {
       fmt::print("measuring {} ...\n", backend);
       std::fflush(stdout);
@@ -261,10 +272,13 @@ void RunCurve(const BenchArgs& args, const harness::ModelSource& source,
           for (double x : v) a.push_back(std::isnan(x) ? json(nullptr) : json(x));
           return a;
         };
-        return json{{"cached_ms", nums(s.cached_ms)}, {"uncached_ms", nums(s.uncached_ms)}};
+        return json{{"cached_ms", nums(s.cached_ms)},
+                    {"uncached_ms", nums(s.uncached_ms)},
+                    {"weights_read_ms", s.weights_read_ms}};
       });
       harness::CostSeries s;
       s.backend = backend;
+      s.weights_read_ms = j.at("weights_read_ms").get<double>();
       for (const auto& v : j.at("cached_ms")) s.cached_ms.push_back(v.is_null() ? NAN : v.get<double>());
       for (const auto& v : j.at("uncached_ms")) s.uncached_ms.push_back(v.is_null() ? NAN : v.get<double>());
       curve.series.push_back(std::move(s));
@@ -293,15 +307,29 @@ void RunCurve(const BenchArgs& args, const harness::ModelSource& source,
       source.Describe(), config.num_hidden_layers, config.hidden_size,
       harness::WeightBytes(config) / 1e6, threads, CpuName(), std::thread::hardware_concurrency()));
   if (!args.replot) {
-    notes.bandwidth_floor_ms = harness::DecodeWeightBytes(config) / (bandwidth * 1e9) * 1e3;
+    // The floor: the first series' own weight reads (the impl's when it ran), at its threads.
+    notes.bandwidth_floor_ms = curve.series.front().weights_read_ms;
+    bandwidth = harness::DecodeWeightBytes(config) / (notes.bandwidth_floor_ms * 1e-3) / 1e9;
     notes.lines.push_back(fmt::format(
-        "each point: median of {} runs; measured memory read bandwidth {:.1f} GB/s; 1-minute load "
-        "average up to {:.2f}",
-        args.reps, bandwidth, load));
-    notes.lines.push_back(fmt::format("regenerate: kvdiff bench --curve {} --plot {}{}",
-                                      args.curve_path, args.plot_path,
+        "each point: the median of {} runs; 1-minute load average up to {:.2f}; the green line: a "
+        "plain streaming read ({:.1f} GB/s)",
+        args.reps, load, bandwidth));
+    for (const harness::CostSeries& s : curve.series) {
+      for (size_t i = 0; i < curve.contexts.size(); ++i) {
+        if (!std::isnan(s.uncached_ms[i])) continue;
+        notes.lines.push_back(fmt::format(
+            "{} uncached stops at context {}: one run took longer than --max-seconds {:g}",
+            s.backend, curve.contexts[i - 1], args.max_seconds));
+        break;
+      }
+    }
+    notes.lines.push_back(fmt::format("regenerate: kvdiff bench --curve {} --plot {} --threads {}{}{}",
+                                      args.curve_path, args.plot_path, threads,
                                       args.curve_max != 2048
                                           ? fmt::format(" --curve-max {}", args.curve_max)
+                                          : std::string(),
+                                      args.max_seconds != 60
+                                          ? fmt::format(" --max-seconds {:g}", args.max_seconds)
                                           : std::string()));
   } else {
     notes.lines.push_back(fmt::format("each point: a median of repeated runs, from {}",

@@ -69,7 +69,7 @@ TEST(BenchCli, CurveWritesCsvAndSvgAndReplotsFromTheCsv) {
   EXPECT_EQ(XmlProblem(svg, nullptr), "") << svg;
   EXPECT_THAT(svg, HasSubstr("impl, cached: Session Append of 1 token"));
   EXPECT_THAT(svg, HasSubstr("impl, uncached: ForwardFull of the whole history"));
-  EXPECT_THAT(svg, HasSubstr("memory-bandwidth floor"));
+  EXPECT_THAT(svg, HasSubstr("memory-bandwidth limit"));
   EXPECT_THAT(svg, HasSubstr("(log scale)"));
 
   std::filesystem::remove(dir / "c.svg");
