@@ -16,10 +16,12 @@ using ConstStridedMap = Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>>;
 using StridedMap = Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>>;
 
 // Output rows per GEMM tile in prefill. A function of the matrix shape only, so the same tiles
-// (and the same Eigen calls, hence the same bits) happen whatever the thread count. Small enough
-// that the 2 x 3 x 192..576-row projections split evenly over a few threads, large enough that
-// re-packing x for each tile stays a small cost next to the tile's multiply.
-int64_t GemmTileRows(int64_t rows) { return rows <= 2048 ? 64 : 256; }
+// (and the same Eigen calls, hence the same bits) happen whatever the thread count. Each tile
+// re-packs x (Eigen packs both operands per call), so tiles should be big; the pool balances
+// whole tiles, so a matrix needs several per thread. 96 rows splits the 576-, 192- and 1536-row
+// matrices of SmolLM2 into 6, 2 and 16 tiles: measured on 2 threads (kernels_bench
+// BM_PrefillGemm) 10-25% faster than 64-row tiles, which leave 9 tiles on 2 threads.
+int64_t GemmTileRows(int64_t rows) { return rows <= 2048 ? 96 : 256; }
 
 // Rows per chunk in matrix-vector products: one chunk boundary per 16 rows keeps the split even.
 constexpr int64_t kMatVecGrain = 16;
