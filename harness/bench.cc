@@ -208,8 +208,8 @@ std::vector<FloatSpan> DecodeWeightSpans(const format::ModelWeights& weights) {
 }
 
 double MeasureReadBandwidth(int threads, int64_t bytes, int reps) {
-  KVDIFF_CHECK(bytes >= (int64_t{1} << 20), "bandwidth buffer: expected at least 1 MiB, got {} bytes",
-               bytes);
+  KVDIFF_CHECK(bytes >= (int64_t{1} << 20),
+               "bandwidth buffer: expected at least 1 MiB, got {} bytes", bytes);
   KVDIFF_CHECK(reps >= 1, "bandwidth reps: expected at least 1, got {}", reps);
   impl::ThreadPool pool(threads);
   std::vector<float> buffer(bytes / sizeof(float), 1.0f);  // written, so resident before timing
@@ -241,7 +241,8 @@ std::vector<std::string> LoadedBlasLibraries() {
     if (slash == std::string::npos) continue;
     const std::string path = line.substr(slash);
     const std::string file = std::filesystem::path(path).filename().string();
-    const bool blas = file.find("blas") != std::string::npos || file.find("mkl") != std::string::npos;
+    const bool blas =
+        file.find("blas") != std::string::npos || file.find("mkl") != std::string::npos;
     if (blas && std::find(out.begin(), out.end(), path) == out.end()) out.push_back(path);
   }
   return out;
@@ -363,14 +364,17 @@ BackendFigures MeasureBackend(const std::string& backend, const ModelSource& sou
     GrowTo(*s, history, context);
     const Tokens next = {history[context]};
     std::vector<double> reads;
-    const std::vector<double> steps = Repeat(3 * options.reps, options.max_seconds, true, [&] {
-      s->Truncate(context);
-      // The pools' idle workers spin for 200 us before they sleep: pause so that neither
-      // measurement shares the two cores with the other's spinning threads.
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      reads.push_back(StreamingReadSeconds(read_pool, spans));
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }, [&] { s->Append(next); });
+    const std::vector<double> steps = Repeat(
+        3 * options.reps, options.max_seconds, true,
+        [&] {
+          s->Truncate(context);
+          // The pools' idle workers spin for 200 us before they sleep: pause so that neither
+          // measurement shares the two cores with the other's spinning threads.
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          reads.push_back(StreamingReadSeconds(read_pool, spans));
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        },
+        [&] { s->Append(next); });
     reads.erase(reads.begin());  // the warm-up's
     std::vector<double> bandwidths, fractions;
     for (size_t i = 0; i < steps.size(); ++i) {
@@ -388,8 +392,8 @@ BackendFigures MeasureBackend(const std::string& backend, const ModelSource& sou
 
   auto full = [&](int64_t n) {
     const Tokens tokens = Slice(history, 0, n);
-    return median(Repeat(options.reps, options.max_seconds, false, [] {},
-                         [&] { model->ForwardFull(tokens); }));
+    return median(Repeat(
+        options.reps, options.max_seconds, false, [] {}, [&] { model->ForwardFull(tokens); }));
   };
   f.full_forward_s_128 = full(128);
   f.full_forward_s_512 = full(512);
@@ -433,12 +437,16 @@ CostSeries MeasureCostSeries(const std::string& backend, const ModelSource& sour
   for (int64_t context : contexts) {
     GrowTo(*session, history, context);
     const Tokens next = {history[context]};
-    series.cached_ms.push_back(1e3 * Median(Repeat(options.reps, options.max_seconds, first, [&] {
-      session->Truncate(context);
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      reads.push_back(StreamingReadSeconds(read_pool, spans));
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }, [&] { session->Append(next); })));
+    series.cached_ms.push_back(1e3 *
+                               Median(Repeat(
+                                   options.reps, options.max_seconds, first,
+                                   [&] {
+                                     session->Truncate(context);
+                                     std::this_thread::sleep_for(std::chrono::milliseconds(2));
+                                     reads.push_back(StreamingReadSeconds(read_pool, spans));
+                                     std::this_thread::sleep_for(std::chrono::milliseconds(2));
+                                   },
+                                   [&] { session->Append(next); })));
     first = false;
   }
   series.weights_read_ms = 1e3 * Median(reads);
@@ -451,8 +459,8 @@ CostSeries MeasureCostSeries(const std::string& backend, const ModelSource& sour
       continue;
     }
     const Tokens tokens = Slice(history, 0, context + 1);
-    const std::vector<double> seconds = Repeat(options.reps, options.max_seconds, false, [] {},
-                                               [&] { model->ForwardFull(tokens); });
+    const std::vector<double> seconds = Repeat(
+        options.reps, options.max_seconds, false, [] {}, [&] { model->ForwardFull(tokens); });
     series.uncached_ms.push_back(1e3 * Median(seconds));
     too_slow = *std::min_element(seconds.begin(), seconds.end()) > options.max_seconds;
   }
@@ -504,8 +512,10 @@ CostCurve ReadCostCsv(const std::filesystem::path& path) {
     const bool ok = a.size() > kCached.size() &&
                     a.compare(a.size() - kCached.size(), kCached.size(), kCached) == 0 &&
                     header[k + 1] == a.substr(0, a.size() - kCached.size()) + kUncached;
-    KVDIFF_CHECK(ok, "{}: columns {} and {} should be <backend>_cached_ms,<backend>_uncached_ms, "
-                 "got \"{}\",\"{}\"", path.string(), k + 1, k + 2, a, header[k + 1]);
+    KVDIFF_CHECK(ok,
+                 "{}: columns {} and {} should be <backend>_cached_ms,<backend>_uncached_ms, "
+                 "got \"{}\",\"{}\"",
+                 path.string(), k + 1, k + 2, a, header[k + 1]);
     curve.series.push_back({a.substr(0, a.size() - kCached.size()), {}, {}});
   }
   int line_number = 1;
@@ -529,8 +539,9 @@ CostCurve ReadCostCsv(const std::filesystem::path& path) {
     KVDIFF_CHECK(cells.size() == header.size(), "{}: line {} has {} cells, the header has {}",
                  path.string(), line_number, cells.size(), header.size());
     const double context = number(cells[0]);
-    KVDIFF_CHECK(!std::isnan(context) && context >= 1, "{}: line {}: context must be >= 1, got \"{}\"",
-                 path.string(), line_number, cells[0]);
+    KVDIFF_CHECK(!std::isnan(context) && context >= 1,
+                 "{}: line {}: context must be >= 1, got \"{}\"", path.string(), line_number,
+                 cells[0]);
     curve.contexts.push_back(static_cast<int64_t>(context));
     for (size_t k = 0; k < curve.series.size(); ++k) {
       curve.series[k].cached_ms.push_back(number(cells[1 + 2 * k]));
@@ -550,11 +561,20 @@ std::string Escape(const std::string& text) {
   std::string out;
   for (char ch : text) {
     switch (ch) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += ch;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += ch;
     }
   }
   return out;
@@ -594,7 +614,8 @@ std::string CostCurveSvg(const CostCurve& curve, const PlotNotes& notes) {
     hi = std::max(hi, notes.bandwidth_floor_ms);
   }
   KVDIFF_CHECK(hi > 0, "plot: the curve has no positive times");
-  // A third of a decade below the lowest point (room for the floor's label), a little above the top.
+  // A third of a decade below the lowest point (room for the floor's label), a little above the
+  // top.
   const double y_lo = std::log10(lo) - 0.3, y_hi = std::max(y_lo + 1, std::log10(hi) + 0.08);
   auto X = [&](double context) { return left + pw * (std::log2(context) - x_lo) / (x_hi - x_lo); };
   auto Y = [&](double ms) { return top + ph * (1 - (std::log10(ms) - y_lo) / (y_hi - y_lo)); };
@@ -620,7 +641,10 @@ std::string CostCurveSvg(const CostCurve& curve, const PlotNotes& notes) {
       const bool major = m == 1 || m == 2 || m == 5;
       svg += fmt::format(
           "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\"/>\n", left,
-          Y(ms), left + pw, Y(ms), m == 1 ? "#bbb" : major ? "#ddd" : "#f0f0f0");
+          Y(ms), left + pw, Y(ms),
+          m == 1  ? "#bbb"
+          : major ? "#ddd"
+                  : "#f0f0f0");
       if (major) {
         svg += fmt::format(
             "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"13\" text-anchor=\"end\">{}</text>\n",
@@ -630,8 +654,9 @@ std::string CostCurveSvg(const CostCurve& curve, const PlotNotes& notes) {
   }
   for (int64_t context : curve.contexts) {
     const double x = X(static_cast<double>(context));
-    svg += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>\n",
-                       x, top, x, top + ph);
+    svg += fmt::format(
+        "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>\n", x, top,
+        x, top + ph);
     svg += fmt::format(
         "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"13\" text-anchor=\"middle\">{}</text>\n", x,
         top + ph + 20, context);
@@ -680,9 +705,10 @@ std::string CostCurveSvg(const CostCurve& curve, const PlotNotes& notes) {
         if (std::isnan(ms[i]) || ms[i] <= 0) continue;
         const double x = X(static_cast<double>(curve.contexts[i])), y = Y(ms[i]);
         points += fmt::format("{:.1f},{:.1f} ", x, y);
-        markers += uncached ? fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"7\" height=\"7\"/>",
-                                          x - 3.5, y - 3.5)
-                            : fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\"/>", x, y);
+        markers += uncached
+                       ? fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"7\" height=\"7\"/>",
+                                     x - 3.5, y - 3.5)
+                       : fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\"/>", x, y);
       }
       if (points.empty()) continue;
       svg += fmt::format(

@@ -7,13 +7,12 @@
 // parent starts no threads of its own (forking a multi-threaded process is unsafe).
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,8 +28,8 @@ struct ModelSource {
   std::string preset = "smollm2-135m";
   uint64_t seed = 1;
 
-  std::string Describe() const;                             // "preset smollm2-135m (seed 1)"
-  format::LlamaConfig Config() const;                       // cheap: config.json or the preset
+  std::string Describe() const;                              // "preset smollm2-135m (seed 1)"
+  format::LlamaConfig Config() const;                        // cheap: config.json or the preset
   std::shared_ptr<const format::ModelWeights> Load() const;  // the float32 weights in memory
 };
 
@@ -73,9 +72,9 @@ std::string BlasKind(const std::string& path);
 bool ResetPeakMemory();
 
 struct BenchOptions {
-  int threads = 0;               // 0: every core
-  int reps = 5;                  // timed repetitions per figure; the figure is their median
-  double max_seconds = 60;       // per figure: stop repeating (after one rep) once this is spent
+  int threads = 0;          // 0: every core
+  int reps = 5;             // timed repetitions per figure; the figure is their median
+  double max_seconds = 60;  // per figure: stop repeating (after one rep) once this is spent
 };
 
 // The figures of one backend. Throughputs and times are medians of the timed repetitions.

@@ -1,7 +1,6 @@
 #include "impl/kernels.h"
 
 #include <Eigen/Core>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -160,12 +159,20 @@ LinearItems CountItems(const LinearOutput* outputs, int count, bool gemm) {
 void RowsOfOne(const float* x, int64_t s, const WeightView& w, int64_t r, float* y) {
   const float* wr = w.Row(r);
   int64_t i = 0;
-  for (; i + 4 <= s; i += 4) DotRows<4>(wr, x + i * w.cols, w.cols, w.cols, y + i * w.rows + r, w.rows);
+  for (; i + 4 <= s; i += 4)
+    DotRows<4>(wr, x + i * w.cols, w.cols, w.cols, y + i * w.rows + r, w.rows);
   switch (s - i) {
-    case 3: DotRows<3>(wr, x + i * w.cols, w.cols, w.cols, y + i * w.rows + r, w.rows); break;
-    case 2: DotRows<2>(wr, x + i * w.cols, w.cols, w.cols, y + i * w.rows + r, w.rows); break;
-    case 1: DotRows<1>(wr, x + i * w.cols, w.cols, w.cols, y + i * w.rows + r, w.rows); break;
-    default: break;
+    case 3:
+      DotRows<3>(wr, x + i * w.cols, w.cols, w.cols, y + i * w.rows + r, w.rows);
+      break;
+    case 2:
+      DotRows<2>(wr, x + i * w.cols, w.cols, w.cols, y + i * w.rows + r, w.rows);
+      break;
+    case 1:
+      DotRows<1>(wr, x + i * w.cols, w.cols, w.cols, y + i * w.rows + r, w.rows);
+      break;
+    default:
+      break;
   }
 }
 
@@ -175,7 +182,7 @@ void GemmTileOfOne(const float* x, int64_t s, const WeightView& w, int64_t t, fl
   const int64_t r0 = t * tile;
   const int64_t rows = std::min(tile, w.rows - r0);
   Eigen::Map<const RowMatrix> x_map(x, s, w.cols);                   // (s, in)
-  Eigen::Map<const RowMatrix> w_tile(w.Row(r0), rows, w.cols);        // (rows, in)
+  Eigen::Map<const RowMatrix> w_tile(w.Row(r0), rows, w.cols);       // (rows, in)
   StridedMap y_tile(y + r0, s, rows, Eigen::OuterStride<>(w.rows));  // (s, rows) of (s, out)
   y_tile.noalias() = x_map * w_tile.transpose();
 }
@@ -345,9 +352,9 @@ void AttendBlock(const float* q, int64_t q_dim, int64_t i0, int64_t rows, int64_
                  float* scores, float* out) {
   const int64_t kv_len = past + i0 + rows;  // keys the last row of the block can see
   ConstStridedMap q_block(q + i0 * q_dim, rows, d, Eigen::OuterStride<>(q_dim));  // (rows, d)
-  ConstStridedMap k(keys, kv_len, d, Eigen::OuterStride<>(kv_dim));             // (kv_len, d)
-  ConstStridedMap v(values, kv_len, d, Eigen::OuterStride<>(kv_dim));           // (kv_len, d)
-  Eigen::Map<RowMatrix> s(scores, rows, kv_len);                                // (rows, kv_len)
+  ConstStridedMap k(keys, kv_len, d, Eigen::OuterStride<>(kv_dim));               // (kv_len, d)
+  ConstStridedMap v(values, kv_len, d, Eigen::OuterStride<>(kv_dim));             // (kv_len, d)
+  Eigen::Map<RowMatrix> s(scores, rows, kv_len);                                  // (rows, kv_len)
   s.noalias() = q_block * k.transpose();
   for (int64_t r = 0; r < rows; ++r) {
     float* row = scores + r * kv_len;

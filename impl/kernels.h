@@ -66,8 +66,8 @@ void Softmax(float* x, int64_t n);
 // The angles are computed in double and rounded once, so every row is within 1 ulp of the exact
 // table even at positions in the thousands (float32 angles would be off by ~1e-4 there).
 struct RopeTable {
-  int64_t positions = 0;  // max_position_embeddings
-  int64_t half = 0;       // head_dim / 2
+  int64_t positions = 0;   // max_position_embeddings
+  int64_t half = 0;        // head_dim / 2
   std::vector<float> cos;  // (positions, half)
   std::vector<float> sin;  // (positions, half)
   const float* Cos(int64_t pos) const { return cos.data() + pos * half; }

@@ -1,14 +1,14 @@
-// The forward pass of ../shared/spec/llama-forward.md, in float32. Read Model::State::Forward top to
-// bottom: embedding, then per layer RMSNorm → attention (QKV, RoPE, cache, softmax, o_proj) →
+// The forward pass of ../shared/spec/llama-forward.md, in float32. Read Model::State::Forward top
+// to bottom: embedding, then per layer RMSNorm → attention (QKV, RoPE, cache, softmax, o_proj) →
 // residual → RMSNorm → SwiGLU MLP → residual, then the final norm and the head. The arithmetic
 // lives in kernels.cc; this file only says what is computed, in what order, into which buffer.
 #include "impl/model.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <mutex>
 #include <string>
-
-#include <fmt/ranges.h>
 
 #include "harness/format/error.h"
 #include "impl/kernels.h"
@@ -19,24 +19,24 @@ namespace kvdiff::impl {
 namespace {
 
 struct LayerWeights {
-  const float* input_norm;  // (hidden)
-  WeightView q, k, v, o;    // (q_dim, hidden), (kv_dim, hidden) x2, (hidden, q_dim)
-  const float* post_norm;   // (hidden)
+  const float* input_norm;    // (hidden)
+  WeightView q, k, v, o;      // (q_dim, hidden), (kv_dim, hidden) x2, (hidden, q_dim)
+  const float* post_norm;     // (hidden)
   WeightView gate, up, down;  // (inter, hidden) x2, (hidden, inter)
 };
 
 // Buffers for the rows of one forward call, grown (never shrunk) to the largest call seen, so a
 // decode step allocates nothing. Shapes are per call: s = number of new tokens.
 struct Workspace {
-  std::vector<float> x;      // (s, hidden): the residual stream
-  std::vector<float> xn;     // (s, hidden): RMSNorm(x)
-  std::vector<float> q;      // (s, q_dim): queries, post-RoPE
-  std::vector<float> attn;   // (s, q_dim): attention output, heads concatenated
-  std::vector<float> proj;   // (s, hidden): output of o_proj or down_proj, before the residual
-  std::vector<float> gate;   // (s, inter)
-  std::vector<float> up;     // (s, inter)
-  std::vector<float> act;    // (s, inter): silu(gate) * up
-  AttentionScratch scores;   // per thread: (min(s, query tile), keys)
+  std::vector<float> x;     // (s, hidden): the residual stream
+  std::vector<float> xn;    // (s, hidden): RMSNorm(x)
+  std::vector<float> q;     // (s, q_dim): queries, post-RoPE
+  std::vector<float> attn;  // (s, q_dim): attention output, heads concatenated
+  std::vector<float> proj;  // (s, hidden): output of o_proj or down_proj, before the residual
+  std::vector<float> gate;  // (s, inter)
+  std::vector<float> up;    // (s, inter)
+  std::vector<float> act;   // (s, inter): silu(gate) * up
+  AttentionScratch scores;  // per thread: (min(s, query tile), keys)
 
   void Reserve(const format::LlamaConfig& c, int64_t s, int threads, int64_t max_keys) {
     auto grow = [](std::vector<float>& v, int64_t n) {

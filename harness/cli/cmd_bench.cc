@@ -52,8 +52,8 @@ std::vector<std::string> ParseBackends(const std::string& text) {
                  "--backends: '{}' is listed twice", name);
     out.push_back(name);
   }
-  KVDIFF_CHECK(!out.empty(), "--backends: expected a comma-separated list such as impl,ref, got '{}'",
-               text);
+  KVDIFF_CHECK(!out.empty(),
+               "--backends: expected a comma-separated list such as impl,ref, got '{}'", text);
   return out;
 }
 
@@ -126,14 +126,16 @@ void RunFigures(const BenchArgs& args, const harness::ModelSource& source,
   const double limit_tok_s = bandwidth * 1e3 / decode_mb;
   const double load_after = harness::LoadAverage1();
 
-  fmt::print("\nmemory read bandwidth: {:.1f} GB/s -> decode limit {:.1f} tok/s ({:.1f} MB of weights "
-             "per token)\n",
-             bandwidth, limit_tok_s, decode_mb);
+  fmt::print(
+      "\nmemory read bandwidth: {:.1f} GB/s -> decode limit {:.1f} tok/s ({:.1f} MB of weights "
+      "per token)\n",
+      bandwidth, limit_tok_s, decode_mb);
   fmt::print("  {}; a separate streaming read of 1 GiB gave {:.1f} GB/s (best of 5)\n",
-             impl_ran ? fmt::format("median of {} streaming reads of those weights with {} threads, "
-                                    "each just before a timed impl decode step",
-                                    3 * args.reps, threads)
-                      : std::string("no impl run"),
+             impl_ran
+                 ? fmt::format("median of {} streaming reads of those weights with {} threads, "
+                               "each just before a timed impl decode step",
+                               3 * args.reps, threads)
+                 : std::string("no impl run"),
              bandwidth_1gib);
   fmt::print("medians of {} timed runs (decode: {} steps) after a warm-up\n\n", args.reps,
              3 * args.reps);
@@ -168,9 +170,9 @@ void RunFigures(const BenchArgs& args, const harness::ModelSource& source,
     for (const auto& b : columns) fmt::print("{:>12}", Cell(figures[b].*row.field, row.spec));
     if (has_impl && has_ref) {
       const bool memory = std::string(row.label).find("MB") != std::string::npos;
-      fmt::print("   {}", Ratio(figures["impl"].*row.field, figures["ref"].*row.field,
-                                row.higher_is_better, memory ? "smaller" : "faster",
-                                memory ? "larger" : "slower"));
+      fmt::print("   {}",
+                 Ratio(figures["impl"].*row.field, figures["ref"].*row.field, row.higher_is_better,
+                       memory ? "smaller" : "faster", memory ? "larger" : "slower"));
     }
     fmt::print("\n");
   }
@@ -200,18 +202,19 @@ void RunFigures(const BenchArgs& args, const harness::ModelSource& source,
     const double fraction = f.decode_fraction_ctx64;
     out["impl_decode_fraction_of_limit"] = fraction;
     out["impl_decode_fraction_of_limit_ctx512"] = f.decode_fraction_ctx512;
-    fmt::print("impl decode @ ctx 64: {:.1f} tok/s = {:.0f}% of the bandwidth limit ({:.1f} tok/s) "
-               "(median over steps of read time / step time); @ ctx 512: {:.0f}%\n",
-               f.decode_tok_s_ctx64, 100 * fraction, limit_tok_s, 100 * f.decode_fraction_ctx512);
+    fmt::print(
+        "impl decode @ ctx 64: {:.1f} tok/s = {:.0f}% of the bandwidth limit ({:.1f} tok/s) "
+        "(median over steps of read time / step time); @ ctx 512: {:.0f}%\n",
+        f.decode_tok_s_ctx64, 100 * fraction, limit_tok_s, 100 * f.decode_fraction_ctx512);
     // Serving memory: the weights, the cache of the 513 positions decoded at, and the rest.
     const double kv_mb = 513 * harness::KvBytesPerPosition(config) / 1e6;
     const double budget = (weight_mb + kv_mb) * 1.10;
     const double used = f.peak_rss_mb - f.baseline_rss_mb;
     out["impl_memory_budget_mb"] = budget;
-    fmt::print("impl peak RSS {:.0f} MB - {:.0f} MB process before load = {:.0f} MB; weights {:.0f} "
-               "+ KV cache at 513 positions {:.1f} = {:.0f} MB (+10%: {:.0f} MB)\n",
-               f.peak_rss_mb, f.baseline_rss_mb, used, weight_mb, kv_mb, weight_mb + kv_mb,
-               budget);
+    fmt::print(
+        "impl peak RSS {:.0f} MB - {:.0f} MB process before load = {:.0f} MB; weights {:.0f} "
+        "+ KV cache at 513 positions {:.1f} = {:.0f} MB (+10%: {:.0f} MB)\n",
+        f.peak_rss_mb, f.baseline_rss_mb, used, weight_mb, kv_mb, weight_mb + kv_mb, budget);
   } else {
     out["impl_decode_fraction_of_limit"] = nullptr;
   }
@@ -279,8 +282,10 @@ void RunCurve(const BenchArgs& args, const harness::ModelSource& source,
       harness::CostSeries s;
       s.backend = backend;
       s.weights_read_ms = j.at("weights_read_ms").get<double>();
-      for (const auto& v : j.at("cached_ms")) s.cached_ms.push_back(v.is_null() ? NAN : v.get<double>());
-      for (const auto& v : j.at("uncached_ms")) s.uncached_ms.push_back(v.is_null() ? NAN : v.get<double>());
+      for (const auto& v : j.at("cached_ms"))
+        s.cached_ms.push_back(v.is_null() ? NAN : v.get<double>());
+      for (const auto& v : j.at("uncached_ms"))
+        s.uncached_ms.push_back(v.is_null() ? NAN : v.get<double>());
       curve.series.push_back(std::move(s));
     }
     load = std::max(load, harness::LoadAverage1());
@@ -293,7 +298,8 @@ void RunCurve(const BenchArgs& args, const harness::ModelSource& source,
     for (size_t i = 0; i < curve.contexts.size(); ++i) {
       fmt::print("{:>8}", curve.contexts[i]);
       for (const auto& s : curve.series) {
-        fmt::print("{:>18}{:>18}", Cell(s.cached_ms[i], "{:.2f}"), Cell(s.uncached_ms[i], "{:.2f}"));
+        fmt::print("{:>18}{:>18}", Cell(s.cached_ms[i], "{:.2f}"),
+                   Cell(s.uncached_ms[i], "{:.2f}"));
       }
       fmt::print("\n");
     }
@@ -323,17 +329,15 @@ void RunCurve(const BenchArgs& args, const harness::ModelSource& source,
         break;
       }
     }
-    notes.lines.push_back(fmt::format("regenerate: kvdiff bench --curve {} --plot {} --threads {}{}{}",
-                                      args.curve_path, args.plot_path, threads,
-                                      args.curve_max != 2048
-                                          ? fmt::format(" --curve-max {}", args.curve_max)
-                                          : std::string(),
-                                      args.max_seconds != 60
-                                          ? fmt::format(" --max-seconds {:g}", args.max_seconds)
-                                          : std::string()));
+    notes.lines.push_back(fmt::format(
+        "regenerate: kvdiff bench --curve {} --plot {} --threads {}{}{}", args.curve_path,
+        args.plot_path, threads,
+        args.curve_max != 2048 ? fmt::format(" --curve-max {}", args.curve_max) : std::string(),
+        args.max_seconds != 60 ? fmt::format(" --max-seconds {:g}", args.max_seconds)
+                               : std::string()));
   } else {
-    notes.lines.push_back(fmt::format("each point: a median of repeated runs, from {}",
-                                      args.curve_path));
+    notes.lines.push_back(
+        fmt::format("each point: a median of repeated runs, from {}", args.curve_path));
   }
   std::ofstream file(args.plot_path);
   KVDIFF_CHECK(file.good(), "--plot: cannot write {}", args.plot_path);
@@ -352,14 +356,16 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
       "ForwardFull time, peak memory (each backend in its own child process), and the machine's "
       "memory read bandwidth. With --curve: the cost of one decode step against context length, "
       "cached vs uncached (CSV, and an SVG with --plot). Times are medians; nothing is asserted.");
-  auto* model = cmd->add_option("--model", args->model, "Model directory (config.json + safetensors)");
+  auto* model =
+      cmd->add_option("--model", args->model, "Model directory (config.json + safetensors)");
   cmd->add_option("--preset", args->preset, "A preset with random weights (default smollm2-135m)")
       ->excludes(model);
   cmd->add_option("--seed", args->seed, "Seed of the preset's random weights")->default_val(1);
   cmd->add_option("--threads", args->threads, "Threads for every backend (default: every core)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--backends", args->backends,
-                  "Comma-separated backends to measure (default: impl,ref when built with LibTorch)");
+  cmd->add_option(
+      "--backends", args->backends,
+      "Comma-separated backends to measure (default: impl,ref when built with LibTorch)");
   cmd->add_option("--json", args->json_path, "Write the figures as JSON to this file");
   cmd->add_option("--reps", args->reps, "Timed repetitions per figure (the median is reported)")
       ->default_val(5)
@@ -371,7 +377,8 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--curve", args->curve_path,
                   "Measure the decode cost curve (contexts 1, 2, 4, ... --curve-max) into this CSV "
                   "instead of the figures");
-  cmd->add_option("--plot", args->plot_path, "Draw the cost curve as SVG into this file (with --curve)");
+  cmd->add_option("--plot", args->plot_path,
+                  "Draw the cost curve as SVG into this file (with --curve)");
   cmd->add_option("--curve-max", args->curve_max, "Largest context of the cost curve")
       ->default_val(2048)
       ->check(CLI::PositiveNumber);
@@ -387,9 +394,9 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
       source.preset = *args->preset;
     }
     source.seed = args->seed;
-    const int threads =
-        args->threads > 0 ? args->threads
-                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int threads = args->threads > 0
+                            ? args->threads
+                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     std::string backends_text = args->backends;
     if (backends_text.empty()) {
       const auto available = harness::AvailableBackends();

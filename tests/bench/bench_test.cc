@@ -1,12 +1,13 @@
 // kvdiff bench: what it writes and how it fails, never how fast anything is (times are only
 // checked to be positive numbers). A tiny model with 1024 positions keeps every run short.
+#include "harness/bench.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <csignal>
 #include <nlohmann/json.hpp>
 
-#include "harness/bench.h"
 #include "harness/format/error.h"
 #include "tests/harness/harness_test_util.h"
 #include "tests/test_support.h"
@@ -14,8 +15,8 @@
 namespace kvdiff::testing {
 namespace {
 
-using ::testing::HasSubstr;
 using nlohmann::json;
+using ::testing::HasSubstr;
 
 // The tiny preset, but with room for the 513 positions the figures decode at.
 std::filesystem::path MakeTinyModel(const TempDir& dir) {

@@ -123,10 +123,9 @@ void BM_PrefillGemm(benchmark::State& state) {
     Linear(pool, x.data(), s, view, y.data());
     benchmark::DoNotOptimize(y.data());
   }
-  state.counters["GFLOPS"] = benchmark::Counter(static_cast<double>(state.iterations()) * 2 * s *
-                                                    rows * in,
-                                                benchmark::Counter::kIsRate,
-                                                benchmark::Counter::kIs1000);
+  state.counters["GFLOPS"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * 2 * s * rows * in,
+                         benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_PrefillGemm)
     ->ArgNames({"rows", "in", "threads"})
@@ -138,7 +137,8 @@ BENCHMARK(BM_PrefillGemm)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
-// One query row (9 heads) over a cache of `keys` positions (decode attention); args {keys, threads}.
+// One query row (9 heads) over a cache of `keys` positions (decode attention); args {keys,
+// threads}.
 void BM_AttentionDecode(benchmark::State& state) {
   const int64_t keys = state.range(0);
   ThreadPool& pool = Pool(static_cast<int>(state.range(1)));
@@ -177,8 +177,12 @@ void BM_AttentionPrefill(benchmark::State& state) {
     benchmark::DoNotOptimize(out.data());
   }
 }
-BENCHMARK(BM_AttentionPrefill)->ArgNames({"threads"})->Arg(1)->Arg(2)->UseRealTime()->Unit(
-    benchmark::kMicrosecond);
+BENCHMARK(BM_AttentionPrefill)
+    ->ArgNames({"threads"})
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // RMSNorm of one or 128 rows of 576.
 void BM_RmsNorm(benchmark::State& state) {

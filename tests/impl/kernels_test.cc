@@ -1,4 +1,6 @@
 // Each kernel against a scalar, obviously-correct double-precision loop written here.
+#include "impl/kernels.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +11,6 @@
 
 #include "harness/format/config.h"
 #include "harness/format/error.h"
-#include "impl/kernels.h"
 #include "impl/thread_pool.h"
 
 namespace kvdiff::impl {
@@ -115,12 +116,13 @@ TEST(KernelsTest, SoftmaxPropagatesNaN) {
 
 TEST(KernelsTest, SwiGluMatchesDoubleLoop) {
   auto g = RandomVector(400, 6, 30.0f), u = RandomVector(400, 7, 3.0f);
-  g[0] = 95.0f;   // beyond the float exp range on both sides
+  g[0] = 95.0f;  // beyond the float exp range on both sides
   g[1] = -95.0f;
   std::vector<float> out(400);
   SwiGlu(g.data(), u.data(), 400, out.data());
   std::vector<double> expected(400);
-  for (int i = 0; i < 400; ++i) expected[i] = g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i];
+  for (int i = 0; i < 400; ++i)
+    expected[i] = g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i];
   EXPECT_LT(MaxAbsDiff(out, expected), 1e-5);
 }
 
@@ -244,7 +246,8 @@ std::vector<double> ExpectedInvFreq(const format::LlamaConfig& c) {
       if (w > orig / r.low_freq_factor) {
         v = v / r.factor;
       } else if (w >= orig / r.high_freq_factor) {
-        const double smooth = (orig / w - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+        const double smooth =
+            (orig / w - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
         v = (1 - smooth) * v / r.factor + smooth * v;
       }
     }
@@ -330,7 +333,8 @@ TEST(KernelsTest, AttentionMatchesDoubleLoopWithGqaAndPastKeys) {
           for (int64_t j = 0; j <= past + i; ++j) {
             double dot = 0;
             for (int64_t c = 0; c < d; ++c)
-              dot += static_cast<double>(q[i * nh * d + h * d + c]) * keys[j * nkv * d + kvh * d + c];
+              dot +=
+                  static_cast<double>(q[i * nh * d + h * d + c]) * keys[j * nkv * d + kvh * d + c];
             sc[j] = dot / std::sqrt(static_cast<double>(d));
             max = std::max(max, sc[j]);
           }
@@ -350,8 +354,10 @@ TEST(KernelsTest, AttentionMatchesDoubleLoopWithGqaAndPastKeys) {
         Attention(pool, q.data(), s, past, keys.data(), values.data(), nh, nkv, d, out.data(),
                   scratch);
         EXPECT_LT(MaxAbsDiff(out, expected), 1e-5) << "past=" << past << " s=" << s;
-        if (first.empty()) first = out;
-        else EXPECT_EQ(out, first) << "past=" << past << " s=" << s << ": 2 threads differ from 1";
+        if (first.empty())
+          first = out;
+        else
+          EXPECT_EQ(out, first) << "past=" << past << " s=" << s << ": 2 threads differ from 1";
       }
     }
   }
