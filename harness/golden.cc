@@ -972,15 +972,6 @@ GoldenSetReport VerifySet(const GoldenPaths& p, const std::vector<std::string>& 
   return rep;
 }
 
-const char* kGreen = "\033[32m";
-const char* kRed = "\033[31m";
-const char* kYellow = "\033[33m";
-const char* kBold = "\033[1m";
-const char* kReset = "\033[0m";
-
-std::string Paint(const std::string& text, const char* colour, bool color) {
-  return color ? std::string(colour) + text + kReset : text;
-}
 
 std::string MismatchText(const GoldenSetReport& s, const GoldenCheck& c) {
   if (c.first) {

@@ -14,15 +14,7 @@ namespace {
 
 using nlohmann::json;
 
-const char* kGreen = "\033[32m";
-const char* kRed = "\033[31m";
-const char* kYellow = "\033[33m";
-const char* kBold = "\033[1m";
-const char* kReset = "\033[0m";
-
-std::string Paint(const std::string& text, const char* colour, bool color) {
-  return color ? std::string(colour) + text + kReset : text;
-}
+const char* const kReset = "\033[0m";
 
 std::string Cell(const PathOutcome& o) {
   switch (o.status) {
@@ -129,6 +121,15 @@ std::string FailureText(const StepReport& s) {
 }
 
 }  // namespace
+
+const char* const kGreen = "\033[32m";
+const char* const kRed = "\033[31m";
+const char* const kYellow = "\033[33m";
+const char* const kBold = "\033[1m";
+
+std::string Paint(const std::string& text, const char* colour, bool color) {
+  return color ? std::string(colour) + text + kReset : text;
+}
 
 std::string FormatDiff(double value) {
   if (std::isnan(value)) return "nan";

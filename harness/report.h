@@ -28,6 +28,14 @@ nlohmann::json ComparisonToJson(const RowComparison& c);
 nlohmann::json Number(double value);
 // Escapes text for XML attributes and content; characters XML 1.0 cannot hold become '?'.
 std::string XmlEscape(const std::string& text);
+
+// ANSI colours for terminal reports; Paint returns the text unchanged when color is false (stdout
+// is not a terminal).
+extern const char* const kGreen;
+extern const char* const kRed;
+extern const char* const kYellow;
+extern const char* const kBold;
+std::string Paint(const std::string& text, const char* colour, bool color);
 // "3.2e-07", "inf", "nan".
 std::string FormatDiff(double value);
 
