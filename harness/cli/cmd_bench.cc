@@ -329,12 +329,16 @@ void RunCurve(const BenchArgs& args, const harness::ModelSource& source,
         break;
       }
     }
-    notes.lines.push_back(fmt::format(
-        "regenerate: kvdiff bench --curve {} --plot {} --threads {}{}{}", args.curve_path,
-        args.plot_path, threads,
-        args.curve_max != 2048 ? fmt::format(" --curve-max {}", args.curve_max) : std::string(),
-        args.max_seconds != 60 ? fmt::format(" --max-seconds {:g}", args.max_seconds)
-                               : std::string()));
+    std::string command = "regenerate: kvdiff bench";
+    if (source.dir) command += " --model " + source.dir->string();
+    if (!source.dir) command += " --preset " + source.preset;
+    if (!source.dir && source.seed != 1) command += fmt::format(" --seed {}", source.seed);
+    command +=
+        fmt::format(" --curve {} --plot {} --threads {}", args.curve_path, args.plot_path, threads);
+    if (args.reps != 5) command += fmt::format(" --reps {}", args.reps);
+    if (args.curve_max != 2048) command += fmt::format(" --curve-max {}", args.curve_max);
+    if (args.max_seconds != 60) command += fmt::format(" --max-seconds {:g}", args.max_seconds);
+    notes.lines.push_back(command);
   } else {
     notes.lines.push_back(
         fmt::format("each point: a median of repeated runs, from {}", args.curve_path));
