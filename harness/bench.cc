@@ -590,10 +590,22 @@ std::string MsLabel(double ms) {
 
 std::string CostCurveSvg(const CostCurve& curve, const PlotNotes& notes) {
   KVDIFF_CHECK(!curve.contexts.empty() && !curve.series.empty(), "plot: the curve has no data");
+  // Notes wrap at spaces to fit the canvas (13 px text: ~125 characters per line).
+  std::vector<std::string> lines;
+  for (const std::string& line : notes.lines) {
+    std::string rest = line;
+    while (rest.size() > 125) {
+      size_t cut = rest.rfind(' ', 125);
+      if (cut == std::string::npos || cut == 0) cut = 125;
+      lines.push_back(rest.substr(0, cut));
+      rest = "    " + rest.substr(cut + (rest[cut] == ' ' ? 1 : 0));
+    }
+    lines.push_back(rest);
+  }
   // Canvas and plot area (pixels).
   const double width = 960, height = 640;
   const double left = 90, right = 30;
-  const double top = 70 + 18.0 * static_cast<double>(notes.lines.size()), bottom = 70;
+  const double top = 70 + 18.0 * static_cast<double>(lines.size()), bottom = 70;
   const double pw = width - left - right, ph = height - top - bottom;
 
   // x: log2 of the context; y: log10 of milliseconds, whole decades.
@@ -627,9 +639,10 @@ std::string CostCurveSvg(const CostCurve& curve, const PlotNotes& notes) {
       width, height);
   svg += fmt::format("<text x=\"{}\" y=\"30\" font-size=\"19\" font-weight=\"bold\">{}</text>\n",
                      left - 60, Escape(notes.title));
-  for (size_t i = 0; i < notes.lines.size(); ++i) {
-    svg += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"13\" fill=\"#444\">{}</text>\n",
-                       left - 60, 54 + 18 * i, Escape(notes.lines[i]));
+  for (size_t i = 0; i < lines.size(); ++i) {
+    svg += fmt::format(
+        "<text x=\"{}\" y=\"{}\" font-size=\"13\" fill=\"#444\" xml:space=\"preserve\">{}</text>\n",
+        left - 60, 54 + 18 * i, Escape(lines[i]));
   }
 
   // Grid and ticks. y: labelled lines at 1, 2 and 5 x each decade, light lines at the others.
