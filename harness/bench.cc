@@ -19,6 +19,7 @@
 
 #include "harness/backend.h"
 #include "harness/format/error.h"
+#include "harness/report.h"
 #include "impl/thread_pool.h"
 
 namespace kvdiff::harness {
@@ -111,7 +112,6 @@ void WriteAll(int fd, const std::string& text) {
 }
 
 // Doubles print as JSON null when NaN (a skipped point).
-json Number(double v) { return std::isnan(v) ? json(nullptr) : json(v); }
 double FromNumber(const json& j) { return j.is_null() ? kNaN : j.get<double>(); }
 
 }  // namespace
@@ -557,28 +557,6 @@ CostCurve ReadCostCsv(const std::filesystem::path& path) {
 
 namespace {
 
-std::string Escape(const std::string& text) {
-  std::string out;
-  for (char ch : text) {
-    switch (ch) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += ch;
-    }
-  }
-  return out;
-}
 
 std::string MsLabel(double ms) {
   if (ms >= 1000) return fmt::format("{:.3g} s", ms / 1000);
@@ -638,11 +616,11 @@ std::string CostCurveSvg(const CostCurve& curve, const PlotNotes& notes) {
       "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
       width, height);
   svg += fmt::format("<text x=\"{}\" y=\"30\" font-size=\"19\" font-weight=\"bold\">{}</text>\n",
-                     left - 60, Escape(notes.title));
+                     left - 60, XmlEscape(notes.title));
   for (size_t i = 0; i < lines.size(); ++i) {
     svg += fmt::format(
         "<text x=\"{}\" y=\"{}\" font-size=\"13\" fill=\"#444\" xml:space=\"preserve\">{}</text>\n",
-        left - 60, 54 + 18 * i, Escape(lines[i]));
+        left - 60, 54 + 18 * i, XmlEscape(lines[i]));
   }
 
   // Grid and ticks. y: labelled lines at 1, 2 and 5 x each decade, light lines at the others.
@@ -746,7 +724,7 @@ std::string CostCurveSvg(const CostCurve& curve, const PlotNotes& notes) {
         "stroke-width=\"2.2\"{}/>\n",
         lx, y, lx + 34, y, legend[i].colour, legend[i].dashed ? " stroke-dasharray=\"8,5\"" : "");
     svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"13\">{}</text>\n", lx + 44,
-                       y + 4.5, Escape(legend[i].text));
+                       y + 4.5, XmlEscape(legend[i].text));
   }
   svg += "</svg>\n";
   return svg;
