@@ -7,7 +7,7 @@
 
 #include <utility>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 #include "impl/model.h"
 #include "impl/session.h"
 #ifdef KVDIFF_HAVE_TORCH

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/format/model_files.h"
-#include "harness/format/tensor.h"
+#include "format/model_files.h"
+#include "format/tensor.h"
 
 namespace kvdiff::harness {
 

@@ -7,7 +7,7 @@
 #include <chrono>
 #include <cmath>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 #include "harness/report.h"
 
 namespace kvdiff::harness {

@@ -4,7 +4,7 @@
 
 #include <map>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 #include "impl/kv_cache.h"
 #include "impl/model.h"
 #ifdef KVDIFF_HAVE_TORCH

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "harness/backend.h"
-#include "harness/format/model_files.h"
-#include "harness/format/tensor.h"
+#include "format/model_files.h"
+#include "format/tensor.h"
 #include "harness/scenario.h"
 
 namespace kvdiff::harness {

@@ -14,8 +14,8 @@
 #include <sstream>
 
 #include "harness/drivers.h"
-#include "harness/format/error.h"
-#include "harness/format/safetensors.h"
+#include "format/error.h"
+#include "format/safetensors.h"
 #include "harness/report.h"
 #include "harness/sha256.h"
 

@@ -20,7 +20,7 @@
 
 #include "harness/backend.h"
 #include "harness/compare.h"
-#include "harness/format/model_files.h"
+#include "format/model_files.h"
 #include "harness/runner.h"
 #include "harness/scenario.h"
 

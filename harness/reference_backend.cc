@@ -4,7 +4,7 @@
 
 #include <utility>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 #include "reference/reference_model.h"
 
 namespace kvdiff::harness {

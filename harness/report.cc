@@ -7,7 +7,7 @@
 #include <cmath>
 #include <fstream>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 
 namespace kvdiff::harness {
 namespace {

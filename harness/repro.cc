@@ -7,7 +7,7 @@
 #include <stdexcept>
 
 #include "harness/compare.h"
-#include "harness/format/error.h"
+#include "format/error.h"
 #include "impl/kv_cache.h"
 #include "impl/model.h"
 #ifdef KVDIFF_HAVE_TORCH

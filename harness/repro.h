@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "harness/format/model_files.h"
-#include "harness/format/tensor.h"
-#include "harness/format/tokenizer.h"
+#include "format/model_files.h"
+#include "format/tensor.h"
+#include "format/tokenizer.h"
 #include "harness/scenario.h"
 
 namespace kvdiff::harness {

@@ -10,9 +10,9 @@
 #include <map>
 
 #include "harness/drivers.h"
-#include "harness/format/error.h"
-#include "harness/format/llama2c.h"
-#include "harness/format/tokenizer.h"
+#include "format/error.h"
+#include "format/llama2c.h"
+#include "format/tokenizer.h"
 
 namespace kvdiff::harness {
 namespace {

@@ -13,8 +13,8 @@
 
 #include "harness/backend.h"
 #include "harness/compare.h"
-#include "harness/format/model_files.h"
-#include "harness/format/tokenizer.h"
+#include "format/model_files.h"
+#include "format/tokenizer.h"
 #include "harness/scenario.h"
 
 namespace kvdiff::harness {

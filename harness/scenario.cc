@@ -8,7 +8,7 @@
 #include <set>
 #include <sstream>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 
 namespace kvdiff::harness {
 namespace {

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/format/config.h"
-#include "harness/format/tensor.h"
+#include "format/config.h"
+#include "format/tensor.h"
 
 namespace kvdiff::harness {
 

@@ -6,7 +6,7 @@
 #include <fstream>
 #include <vector>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 
 namespace kvdiff::harness {
 namespace {

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "harness/format/error.h"
-#include "harness/format/tensor.h"
+#include "format/error.h"
+#include "format/tensor.h"
 
 namespace kvdiff::impl {
 namespace {

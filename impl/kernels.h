@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "harness/format/config.h"
+#include "format/config.h"
 #include "impl/thread_pool.h"
 
 namespace kvdiff::impl {

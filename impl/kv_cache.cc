@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 
 namespace kvdiff::impl {
 

@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "harness/format/config.h"
-#include "harness/format/tensor.h"
+#include "format/config.h"
+#include "format/tensor.h"
 
 namespace kvdiff::impl {
 

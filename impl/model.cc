@@ -10,7 +10,7 @@
 #include <mutex>
 #include <string>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 #include "impl/kernels.h"
 #include "impl/session.h"
 #include "impl/thread_pool.h"

@@ -5,8 +5,8 @@
 #include <filesystem>
 #include <memory>
 
-#include "harness/format/model_files.h"
-#include "harness/format/tensor.h"
+#include "format/model_files.h"
+#include "format/tensor.h"
 #include "impl/kv_cache.h"
 
 namespace kvdiff::impl {

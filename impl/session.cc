@@ -1,6 +1,6 @@
 #include "impl/session.h"
 
-#include "harness/format/error.h"
+#include "format/error.h"
 #include "impl/model.h"
 
 namespace kvdiff::impl {

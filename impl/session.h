@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "harness/format/tensor.h"
+#include "format/tensor.h"
 #include "impl/kv_cache.h"
 
 namespace kvdiff::impl {

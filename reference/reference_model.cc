@@ -23,7 +23,7 @@
 #include <utility>
 #include <vector>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 
 namespace kvdiff::ref {
 namespace {

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "harness/format/model_files.h"
-#include "harness/format/tensor.h"
+#include "format/model_files.h"
+#include "format/tensor.h"
 
 namespace kvdiff::ref {
 

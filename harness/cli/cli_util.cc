@@ -4,7 +4,7 @@
 #include <cctype>
 #include <sstream>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 
 namespace kvdiff::cli {
 namespace {

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/format/tensor.h"
+#include "format/tensor.h"
 
 namespace kvdiff::cli {
 

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "harness/backend.h"
-#include "harness/bench.h"
+#include "bench/bench.h"
 #include "harness/cli/commands.h"
-#include "harness/format/error.h"
+#include "format/error.h"
 
 namespace kvdiff::cli {
 namespace {
@@ -83,22 +83,22 @@ std::string Ratio(double impl, double ref, bool higher_is_better, const char* be
                      gain >= 1 ? better : worse);
 }
 
-json Figures(const harness::BenchOptions& options, const harness::ModelSource& source,
+json Figures(const bench::BenchOptions& options, const bench::ModelSource& source,
              const std::string& backend) {
-  return harness::MeasureBackend(backend, source, options).ToJson();
+  return bench::MeasureBackend(backend, source, options).ToJson();
 }
 
 double Bandwidth(int threads) {
-  return harness::RunInChild([threads] { return json(harness::MeasureReadBandwidth(threads)); })
+  return bench::RunInChild([threads] { return json(bench::MeasureReadBandwidth(threads)); })
       .get<double>();
 }
 
-void RunFigures(const BenchArgs& args, const harness::ModelSource& source,
+void RunFigures(const BenchArgs& args, const bench::ModelSource& source,
                 const std::vector<std::string>& backends, int threads) {
   const format::LlamaConfig config = source.Config();
-  const double weight_mb = harness::WeightBytes(config) / 1e6;
-  const double decode_mb = harness::DecodeWeightBytes(config) / 1e6;
-  const double load_before = harness::LoadAverage1();
+  const double weight_mb = bench::WeightBytes(config) / 1e6;
+  const double decode_mb = bench::DecodeWeightBytes(config) / 1e6;
+  const double load_before = bench::LoadAverage1();
   fmt::print("kvdiff bench: {}, float32, {} threads, {} ({} cores)\n", source.Describe(), threads,
              CpuName(), std::thread::hardware_concurrency());
   fmt::print("weights {:.1f} MB in memory; a decode step reads {:.1f} MB of them\n", weight_mb,
@@ -106,7 +106,7 @@ void RunFigures(const BenchArgs& args, const harness::ModelSource& source,
   fmt::print("1-minute load average before: {:.2f}\n", load_before);
   std::fflush(stdout);
 
-  harness::BenchOptions options;
+  bench::BenchOptions options;
   options.threads = threads;
   options.reps = args.reps;
   options.max_seconds = args.max_seconds;
@@ -114,17 +114,17 @@ void RunFigures(const BenchArgs& args, const harness::ModelSource& source,
   // The machine's bandwidth, from a separate 1 GiB buffer; the limit the impl is held to is the
   // bandwidth measured inside its own run, interleaved with its decode steps (see BackendFigures).
   const double bandwidth_1gib = Bandwidth(threads);
-  std::map<std::string, harness::BackendFigures> figures;
+  std::map<std::string, bench::BackendFigures> figures;
   for (const std::string& backend : backends) {
     fmt::print("measuring {} ...\n", backend);
     std::fflush(stdout);
-    figures[backend] = harness::BackendFigures::FromJson(
-        harness::RunInChild([&] { return Figures(options, source, backend); }));
+    figures[backend] = bench::BackendFigures::FromJson(
+        bench::RunInChild([&] { return Figures(options, source, backend); }));
   }
   const bool impl_ran = figures.count("impl") > 0;
   const double bandwidth = impl_ran ? figures["impl"].bandwidth_gb_s : bandwidth_1gib;
   const double limit_tok_s = bandwidth * 1e3 / decode_mb;
-  const double load_after = harness::LoadAverage1();
+  const double load_after = bench::LoadAverage1();
 
   fmt::print(
       "\nmemory read bandwidth: {:.1f} GB/s -> decode limit {:.1f} tok/s ({:.1f} MB of weights "
@@ -147,23 +147,23 @@ void RunFigures(const BenchArgs& args, const harness::ModelSource& source,
   fmt::print("\n");
   struct Row {
     const char* label;
-    double harness::BackendFigures::*field;
+    double bench::BackendFigures::*field;
     const char* spec;
     bool higher_is_better;
   };
   const Row rows[] = {
-      {"prefill 128 (tok/s)", &harness::BackendFigures::prefill_tok_s, "{:.1f}", true},
-      {"decode @ ctx 64 (tok/s)", &harness::BackendFigures::decode_tok_s_ctx64, "{:.1f}", true},
-      {"decode @ ctx 512 (tok/s)", &harness::BackendFigures::decode_tok_s_ctx512, "{:.1f}", true},
-      {"ForwardFull 128 (s)", &harness::BackendFigures::full_forward_s_128, "{:.3f}", false},
-      {"ForwardFull 512 (s)", &harness::BackendFigures::full_forward_s_512, "{:.3f}", false},
-      {"peak RSS (MB)", &harness::BackendFigures::peak_rss_mb, "{:.0f}", false},
-      {"  with ForwardFull (MB)", &harness::BackendFigures::peak_rss_with_full_forward_mb, "{:.0f}",
+      {"prefill 128 (tok/s)", &bench::BackendFigures::prefill_tok_s, "{:.1f}", true},
+      {"decode @ ctx 64 (tok/s)", &bench::BackendFigures::decode_tok_s_ctx64, "{:.1f}", true},
+      {"decode @ ctx 512 (tok/s)", &bench::BackendFigures::decode_tok_s_ctx512, "{:.1f}", true},
+      {"ForwardFull 128 (s)", &bench::BackendFigures::full_forward_s_128, "{:.3f}", false},
+      {"ForwardFull 512 (s)", &bench::BackendFigures::full_forward_s_512, "{:.3f}", false},
+      {"peak RSS (MB)", &bench::BackendFigures::peak_rss_mb, "{:.0f}", false},
+      {"  with ForwardFull (MB)", &bench::BackendFigures::peak_rss_with_full_forward_mb, "{:.0f}",
        false},
-      {"  process before load (MB)", &harness::BackendFigures::baseline_rss_mb, "{:.0f}", false},
-      {"  after load (MB)", &harness::BackendFigures::loaded_rss_mb, "{:.0f}", false},
-      {"  peak while loading (MB)", &harness::BackendFigures::load_peak_rss_mb, "{:.0f}", false},
-      {"load (s)", &harness::BackendFigures::load_s, "{:.2f}", false},
+      {"  process before load (MB)", &bench::BackendFigures::baseline_rss_mb, "{:.0f}", false},
+      {"  after load (MB)", &bench::BackendFigures::loaded_rss_mb, "{:.0f}", false},
+      {"  peak while loading (MB)", &bench::BackendFigures::load_peak_rss_mb, "{:.0f}", false},
+      {"load (s)", &bench::BackendFigures::load_s, "{:.2f}", false},
   };
   for (const Row& row : rows) {
     fmt::print("{:<26}", row.label);
@@ -188,7 +188,7 @@ void RunFigures(const BenchArgs& args, const harness::ModelSource& source,
               {"weights_mb", weight_mb},
               {"decode_bytes_per_token_mb", decode_mb},
               {"decode_limit_tok_s", limit_tok_s},
-              {"kv_cache_mb_per_position", harness::KvBytesPerPosition(config) / 1e6},
+              {"kv_cache_mb_per_position", bench::KvBytesPerPosition(config) / 1e6},
               {"load_1min_before", load_before},
               {"load_1min_after", load_after},
               {"cpu", CpuName()},
@@ -198,7 +198,7 @@ void RunFigures(const BenchArgs& args, const harness::ModelSource& source,
 
   fmt::print("\n");
   if (has_impl) {
-    const harness::BackendFigures& f = figures["impl"];
+    const bench::BackendFigures& f = figures["impl"];
     const double fraction = f.decode_fraction_ctx64;
     out["impl_decode_fraction_of_limit"] = fraction;
     out["impl_decode_fraction_of_limit_ctx512"] = f.decode_fraction_ctx512;
@@ -207,7 +207,7 @@ void RunFigures(const BenchArgs& args, const harness::ModelSource& source,
         "(median over steps of read time / step time); @ ctx 512: {:.0f}%\n",
         f.decode_tok_s_ctx64, 100 * fraction, limit_tok_s, 100 * f.decode_fraction_ctx512);
     // Serving memory: the weights, the cache of the 513 positions decoded at, and the rest.
-    const double kv_mb = 513 * harness::KvBytesPerPosition(config) / 1e6;
+    const double kv_mb = 513 * bench::KvBytesPerPosition(config) / 1e6;
     const double budget = (weight_mb + kv_mb) * 1.10;
     const double used = f.peak_rss_mb - f.baseline_rss_mb;
     out["impl_memory_budget_mb"] = budget;
@@ -224,7 +224,7 @@ void RunFigures(const BenchArgs& args, const harness::ModelSource& source,
       if (path.find("libblas.so") == std::string::npos && path.find("mkl") == std::string::npos) {
         continue;  // libopenblas.so.0 behind libblas.so.3, or liblapack: the BLAS is named below
       }
-      fmt::print("{}'s BLAS (LibTorch's GEMMs): {}: {}\n", name, path, harness::BlasKind(path));
+      fmt::print("{}'s BLAS (LibTorch's GEMMs): {}: {}\n", name, path, bench::BlasKind(path));
     }
   }
   if (has_impl && has_ref) {
@@ -248,17 +248,17 @@ void RunFigures(const BenchArgs& args, const harness::ModelSource& source,
   }
 }
 
-void RunCurve(const BenchArgs& args, const harness::ModelSource& source,
+void RunCurve(const BenchArgs& args, const bench::ModelSource& source,
               const std::vector<std::string>& backends, int threads) {
   const format::LlamaConfig config = source.Config();
-  harness::CostCurve curve;
+  bench::CostCurve curve;
   double bandwidth = 0;
-  double load = harness::LoadAverage1();
+  double load = bench::LoadAverage1();
   if (args.replot) {
-    curve = harness::ReadCostCsv(args.curve_path);
+    curve = bench::ReadCostCsv(args.curve_path);
   } else {
-    curve.contexts = harness::PowersOfTwo(args.curve_max);
-    harness::BenchOptions options;
+    curve.contexts = bench::PowersOfTwo(args.curve_max);
+    bench::BenchOptions options;
     options.threads = threads;
     options.reps = args.reps;
     options.max_seconds = args.max_seconds;
@@ -267,9 +267,9 @@ void RunCurve(const BenchArgs& args, const harness::ModelSource& source,
     for (const std::string& backend : backends) {
       fmt::print("measuring {} ...\n", backend);
       std::fflush(stdout);
-      const json j = harness::RunInChild([&] {
-        const harness::CostSeries s =
-            harness::MeasureCostSeries(backend, source, options, curve.contexts);
+      const json j = bench::RunInChild([&] {
+        const bench::CostSeries s =
+            bench::MeasureCostSeries(backend, source, options, curve.contexts);
         auto nums = [](const std::vector<double>& v) {
           json a = json::array();
           for (double x : v) a.push_back(std::isnan(x) ? json(nullptr) : json(x));
@@ -279,7 +279,7 @@ void RunCurve(const BenchArgs& args, const harness::ModelSource& source,
                     {"uncached_ms", nums(s.uncached_ms)},
                     {"weights_read_ms", s.weights_read_ms}};
       });
-      harness::CostSeries s;
+      bench::CostSeries s;
       s.backend = backend;
       s.weights_read_ms = j.at("weights_read_ms").get<double>();
       for (const auto& v : j.at("cached_ms"))
@@ -288,8 +288,8 @@ void RunCurve(const BenchArgs& args, const harness::ModelSource& source,
         s.uncached_ms.push_back(v.is_null() ? NAN : v.get<double>());
       curve.series.push_back(std::move(s));
     }
-    load = std::max(load, harness::LoadAverage1());
-    harness::WriteCostCsv(args.curve_path, curve);
+    load = std::max(load, bench::LoadAverage1());
+    bench::WriteCostCsv(args.curve_path, curve);
     fmt::print("{:>8}", "context");
     for (const auto& s : curve.series) {
       fmt::print("{:>18}{:>18}", s.backend + " cached ms", s.backend + " uncached ms");
@@ -306,21 +306,21 @@ void RunCurve(const BenchArgs& args, const harness::ModelSource& source,
     fmt::print("wrote {}\n", args.curve_path);
   }
   if (args.plot_path.empty()) return;
-  harness::PlotNotes notes;
+  bench::PlotNotes notes;
   notes.title = "One decode step: with a KV cache (cached) vs recomputing the history (uncached)";
   notes.lines.push_back(fmt::format(
       "{}: {} layers, hidden {}, {:.0f} MB float32 weights; {} threads on {} ({} cores)",
       source.Describe(), config.num_hidden_layers, config.hidden_size,
-      harness::WeightBytes(config) / 1e6, threads, CpuName(), std::thread::hardware_concurrency()));
+      bench::WeightBytes(config) / 1e6, threads, CpuName(), std::thread::hardware_concurrency()));
   if (!args.replot) {
     // The floor: the first series' own weight reads (the impl's when it ran), at its threads.
     notes.bandwidth_floor_ms = curve.series.front().weights_read_ms;
-    bandwidth = harness::DecodeWeightBytes(config) / (notes.bandwidth_floor_ms * 1e-3) / 1e9;
+    bandwidth = bench::DecodeWeightBytes(config) / (notes.bandwidth_floor_ms * 1e-3) / 1e9;
     notes.lines.push_back(fmt::format(
         "each point: the median of {} runs; 1-minute load average up to {:.2f}; the green line: a "
         "plain streaming read ({:.1f} GB/s)",
         args.reps, load, bandwidth));
-    for (const harness::CostSeries& s : curve.series) {
+    for (const bench::CostSeries& s : curve.series) {
       for (size_t i = 0; i < curve.contexts.size(); ++i) {
         if (!std::isnan(s.uncached_ms[i])) continue;
         notes.lines.push_back(fmt::format(
@@ -345,7 +345,7 @@ void RunCurve(const BenchArgs& args, const harness::ModelSource& source,
   }
   std::ofstream file(args.plot_path);
   KVDIFF_CHECK(file.good(), "--plot: cannot write {}", args.plot_path);
-  file << harness::CostCurveSvg(curve, notes);
+  file << bench::CostCurveSvg(curve, notes);
   KVDIFF_CHECK(file.good(), "--plot: writing {} failed", args.plot_path);
   fmt::print("wrote {}\n", args.plot_path);
 }
@@ -391,7 +391,7 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
   cmd->callback([args, &exit_code] {
     KVDIFF_CHECK(args->curve_path.empty() ? args->plot_path.empty() && !args->replot : true,
                  "--plot and --replot need --curve (the CSV to write or read)");
-    harness::ModelSource source;
+    bench::ModelSource source;
     if (!args->model.empty()) {
       source.dir = args->model;
     } else if (args->preset) {

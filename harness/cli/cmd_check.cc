@@ -11,7 +11,7 @@
 #include "harness/backend.h"
 #include "harness/campaign.h"
 #include "harness/cli/commands.h"
-#include "harness/format/error.h"
+#include "format/error.h"
 #include "harness/report.h"
 #include "harness/runner.h"
 

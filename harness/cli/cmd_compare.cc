@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "harness/cli/commands.h"
-#include "harness/format/error.h"
-#include "harness/format/safetensors.h"
+#include "format/error.h"
+#include "format/safetensors.h"
 
 namespace kvdiff::cli {
 namespace {

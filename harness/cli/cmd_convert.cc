@@ -6,9 +6,9 @@
 #include <string>
 
 #include "harness/cli/commands.h"
-#include "harness/format/llama2c.h"
-#include "harness/format/model_files.h"
-#include "harness/format/tokenizer.h"
+#include "format/llama2c.h"
+#include "format/model_files.h"
+#include "format/tokenizer.h"
 
 namespace kvdiff::cli {
 

@@ -11,10 +11,10 @@
 
 #include "harness/backend.h"
 #include "harness/cli/commands.h"
-#include "harness/format/error.h"
+#include "format/error.h"
 #include "harness/cli/cli_util.h"
-#include "harness/format/model_files.h"
-#include "harness/format/safetensors.h"
+#include "format/model_files.h"
+#include "format/safetensors.h"
 
 namespace kvdiff::cli {
 namespace {

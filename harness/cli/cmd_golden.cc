@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "harness/cli/commands.h"
-#include "harness/format/error.h"
+#include "format/error.h"
 #include "harness/golden.h"
 #include "harness/report.h"
 #include "harness/scenario.h"

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "harness/cli/commands.h"
-#include "harness/format/model_files.h"
+#include "format/model_files.h"
 
 namespace kvdiff::cli {
 namespace {

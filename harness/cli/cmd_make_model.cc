@@ -6,8 +6,8 @@
 #include <string>
 
 #include "harness/cli/commands.h"
-#include "harness/format/error.h"
-#include "harness/format/model_files.h"
+#include "format/error.h"
+#include "format/model_files.h"
 
 namespace kvdiff::cli {
 namespace {

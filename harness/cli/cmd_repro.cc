@@ -13,9 +13,9 @@
 
 #include "harness/cli/cli_util.h"
 #include "harness/cli/commands.h"
-#include "harness/format/error.h"
-#include "harness/format/model_files.h"
-#include "harness/format/tokenizer.h"
+#include "format/error.h"
+#include "format/model_files.h"
+#include "format/tokenizer.h"
 #include "harness/report.h"
 #include "harness/repro.h"
 #include "harness/runner.h"

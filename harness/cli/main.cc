@@ -8,7 +8,7 @@
 #include <new>
 
 #include "harness/cli/commands.h"
-#include "harness/format/error.h"
+#include "format/error.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"kvdiff: prove that a KV-cache implementation of a Llama model is right"};

@@ -1,6 +1,6 @@
 // kvdiff bench: what it writes and how it fails, never how fast anything is (times are only
 // checked to be positive numbers). A tiny model with 1024 positions keeps every run short.
-#include "harness/bench.h"
+#include "bench/bench.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 #include <csignal>
 #include <nlohmann/json.hpp>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 #include "tests/harness/harness_test_util.h"
 #include "tests/test_support.h"
 
@@ -61,7 +61,7 @@ TEST(BenchCli, CurveWritesCsvAndSvgAndReplotsFromTheCsv) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const std::string csv = ReadFile(dir / "c.csv");
   EXPECT_EQ(csv.substr(0, csv.find('\n')), "context,impl_cached_ms,impl_uncached_ms");
-  const harness::CostCurve curve = harness::ReadCostCsv(dir / "c.csv");
+  const bench::CostCurve curve = bench::ReadCostCsv(dir / "c.csv");
   EXPECT_EQ(curve.contexts, (std::vector<int64_t>{1, 2, 4, 8}));
   ASSERT_EQ(curve.series.size(), 1u);
   for (double ms : curve.series[0].cached_ms) EXPECT_GT(ms, 0);
@@ -100,36 +100,36 @@ TEST(BenchCsv, MalformedFilesAreRefusedWithTheLine) {
   TempDir dir;
   WriteFile(dir / "a.csv", "context,impl_cached_ms\n1,2\n");
   try {
-    harness::ReadCostCsv(dir / "a.csv");
+    bench::ReadCostCsv(dir / "a.csv");
     FAIL() << "expected InputError";
   } catch (const InputError& e) {
     EXPECT_THAT(e.what(), HasSubstr("expected a header \"context,<backend>_cached_ms"));
   }
   WriteFile(dir / "b.csv", "context,impl_cached_ms,impl_uncached_ms\n1,2,3\n2,x,4\n");
   try {
-    harness::ReadCostCsv(dir / "b.csv");
+    bench::ReadCostCsv(dir / "b.csv");
     FAIL() << "expected InputError";
   } catch (const InputError& e) {
     EXPECT_THAT(e.what(), HasSubstr("line 3: expected a number, got \"x\""));
   }
   // An empty cell is a skipped point (NaN), and survives a write and a read.
   WriteFile(dir / "c.csv", "context,impl_cached_ms,impl_uncached_ms\n1,2,\n");
-  const harness::CostCurve curve = harness::ReadCostCsv(dir / "c.csv");
+  const bench::CostCurve curve = bench::ReadCostCsv(dir / "c.csv");
   EXPECT_TRUE(std::isnan(curve.series[0].uncached_ms[0]));
-  harness::WriteCostCsv(dir / "d.csv", curve);
+  bench::WriteCostCsv(dir / "d.csv", curve);
   EXPECT_EQ(ReadFile(dir / "d.csv"), "context,impl_cached_ms,impl_uncached_ms\n1,2.0000,\n");
 }
 
 TEST(BenchChild, ResultsAndErrorsComeBackFromTheChild) {
-  EXPECT_EQ(harness::RunInChild([] { return json{{"x", 3}}; }), (json{{"x", 3}}));
+  EXPECT_EQ(bench::RunInChild([] { return json{{"x", 3}}; }), (json{{"x", 3}}));
   try {
-    harness::RunInChild([]() -> json { throw InputError("bad thing: 7"); });
+    bench::RunInChild([]() -> json { throw InputError("bad thing: 7"); });
     FAIL() << "expected InputError";
   } catch (const InputError& e) {
     EXPECT_STREQ(e.what(), "bad thing: 7");
   }
   try {
-    harness::RunInChild([]() -> json {
+    bench::RunInChild([]() -> json {
       std::raise(SIGKILL);
       return nullptr;
     });

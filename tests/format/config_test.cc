@@ -1,6 +1,6 @@
 // config.json parsing and validation: real configs, defaults, llama3 rope scaling, and every
 // refusal with the field named in the message.
-#include "harness/format/config.h"
+#include "format/config.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -8,8 +8,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "harness/format/error.h"
-#include "harness/format/model_files.h"
+#include "format/error.h"
+#include "format/model_files.h"
 #include "tests/test_support.h"
 
 namespace kvdiff::format {

@@ -10,8 +10,8 @@
 #include <limits>
 #include <string>
 
-#include "harness/format/model_files.h"
-#include "harness/format/safetensors.h"
+#include "format/model_files.h"
+#include "format/safetensors.h"
 #include "tests/test_support.h"
 
 namespace kvdiff::format {

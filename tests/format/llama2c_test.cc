@@ -1,7 +1,7 @@
 // llama2.c checkpoints: header checks, refusal of inconsistent files, the wq/wk RoPE permutation
 // (proved on a synthetic checkpoint against llama2.c's own interleaved RoPE), and the conversion
 // of the real stories260K.
-#include "harness/format/llama2c.h"
+#include "format/llama2c.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/format/error.h"
-#include "harness/format/tokenizer.h"
+#include "format/error.h"
+#include "format/tokenizer.h"
 #include "tests/test_support.h"
 
 namespace kvdiff::format {

@@ -1,7 +1,7 @@
 // Model directories: expected tensors, presets, loading errors, sharded checkpoints, and the
 // deterministic random weights (PRNG re-implemented here from its published definition, and the
 // weight scales measured).
-#include "harness/format/model_files.h"
+#include "format/model_files.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "harness/format/error.h"
-#include "harness/format/prng.h"
+#include "format/error.h"
+#include "format/prng.h"
 #include "tests/test_support.h"
 
 namespace kvdiff::format {
@@ -22,7 +22,7 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-// --- the PRNG, written again from the papers, independent of harness/format/prng.h ---------------
+// --- the PRNG, written again from the papers, independent of format/prng.h ---------------
 namespace independent {
 uint64_t splitmix_next(uint64_t* x) {
   uint64_t z = (*x += 0x9e3779b97f4a7c15);

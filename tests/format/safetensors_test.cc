@@ -1,6 +1,6 @@
 // safetensors: every malformed-file case, written byte by byte, must give a clear error; the 16-bit
 // conversions are checked exhaustively against values computed independently in the test.
-#include "harness/format/safetensors.h"
+#include "format/safetensors.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 #include "tests/test_support.h"
 
 namespace kvdiff::format {

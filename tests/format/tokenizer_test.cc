@@ -1,6 +1,6 @@
 // The llama2.c tokenizer: tok512.bin parsing, encode against a scalar re-implementation kept here,
 // round trips, the tie rule, our JSON file, and refusal of malformed files.
-#include "harness/format/tokenizer.h"
+#include "format/tokenizer.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -12,7 +12,7 @@
 #include <typeinfo>
 #include <vector>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 #include "tests/test_support.h"
 
 namespace kvdiff::format {

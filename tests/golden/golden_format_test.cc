@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 #include "harness/golden.h"
 #include "tests/harness/harness_test_util.h"
 #include "tests/test_support.h"

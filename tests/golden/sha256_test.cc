@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 #include "tests/test_support.h"
 
 namespace kvdiff::harness {

@@ -7,7 +7,7 @@
 #include <limits>
 #include <vector>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 
 namespace kvdiff::harness {
 namespace {

@@ -14,8 +14,8 @@
 
 #include "harness/backend.h"
 #include "harness/drivers.h"
-#include "harness/format/error.h"
-#include "harness/format/llama2c.h"
+#include "format/error.h"
+#include "format/llama2c.h"
 #include "harness/report.h"
 #include "harness/scenario.h"
 #include "tests/harness/harness_test_util.h"

@@ -7,8 +7,8 @@
 #include <set>
 
 #include "harness/campaign.h"
-#include "harness/format/error.h"
-#include "harness/format/model_files.h"
+#include "format/error.h"
+#include "format/model_files.h"
 
 namespace kvdiff::harness {
 namespace {

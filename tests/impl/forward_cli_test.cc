@@ -11,7 +11,7 @@
 #include <sstream>
 #include <string>
 
-#include "harness/format/safetensors.h"
+#include "format/safetensors.h"
 #include "impl/model.h"
 #include "tests/test_support.h"
 

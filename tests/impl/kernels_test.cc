@@ -9,8 +9,8 @@
 #include <random>
 #include <vector>
 
-#include "harness/format/config.h"
-#include "harness/format/error.h"
+#include "format/config.h"
+#include "format/error.h"
 #include "impl/thread_pool.h"
 
 namespace kvdiff::impl {

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 #include "impl/kernels.h"
 #include "impl/model.h"
 #include "impl/session.h"

@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 #include "impl/model.h"
 #include "impl/session.h"
 #include "tests/impl/impl_test_util.h"

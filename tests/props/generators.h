@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "harness/format/config.h"
-#include "harness/format/model_files.h"
-#include "harness/format/tensor.h"
+#include "format/config.h"
+#include "format/model_files.h"
+#include "format/tensor.h"
 
 namespace kvdiff::props {
 

@@ -1,6 +1,6 @@
 #include "tests/props/raw_drivers.h"
 
-#include "harness/format/error.h"
+#include "format/error.h"
 #include "impl/kv_cache.h"
 #include "impl/model.h"
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 
 namespace kvdiff::props {
 namespace {

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "harness/backend.h"
-#include "harness/format/model_files.h"
-#include "harness/format/tensor.h"
+#include "format/model_files.h"
+#include "format/tensor.h"
 
 namespace kvdiff::props {
 

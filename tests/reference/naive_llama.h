@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/format/model_files.h"
-#include "harness/format/tensor.h"
+#include "format/model_files.h"
+#include "format/tensor.h"
 
 namespace kvdiff::testing {
 

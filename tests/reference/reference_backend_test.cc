@@ -5,7 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 #include "tests/reference/reference_test_util.h"
 
 namespace kvdiff::harness {

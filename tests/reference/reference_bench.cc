@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/format/model_files.h"
+#include "format/model_files.h"
 #include "impl/model.h"
 #include "impl/session.h"
 #include "reference/reference_model.h"

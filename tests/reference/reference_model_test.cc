@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 #include "tests/reference/naive_llama.h"
 #include "tests/reference/reference_test_util.h"
 

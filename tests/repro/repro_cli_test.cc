@@ -6,7 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "harness/format/model_files.h"
+#include "format/model_files.h"
 #include "harness/scenario.h"
 #include "tests/repro/repro_test_util.h"
 #include "tests/test_support.h"

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "harness/format/tokenizer.h"
+#include "format/tokenizer.h"
 #include "harness/repro.h"
 #include "tests/repro/repro_test_util.h"
 #include "tests/test_support.h"

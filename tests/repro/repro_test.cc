@@ -6,7 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 #include "harness/scenario.h"
 #include "impl/model.h"
 #include "tests/repro/repro_test_util.h"

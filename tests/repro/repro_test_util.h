@@ -6,9 +6,9 @@
 #include <memory>
 #include <string>
 
-#include "harness/format/llama2c.h"
-#include "harness/format/model_files.h"
-#include "harness/format/tensor.h"
+#include "format/llama2c.h"
+#include "format/model_files.h"
+#include "format/tensor.h"
 #include "tests/harness/harness_test_util.h"
 
 namespace kvdiff::testing {

@@ -1,4 +1,4 @@
-#include "harness/format/tokenizer.h"
+#include "format/tokenizer.h"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 
 namespace kvdiff::format {
 namespace {

@@ -13,7 +13,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "harness/format/model_files.h"
+#include "format/model_files.h"
 
 namespace kvdiff::format {
 

@@ -4,7 +4,7 @@
 // relative to the data section) plus an optional "__metadata__" object of strings. The reader is as
 // strict as the reference implementation: the tensors must tile the data section exactly (no
 // overlap, no gap, no trailing bytes), because a file that does not is truncated or corrupt.
-#include "harness/format/safetensors.h"
+#include "format/safetensors.h"
 
 #include <fcntl.h>
 #include <fmt/ranges.h>
@@ -21,7 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "kvdiff reads and writes safetensors by memcpy and assumes a little-endian host"

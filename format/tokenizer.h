@@ -16,7 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "harness/format/tensor.h"
+#include "format/tensor.h"
 
 namespace kvdiff::format {
 

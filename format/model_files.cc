@@ -1,4 +1,4 @@
-#include "harness/format/model_files.h"
+#include "format/model_files.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -10,8 +10,8 @@
 #include <set>
 #include <sstream>
 
-#include "harness/format/error.h"
-#include "harness/format/prng.h"
+#include "format/error.h"
+#include "format/prng.h"
 
 namespace kvdiff::format {
 namespace {

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/format/config.h"
-#include "harness/format/safetensors.h"
+#include "format/config.h"
+#include "format/safetensors.h"
 
 namespace kvdiff::format {
 
@@ -64,7 +64,7 @@ void SaveModel(const std::filesystem::path& dir, const ModelWeights& model, DTyp
 // Presets: "tiny" and "smollm2-135m". Throws InputError listing the known names.
 LlamaConfig PresetConfig(const std::string& preset);
 std::vector<std::string> PresetNames();
-// Random weights from a seed with kvdiff's own PRNG (harness/format/prng.h): identical on every
+// Random weights from a seed with kvdiff's own PRNG (format/prng.h): identical on every
 // platform. Scaled so that logits have a standard deviation of about 3 and attention scores of
 // about 4 (see model_files.cc for the reasoning).
 ModelWeights MakeRandomModel(const LlamaConfig& config, uint64_t seed);

@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "harness/format/config.h"
-#include "harness/format/model_files.h"
+#include "format/config.h"
+#include "format/model_files.h"
 
-namespace kvdiff::harness {
+namespace kvdiff::bench {
 
 // Where a benchmark gets its weights: a model directory, or a preset with random weights.
 struct ModelSource {
@@ -151,4 +151,4 @@ std::string CostCurveSvg(const CostCurve& curve, const PlotNotes& notes);
 // std::runtime_error with their message; a child killed by a signal is reported with the signal.
 nlohmann::json RunInChild(const std::function<nlohmann::json()>& fn);
 
-}  // namespace kvdiff::harness
+}  // namespace kvdiff::bench

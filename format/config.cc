@@ -1,4 +1,4 @@
-#include "harness/format/config.h"
+#include "format/config.h"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "harness/format/error.h"
+#include "format/error.h"
 
 namespace kvdiff::format {
 namespace {

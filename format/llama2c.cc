@@ -1,4 +1,4 @@
-#include "harness/format/llama2c.h"
+#include "format/llama2c.h"
 
 #include <fmt/format.h>
 
@@ -7,8 +7,8 @@
 #include <optional>
 #include <string>
 
-#include "harness/format/error.h"
-#include "harness/format/tokenizer.h"
+#include "format/error.h"
+#include "format/tokenizer.h"
 
 namespace kvdiff::format {
 namespace {

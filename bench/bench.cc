@@ -1,4 +1,4 @@
-#include "harness/bench.h"
+#include "bench/bench.h"
 
 #include <fmt/format.h>
 #include <sys/wait.h>
@@ -18,15 +18,20 @@
 #include <thread>
 
 #include "harness/backend.h"
-#include "harness/format/error.h"
+#include "format/error.h"
 #include "harness/report.h"
 #include "impl/thread_pool.h"
 
-namespace kvdiff::harness {
+namespace kvdiff::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
+using harness::Backend;
+using harness::BackendSession;
+using harness::MakeBackend;
+using harness::Number;
+using harness::XmlEscape;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // Prompt lengths of the figures (the JSON keys name them, so they are fixed).
@@ -793,4 +798,4 @@ json RunInChild(const std::function<json()>& fn) {
       "the benchmark's child process exited with status {} and no result", WEXITSTATUS(status)));
 }
 
-}  // namespace kvdiff::harness
+}  // namespace kvdiff::bench
