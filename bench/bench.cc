@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "harness/backend.h"
+#include "harness/registry.h"
 #include "format/error.h"
 #include "harness/report.h"
 #include "impl/thread_pool.h"

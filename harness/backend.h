@@ -1,5 +1,7 @@
 // Backends: every model implementation offered to the harness through one interface, so the
-// harness never asks which one it holds.
+// harness never asks which one it holds. What a backend is (its name, dtype, what raw calls it
+// offers) is its BackendInfo, kept in the registry (harness/registry.h) and asked, never guessed
+// from the name.
 #pragma once
 
 #include <cstdint>
@@ -7,11 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "format/model_files.h"
+#include "format/config.h"
 #include "format/tensor.h"
 
 namespace kvdiff::harness {
 
+// The checked API: a session owns its cache and its position; no call takes a position.
 class BackendSession {
  public:
   virtual ~BackendSession() = default;
@@ -22,19 +25,55 @@ class BackendSession {
   virtual void Reset() = 0;
 };
 
+// The raw call a port makes, unchecked: candle's forward(tokens, index_pos, cache), or
+// transformers' model(input_ids, past_key_values=cache), which reads the position from the cache.
+// The misuse drivers (harness/drivers.h) are written once against it.
+class RawCache {
+ public:
+  virtual ~RawCache() = default;
+  virtual int64_t Length() const = 0;
+  virtual void Crop(int64_t length) = 0;  // keeps the first `length` positions
+  virtual void Clear() = 0;
+  virtual std::unique_ptr<RawCache> Fork() const = 0;  // explicit deep copy
+};
+
+// How a backend's raw call treats positions; the drivers a backend can run follow from it.
+enum class RawCall {
+  kNone,               // no raw call: only the checked session API (the misuse drivers skip it)
+  kTakesPosition,      // candle: the caller passes index_pos (pos0, stale-position apply)
+  kPositionFromCache,  // transformers: the position is the cache's length; index_pos is ignored
+};
+
+class RawModel {
+ public:
+  virtual ~RawModel() = default;
+  virtual std::unique_ptr<RawCache> NewCache() const = 0;
+  virtual Logits Forward(const Tokens& tokens, int64_t index_pos, RawCache& cache,
+                         ForwardTrace* trace = nullptr) const = 0;
+};
+
+// What the registry knows about a backend before building one.
+struct BackendInfo {
+  std::string name;         // what --backends names: "impl", "ref", "ref64"
+  std::string description;  // one line for help texts and `kvdiff info`
+  std::string dtype;        // the compute dtype: "float32", "float64"
+  RawCall raw_call = RawCall::kNone;
+  bool in_default_set = false;  // run when no backend is named
+  // Sizes at which the backend's code changes path (tiles, row thresholds): the campaign's
+  // generators draw lengths around them.
+  std::vector<int64_t> interesting_sizes;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
-  virtual std::string Name() const = 0;  // "impl", "ref", "ref64"
+  virtual const BackendInfo& Info() const = 0;
+  const std::string& Name() const { return Info().name; }
   virtual const format::LlamaConfig& config() const = 0;
   virtual Logits ForwardFull(const Tokens& tokens, ForwardTrace* trace = nullptr) const = 0;
   virtual std::unique_ptr<BackendSession> NewSession() const = 0;
+  // The raw call, present exactly when Info().raw_call != kNone.
+  virtual const RawModel* Raw() const { return nullptr; }
 };
-
-// "impl", "ref", "ref64" (the last two only when built with LibTorch; otherwise InputError saying so).
-std::unique_ptr<Backend> MakeBackend(const std::string& name,
-                                     std::shared_ptr<const format::ModelWeights> weights,
-                                     int threads = 0);
-std::vector<std::string> AvailableBackends();
 
 }  // namespace kvdiff::harness

@@ -265,16 +265,17 @@ std::string CampaignReport::ToJUnit() const {
   return out;
 }
 
-CampaignReport RunCampaign(std::shared_ptr<const format::ModelWeights> weights,
-                           const ModelSpec& model, const std::vector<const Backend*>& backends,
+CampaignReport RunCampaign(const ModelSpec& model, const std::vector<const Backend*>& backends,
                            const CampaignOptions& options) {
+  KVDIFF_CHECK(!backends.empty(), "check: no backend to run");
+  const format::LlamaConfig& config = backends[0]->config();
   KVDIFF_CHECK(options.cases >= 0, "--cases: expected a count >= 0, got {}", options.cases);
   KVDIFF_CHECK(options.tolerance_abs >= 0 && std::isfinite(options.tolerance_abs),
                "--tolerance: expected a finite number >= 0, got {}", options.tolerance_abs);
   const auto start = std::chrono::steady_clock::now();
   CampaignReport report;
   report.model = model;
-  report.model_description = DescribeModel(weights->config);
+  report.model_description = DescribeModel(config);
   for (const Backend* b : backends) report.backends.push_back(b->Name());
   report.seed = options.seed;
   report.cases = options.cases;
@@ -282,11 +283,11 @@ CampaignReport RunCampaign(std::shared_ptr<const format::ModelWeights> weights,
   report.tolerance = options.tolerance_abs;
   const std::vector<int64_t> indices = ShardCases(options.cases, options.shard);
   for (int64_t k : indices) {
-    Scenario sc = GenerateCase(weights->config, model, options.seed, k);
+    Scenario sc = GenerateCase(config, model, options.seed, k);
     sc.backends = report.backends;
     sc.tolerance_abs = options.tolerance_abs;
-    ValidateScenario(sc, weights->config);  // a generator bug must not pass as a backend bug
-    const RunReport run = RunScenario(sc, weights, backends, options.run);
+    ValidateScenario(sc, config);  // a generator bug must not pass as a backend bug
+    const RunReport run = RunScenario(sc, backends, options.run);
     CaseResult result;
     result.index = k;
     result.passed = run.Passed();

@@ -36,7 +36,7 @@ struct CampaignOptions {
   int64_t cases = 0;
   Shard shard;
   std::filesystem::path out_dir = "kvdiff-failures";  // failing cases are written here
-  double tolerance_abs = 1e-4;
+  double tolerance_abs = kDefaultTolerance;
   RunOptions run;
   // Called after every case with (done, total, failures) for a progress line.
   std::function<void(int64_t, int64_t, int64_t)> progress;
@@ -55,7 +55,7 @@ struct CampaignReport {
   ModelSpec model;
   std::string model_description;
   std::vector<std::string> backends;
-  double tolerance = 1e-4;
+  double tolerance = kDefaultTolerance;
   uint64_t seed = 0;
   int64_t cases = 0;
   Shard shard;
@@ -72,8 +72,8 @@ struct CampaignReport {
   std::string ToJUnit() const;
 };
 
-CampaignReport RunCampaign(std::shared_ptr<const format::ModelWeights> weights,
-                           const ModelSpec& model, const std::vector<const Backend*>& backends,
+// The backends are built over the model `model` describes (it is recorded in failing cases).
+CampaignReport RunCampaign(const ModelSpec& model, const std::vector<const Backend*>& backends,
                            const CampaignOptions& options);
 
 }  // namespace kvdiff::harness

@@ -6,6 +6,8 @@
 #include <numeric>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "format/error.h"
 
 namespace kvdiff::harness {
@@ -28,6 +30,38 @@ std::vector<int64_t> TopK(const float* row, int64_t n, int64_t k) {
 }
 
 }  // namespace
+
+double ResolveTolerance(const std::optional<double>& flag, std::optional<double> from_file) {
+  if (flag) {
+    KVDIFF_CHECK(std::isfinite(*flag) && *flag >= 0,
+                 "--tolerance: expected a finite number >= 0, got {}", *flag);
+    return *flag;
+  }
+  return from_file.value_or(kDefaultTolerance);
+}
+
+double MaxAbsDiff(const float* a, const float* b, int64_t n) {
+  double m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i]));
+    if (!(d <= m)) m = d;  // NaN wins
+  }
+  return m;
+}
+
+std::string DescribeNonFinite(const float* row, int64_t n) {
+  int64_t nan = 0, inf = 0, first = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isfinite(row[i])) continue;
+    if (first < 0) first = i;
+    (std::isnan(row[i]) ? nan : inf) += 1;
+  }
+  if (first < 0) return "";
+  if (inf == 0) return fmt::format("{} of {} values NaN", nan, n);
+  if (nan == 0) return fmt::format("{} of {} values inf", inf, n);
+  return fmt::format("{} of {} values not finite ({} NaN, {} inf; the first at {}: {})", nan + inf,
+                     n, nan, inf, first, row[first]);
+}
 
 int64_t Argmax(const float* row, int64_t n) {
   int64_t best = -1;

@@ -2,8 +2,19 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 
 namespace kvdiff::harness {
+
+// The gate: max |a - b| over a logits row, absolute. float32 Llamas of the sizes kvdiff runs
+// agree with a float64 one to ~2e-5 (README, "Tolerances"); a wrong position or a stale cache
+// moves logits by far more.
+inline constexpr double kDefaultTolerance = 1e-4;
+
+// The tolerance of a run, resolved once: the --tolerance flag, else the file's (scenario or
+// golden), else kDefaultTolerance. InputError when the flag is negative or not finite.
+double ResolveTolerance(const std::optional<double>& flag, std::optional<double> from_file);
 
 struct RowComparison {
   // NaN/inf is checked before anything else: the first index where either row is not finite.
@@ -26,5 +37,13 @@ RowComparison CompareRows(const float* a, const float* b, int64_t n, double tole
 
 // Index of the largest value (the first one on ties, like torch.argmax); NaN never wins.
 int64_t Argmax(const float* row, int64_t n);
+
+// max |a_i - b_i| over n values, accumulated in double; NaN when any difference is NaN.
+double MaxAbsDiff(const float* a, const float* b, int64_t n);
+
+// The NaN/inf policy's one check: empty when every value is finite, else what is wrong, e.g.
+// "17 of 256 values NaN" or "3 of 256 values not finite (1 NaN, 2 inf; the first at 40: inf)".
+// A non-finite logit is a failure of its own kind, never a difference of inf.
+std::string DescribeNonFinite(const float* row, int64_t n);
 
 }  // namespace kvdiff::harness

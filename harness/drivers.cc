@@ -1,18 +1,47 @@
 #include "harness/drivers.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <map>
 
 #include "format/error.h"
-#include "impl/kv_cache.h"
-#include "impl/model.h"
-#ifdef KVDIFF_HAVE_TORCH
-#include "reference/reference_model.h"
-#endif
 
 namespace kvdiff::harness {
 namespace {
+
+// What a driver needs of a backend's raw call.
+enum class Needs { kNothing, kRawCall, kPositionArgument };
+
+struct DriverKindInfo {
+  DriverKind kind;
+  const char* name;
+  Needs needs;
+  const char* what;
+};
+
+constexpr DriverKindInfo kDriverKinds[] = {
+    {DriverKind::kSession, "session", Needs::kNothing,
+     "the checked API: one session per conversation, no position anywhere"},
+    {DriverKind::kUncached, "uncached", Needs::kNothing,
+     "no cache: every call recomputes ForwardFull of the whole history"},
+    {DriverKind::kRaw, "raw", Needs::kRawCall,
+     "the raw call used right: the caller tracks index_pos, a new cache per conversation"},
+    {DriverKind::kPos0, "pos0", Needs::kPositionArgument,
+     "the raw call with index_pos 0 on every call"},
+    {DriverKind::kReuse, "reuse", Needs::kRawCall,
+     "a new conversation reuses the previous one's cache from index_pos 0; reset never clears"},
+    {DriverKind::kQuantized, "quantized", Needs::kRawCall,
+     "reuse on candle's quantized_llama, which drops its cache when index_pos is 0"},
+    {DriverKind::kStalePosition, "stale-position", Needs::kPositionArgument,
+     "a new conversation gets a fresh cache, but index_pos carries on from the previous one"},
+};
+
+const DriverKindInfo& KindInfo(DriverKind kind) {
+  for (const DriverKindInfo& k : kDriverKinds)
+    if (k.kind == kind) return k;
+  throw std::logic_error("unknown DriverKind");
+}
 
 // The checked API: one BackendSession per conversation.
 class SessionDriver : public Driver {
@@ -37,132 +66,145 @@ class SessionDriver : public Driver {
   std::map<std::string, std::unique_ptr<BackendSession>> sessions_;
 };
 
-// candle llama.rs on impl's raw call. The caller tracks index_pos (or, for pos0, doesn't).
-// Caches are shared_ptr because `reuse` hands one cache to several conversations.
-class ImplRawDriver : public Driver {
+// No cache at all: row p of ForwardFull(history) is the uncached answer for position p.
+class UncachedDriver : public Driver {
  public:
-  ImplRawDriver(DriverKind kind, std::shared_ptr<const format::ModelWeights> weights, int threads)
-      : kind_(kind), model_(std::move(weights), threads) {
+  explicit UncachedDriver(const Backend& backend) : backend_(backend) { NewConversation("main"); }
+  void NewConversation(const std::string& name) override { histories_[name].clear(); }
+  // A trace of the call's rows would be a slice of the whole history's trace; not recorded.
+  Logits Append(const std::string& conv, const Tokens& tokens, ForwardTrace* /*trace*/) override {
+    Tokens history = histories_.at(conv);
+    history.insert(history.end(), tokens.begin(), tokens.end());
+    const Logits full = backend_.ForwardFull(history);  // (history, vocab)
+    const auto n = static_cast<int64_t>(tokens.size());
+    Logits rows = full.bottomRows(n);  // (n, vocab)
+    histories_[conv] = std::move(history);
+    return rows;
+  }
+  void Truncate(const std::string& conv, int64_t length) override {
+    Tokens& history = histories_.at(conv);
+    KVDIFF_CHECK(length >= 0 && length <= static_cast<int64_t>(history.size()),
+                 "Truncate: length {} outside [0, {}]", length, history.size());
+    history.resize(length);
+  }
+  void Fork(const std::string& from, const std::string& to) override {
+    histories_[to] = histories_.at(from);
+  }
+  void Reset(const std::string& conv) override { histories_.at(conv).clear(); }
+
+ private:
+  const Backend& backend_;
+  std::map<std::string, Tokens> histories_;
+};
+
+// The raw call: the caller holds each conversation's cache and its index_pos, right or wrong.
+// Caches are shared_ptr because `reuse` hands one cache to several conversations.
+class RawDriver : public Driver {
+ public:
+  RawDriver(DriverKind kind, const RawModel& model) : kind_(kind), model_(model) {
     NewConversation("main");
   }
   void NewConversation(const std::string& name) override {
     Conv conv;
-    if (kind_ == DriverKind::kReuse && last_) {
-      conv.cache = last_;  // the seed's bug: the previous conversation's cache, index_pos from 0
-    } else {
-      conv.cache = std::make_shared<impl::KvCache>(model_.NewCache());
-    }
-    convs_[name] = conv;
-    last_ = conv.cache;
+    const bool reuses = kind_ == DriverKind::kReuse || kind_ == DriverKind::kQuantized;
+    conv.cache = reuses && last_ ? last_->cache : model_.NewCache();
+    // stale-position: the caller's position counter was never reset for the new conversation.
+    if (kind_ == DriverKind::kStalePosition && last_) conv.index_pos = last_->index_pos;
+    Use(convs_[name] = conv);
   }
   Logits Append(const std::string& name, const Tokens& tokens, ForwardTrace* trace) override {
-    Conv& conv = convs_.at(name);
-    last_ = conv.cache;
-    // pos0: the seed's loop never passes a position (right for the first call only).
+    Conv& conv = Use(convs_.at(name));
     const int64_t index_pos = kind_ == DriverKind::kPos0 ? 0 : conv.index_pos;
+    if (kind_ == DriverKind::kQuantized && index_pos == 0) conv.cache->Clear();
     Logits logits = model_.Forward(tokens, index_pos, *conv.cache, trace);
     conv.index_pos += static_cast<int64_t>(tokens.size());
     return logits;
   }
   void Truncate(const std::string& name, int64_t length) override {
-    Conv& conv = convs_.at(name);
-    last_ = conv.cache;
-    conv.cache->SetLength(length);
+    Conv& conv = Use(convs_.at(name));
+    conv.cache->Crop(length);
     conv.index_pos = length;
   }
   void Fork(const std::string& from, const std::string& to) override {
     const Conv& src = convs_.at(from);
-    Conv conv{std::make_shared<impl::KvCache>(src.cache->Fork()), src.index_pos};
-    convs_[to] = conv;
-    last_ = conv.cache;
+    Use(convs_[to] = Conv{src.cache->Fork(), src.index_pos});
   }
   void Reset(const std::string& name) override {
-    Conv& conv = convs_.at(name);
-    last_ = conv.cache;
-    conv.index_pos = 0;
-    // llama.rs has no way to clear a cache: under `reuse` a reset only restarts the position.
+    Conv& conv = Use(convs_.at(name));
+    // llama.rs has no way to clear a cache (reuse only restarts the position); stale-position
+    // clears the cache but forgets the position.
     if (kind_ != DriverKind::kReuse) conv.cache->Clear();
+    if (kind_ != DriverKind::kStalePosition) conv.index_pos = 0;
   }
 
  private:
   struct Conv {
-    std::shared_ptr<impl::KvCache> cache;
+    std::shared_ptr<RawCache> cache;
     int64_t index_pos = 0;
   };
+  Conv& Use(Conv& conv) {
+    last_ = &conv;
+    return conv;
+  }
   DriverKind kind_;
-  impl::Model model_;
-  std::map<std::string, Conv> convs_;
-  std::shared_ptr<impl::KvCache> last_;  // the most recently used cache
+  const RawModel& model_;
+  std::map<std::string, Conv> convs_;  // std::map: last_ stays valid as conversations are added
+  const Conv* last_ = nullptr;         // the most recently used conversation
 };
-
-#ifdef KVDIFF_HAVE_TORCH
-// transformers with a DynamicCache: positions come from the cache, so the only misuse is reuse.
-class RefRawDriver : public Driver {
- public:
-  RefRawDriver(ref::Precision precision, std::shared_ptr<const format::ModelWeights> weights,
-               int threads)
-      : model_(std::move(weights), precision, threads) {
-    NewConversation("main");
-  }
-  void NewConversation(const std::string& name) override {
-    auto cache = last_ ? last_ : std::make_shared<ref::DynamicCache>();
-    convs_[name] = cache;
-    last_ = cache;
-  }
-  Logits Append(const std::string& name, const Tokens& tokens, ForwardTrace* trace) override {
-    auto& cache = convs_.at(name);
-    last_ = cache;
-    return model_.Forward(tokens, *cache, trace);
-  }
-  void Truncate(const std::string& name, int64_t length) override {
-    auto& cache = convs_.at(name);
-    last_ = cache;
-    cache->Crop(length);
-  }
-  void Fork(const std::string& from, const std::string& to) override {
-    convs_[to] = std::make_shared<ref::DynamicCache>(convs_.at(from)->Fork());
-    last_ = convs_[to];
-  }
-  // A user who reuses one DynamicCache never clears it: a reset keeps it as it is.
-  void Reset(const std::string& name) override { last_ = convs_.at(name); }
-
- private:
-  ref::ReferenceModel model_;
-  std::map<std::string, std::shared_ptr<ref::DynamicCache>> convs_;
-  std::shared_ptr<ref::DynamicCache> last_;
-};
-#endif
 
 }  // namespace
 
-std::string DriverNotApplicable(DriverKind kind, const std::string& backend_name) {
-  if (kind == DriverKind::kPos0 && backend_name != "impl") {
+std::vector<DriverKind> AllDriverKinds() {
+  std::vector<DriverKind> kinds;
+  for (const DriverKindInfo& k : kDriverKinds) kinds.push_back(k.kind);
+  return kinds;
+}
+
+std::string DriverName(DriverKind kind) { return KindInfo(kind).name; }
+std::string DriverWhat(DriverKind kind) { return KindInfo(kind).what; }
+
+DriverKind ParseDriverName(const std::string& name) {
+  std::vector<std::string> names;
+  for (const DriverKindInfo& k : kDriverKinds) {
+    if (name == k.name) return k.kind;
+    names.push_back(k.name);
+  }
+  throw InputError(fmt::format("driver: unknown driver \"{}\" (expected one of {})", name,
+                               fmt::join(names, ", ")));
+}
+
+std::string DriverNotApplicable(DriverKind kind, const BackendInfo& info) {
+  const DriverKindInfo& k = KindInfo(kind);
+  if (k.needs == Needs::kNothing) return {};
+  if (info.raw_call == RawCall::kNone) {
     return fmt::format(
-        "driver \"pos0\" does not apply to backend \"{}\": transformers' forward takes no "
-        "position (it reads it from the DynamicCache), so there is no index_pos to pass as 0; "
-        "pos0 runs on impl only",
-        backend_name);
+        "driver \"{}\" does not apply to backend \"{}\": it drives the raw call, and {} offers "
+        "only the checked session API",
+        k.name, info.name, info.name);
+  }
+  if (k.needs == Needs::kPositionArgument && info.raw_call != RawCall::kTakesPosition) {
+    return fmt::format(
+        "driver \"{}\" does not apply to backend \"{}\": its raw call takes no position (like "
+        "transformers' forward, it reads it from its cache), so there is no index_pos to get "
+        "wrong; {} runs on backends whose raw call takes index_pos",
+        k.name, info.name, k.name);
   }
   return {};
 }
 
-std::unique_ptr<Driver> MakeDriver(DriverKind kind, const Backend& backend,
-                                   std::shared_ptr<const format::ModelWeights> weights,
-                                   int threads) {
-  if (kind == DriverKind::kSession) return std::make_unique<SessionDriver>(backend);
-  const std::string name = backend.Name();
-  const std::string why = DriverNotApplicable(kind, name);
+std::unique_ptr<Driver> MakeDriver(DriverKind kind, const Backend& backend) {
+  const std::string why = DriverNotApplicable(kind, backend.Info());
   KVDIFF_CHECK(why.empty(), "{}", why);
-  if (name == "impl") return std::make_unique<ImplRawDriver>(kind, std::move(weights), threads);
-#ifdef KVDIFF_HAVE_TORCH
-  if (name == "ref" || name == "ref64") {
-    return std::make_unique<RefRawDriver>(
-        name == "ref" ? ref::Precision::kFloat32 : ref::Precision::kFloat64, std::move(weights),
-        threads);
+  switch (kind) {
+    case DriverKind::kSession:
+      return std::make_unique<SessionDriver>(backend);
+    case DriverKind::kUncached:
+      return std::make_unique<UncachedDriver>(backend);
+    default:
+      KVDIFF_CHECK(backend.Raw() != nullptr, "backend {} declares a raw call but has none",
+                   backend.Name());
+      return std::make_unique<RawDriver>(kind, *backend.Raw());
   }
-#endif
-  throw InputError(
-      fmt::format("driver \"{}\": no raw driver for backend \"{}\"", DriverName(kind), name));
 }
 
 }  // namespace kvdiff::harness

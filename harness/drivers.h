@@ -1,18 +1,39 @@
 // Drivers: how one backend's caches are driven through a scenario's conversations. The session
-// driver uses the checked API (Backend::NewSession); the misuse drivers reproduce the seed's bugs
-// on the raw calls, which the Backend interface deliberately hides, so they are built directly on
-// impl::Model::Forward(tokens, index_pos, cache) and ref::ReferenceModel::Forward(tokens, cache).
+// driver uses the checked API (Backend::NewSession); the uncached driver recomputes ForwardFull of
+// the whole history on every call (the source document's check); the raw drivers make the calls a
+// port makes on the raw API (Backend::Raw), correctly (`raw`) or in the ways the seed's bugs do.
+// Every driver is written once, against the Backend interface: none knows which backend it holds.
 #pragma once
 
 #include <memory>
 #include <string>
+#include <vector>
 
-#include "harness/backend.h"
-#include "format/model_files.h"
 #include "format/tensor.h"
-#include "harness/scenario.h"
+#include "harness/backend.h"
 
 namespace kvdiff::harness {
+
+enum class DriverKind {
+  kSession,        // the checked API: Backend::NewSession(), no position anywhere
+  kUncached,       // no cache: every call is ForwardFull of the conversation's whole history
+  kRaw,            // the raw call, used right: the caller tracks index_pos, a new cache per
+                   // conversation, reset clears the cache
+  kPos0,           // the raw call with index_pos 0 on every call (seed: pos0)
+  kReuse,          // a new conversation reuses the previous conversation's cache from index_pos
+                   // 0, and reset never clears it (seed: reuse, reuse1; llama.rs has no clear)
+  kQuantized,      // reuse on candle's quantized_llama, which drops its cache when index_pos is 0
+  kStalePosition,  // a new conversation gets a fresh cache but index_pos carries on from the
+                   // previous conversation (seed: "cannot broadcast [13, 45] to [1, 9, 13, 13]")
+};
+std::vector<DriverKind> AllDriverKinds();
+std::string DriverName(DriverKind kind);
+std::string DriverWhat(DriverKind kind);           // one line, for help texts and reports
+DriverKind ParseDriverName(const std::string& name);  // InputError listing the known names
+
+// Whether `kind` can drive a backend described by `info`: the raw drivers need a raw call, pos0
+// and stale-position one that takes a position. Empty when it applies, else the reason.
+std::string DriverNotApplicable(DriverKind kind, const BackendInfo& info);
 
 class Driver {
  public:
@@ -26,15 +47,7 @@ class Driver {
   virtual void Reset(const std::string& conversation) = 0;
 };
 
-// Whether `kind` can drive backend `backend_name`: pos0 needs a position argument, which only
-// impl's raw call has (transformers' forward takes none). Returns an empty string when it
-// applies, else the reason.
-std::string DriverNotApplicable(DriverKind kind, const std::string& backend_name);
-
-// backend: the checked backend (used by the session driver). weights/threads: the raw models of
-// the misuse drivers share these weights (no copies). Throws InputError when not applicable.
-std::unique_ptr<Driver> MakeDriver(DriverKind kind, const Backend& backend,
-                                   std::shared_ptr<const format::ModelWeights> weights,
-                                   int threads);
+// A driver with conversation "main" open. InputError when `kind` does not apply to the backend.
+std::unique_ptr<Driver> MakeDriver(DriverKind kind, const Backend& backend);
 
 }  // namespace kvdiff::harness

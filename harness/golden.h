@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "harness/backend.h"
 #include "harness/compare.h"
 #include "format/model_files.h"
+#include "harness/replay.h"
 #include "harness/runner.h"
 #include "harness/scenario.h"
 
@@ -29,8 +31,6 @@ namespace kvdiff::harness {
 inline constexpr const char* kGoldenFormat = "kvdiff-golden";
 inline constexpr int kGoldenVersion = 1;
 inline constexpr int kGoldenTopK = 10;
-// The arbiter: LibTorch in float64, transformers' semantics.
-inline constexpr const char* kGoldenDefaultBackend = "ref64";
 // regen keeps a file when nothing moved by more than this fraction of the field's tolerance: a
 // float64 backend's last bits may differ between machines (BLAS kernels, thread counts), and a
 // golden must not churn over noise a million times below what verify can see.
@@ -58,7 +58,7 @@ struct Golden {
   std::string backend;  // what produced it: ref64 by default
   std::string dtype;    // that backend's compute dtype: float64 or float32
   std::string driver;
-  double tolerance = 1e-4;  // the scenario's tolerance.abs, which verify checks with
+  double tolerance = kDefaultTolerance;  // the scenario's tolerance.abs, which verify checks with
   int top_k = kGoldenTopK;
   std::string kvdiff_version;
   std::string regenerate;  // the command that rewrites this file, run from its folder
@@ -78,7 +78,7 @@ GoldenRow SummarizeRow(const std::vector<float>& logits, int top_k);
 std::string GoldenToText(const Golden& golden);
 // Parses GoldenToText's output (full_rows left empty); InputError naming `where` and the field.
 Golden ParseGolden(const std::string& text, const std::string& where);
-// "float64" for ref64, "float32" for impl and ref.
+// The backend's compute dtype, from the registry ("float64" for ref64).
 std::string BackendDtype(const std::string& backend);
 
 // The three files of a golden set.
@@ -105,26 +105,6 @@ struct GoldenInput {
 // its files are absent here, `missing` says which and nothing is loaded.
 GoldenInput LoadGoldenInput(const std::filesystem::path& scenario_file);
 
-// One replay of a scenario on one backend with every logits row kept.
-struct RecordedRow {
-  int64_t step = 0, row = 0;
-  std::string conversation;
-  int64_t position = 0;
-  Token token = 0;
-  int64_t chosen_by = -1;     // decode rows: index of the row whose argmax chose `token`
-  std::vector<float> logits;  // (vocab)
-  RowComparison vs_oracle;    // against ForwardFull, when the replay checked it
-};
-struct Recording {
-  std::vector<RecordedRow> rows;
-  std::string error;  // not empty: the backend threw (the replay stopped there)
-};
-// Drives `backend` through the scenario's driver. check_oracle: every step's rows are compared with
-// ForwardFull over the conversation's history (the cached-vs-uncached check regen insists on).
-Recording RecordScenario(const Scenario& scenario, const Backend& backend,
-                         std::shared_ptr<const format::ModelWeights> weights, int threads,
-                         bool check_oracle);
-
 // ---- regen ----
 
 struct GoldenChange {
@@ -141,7 +121,7 @@ struct GoldenChange {
 GoldenChange DiffGolden(const Golden& before, const Golden& after);
 
 struct RegenOptions {
-  std::string backend;  // empty: the golden's recorded backend, else ref64
+  std::string backend;  // empty: the golden's recorded backend, else the registry's arbiter
   bool check_only = false;
   int threads = 0;
 };
@@ -203,8 +183,10 @@ struct VerifyReport {
 // row is within tolerance; else what differs.
 std::string CompareWithGolden(const GoldenRow& golden, const std::vector<float>* golden_full,
                               const RecordedRow& row, double tolerance, double* diff);
-// backends: empty means DefaultBackends() (impl,ref with LibTorch, impl without).
+// backends: empty means the registry's default set (impl,ref with LibTorch, impl without).
+// tolerance: --tolerance, which wins over each golden's recorded tolerance when given.
 VerifyReport VerifyGoldens(const std::vector<GoldenPaths>& sets,
-                           const std::vector<std::string>& backends, int threads);
+                           const std::vector<std::string>& backends, int threads,
+                           const std::optional<double>& tolerance = std::nullopt);
 
 }  // namespace kvdiff::harness

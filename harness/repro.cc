@@ -4,15 +4,14 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <stdexcept>
 
-#include "harness/compare.h"
 #include "format/error.h"
-#include "impl/kv_cache.h"
-#include "impl/model.h"
-#ifdef KVDIFF_HAVE_TORCH
-#include "reference/reference_model.h"
-#endif
+#include "harness/compare.h"
+#include "harness/drivers.h"
+#include "harness/registry.h"
+#include "harness/replay.h"
 
 namespace kvdiff::harness {
 namespace {
@@ -23,56 +22,6 @@ const Tokens kDefaultFirstIds = {5, 17, 3, 99, 42};
 const Tokens kDefaultSecondIds = {8, 17, 3, 120, 42};
 constexpr const char* kDefaultFirstText = "Once upon a time, Lily";
 constexpr const char* kDefaultSecondText = "The dog";
-
-Token ArgmaxLastRow(const Logits& logits) {
-  const int64_t row = logits.rows() - 1;
-  const int64_t best = Argmax(logits.row(row).data(), logits.cols());
-  if (best < 0) throw std::runtime_error("greedy step: the logits row has no finite value");
-  return static_cast<Token>(best);
-}
-
-// The document's greedy(prompt, cache, n) on candle's raw call: prefill at index_pos 0 (a new
-// conversation starts at 0, whatever the cache holds), then n - 1 single-token steps whose
-// index_pos either advances by the tokens fed (the fix) or stays 0 (pos0).
-Tokens RawGreedy(const impl::Model& model, impl::KvCache& cache, const Tokens& prompt, int64_t n,
-                 bool pos0) {
-  int64_t pos = 0;
-  Token next = ArgmaxLastRow(model.Forward(prompt, pos, cache));
-  Tokens out = {next};
-  pos += static_cast<int64_t>(prompt.size());
-  for (int64_t k = 1; k < n; ++k) {
-    next = ArgmaxLastRow(model.Forward({next}, pos0 ? 0 : pos, cache));
-    out.push_back(next);
-    pos += 1;
-  }
-  return out;
-}
-
-// Greedy without any cache, as the document's check feeds "all at once without a cache". One
-// ForwardFull over prompt + candidate[0..n-2] verifies a candidate line (row p of a causal forward
-// depends on tokens 0..p only, so its argmaxes are the uncached greedy choices); when one differs,
-// the line is recomputed step by step, each step a ForwardFull of the whole history.
-Tokens UncachedGreedy(const impl::Model& model, const Tokens& prompt, int64_t n,
-                      const Tokens& candidate) {
-  if (static_cast<int64_t>(candidate.size()) == n) {
-    Tokens history = prompt;
-    history.insert(history.end(), candidate.begin(), candidate.end() - 1);
-    const Logits full = model.ForwardFull(history);  // (history, vocab)
-    bool same = true;
-    for (int64_t k = 0; k < n && same; ++k) {
-      const int64_t row = static_cast<int64_t>(prompt.size()) - 1 + k;
-      same = Argmax(full.row(row).data(), full.cols()) == candidate[k];
-    }
-    if (same) return candidate;
-  }
-  Tokens history = prompt, out;
-  for (int64_t k = 0; k < n; ++k) {
-    const Token next = ArgmaxLastRow(model.ForwardFull(history));
-    out.push_back(next);
-    history.push_back(next);
-  }
-  return out;
-}
 
 int64_t DepartsAt(const Tokens& line, const Tokens& correct) {
   const size_t n = std::min(line.size(), correct.size());
@@ -144,8 +93,9 @@ size_t Width(const std::string& s) {
 }  // namespace
 
 std::vector<Experiment> AllExperiments() {
-  return {Experiment::kOk,    Experiment::kPos0,   Experiment::kReuse,         Experiment::kReuse1,
-          Experiment::kFresh, Experiment::kFresh1, Experiment::kReferenceReuse};
+  return {Experiment::kOk,     Experiment::kPos0,      Experiment::kReuse,
+          Experiment::kReuse1, Experiment::kFresh,     Experiment::kFresh1,
+          Experiment::kQuantized, Experiment::kStalePosition, Experiment::kReferenceReuse};
 }
 
 std::string ExperimentName(Experiment e) {
@@ -162,6 +112,10 @@ std::string ExperimentName(Experiment e) {
       return "fresh";
     case Experiment::kFresh1:
       return "fresh1";
+    case Experiment::kQuantized:
+      return "quantized";
+    case Experiment::kStalePosition:
+      return "stale-position";
     case Experiment::kReferenceReuse:
       return "reference-reuse";
   }
@@ -193,6 +147,10 @@ std::string ExperimentWhat(Experiment e) {
       return "the second, multi-token prompt in a new cache";
     case Experiment::kFresh1:
       return "the one-token second prompt in a new cache";
+    case Experiment::kQuantized:
+      return "reuse on candle's quantized_llama, which drops its cache when index_pos is 0";
+    case Experiment::kStalePosition:
+      return "the second prompt in a new cache, at the index_pos the first conversation reached";
     case Experiment::kReferenceReuse:
       return "transformers' way (LibTorch reference): one DynamicCache reused for the second "
              "prompt";
@@ -214,23 +172,35 @@ std::string ExperimentDocumented(Experiment e) {
       return "the correct output";
     case Experiment::kFresh1:
       return "the correct output";
+    case Experiment::kQuantized:
+      return "no error; the cache is dropped at index_pos 0: equals fresh";
+    case Experiment::kStalePosition:
+      return "the raw call fails: cannot broadcast [s, P+s] to [1, nh, s, s]";
     case Experiment::kReferenceReuse:
       return "no error; departs from fresh";
   }
   return "?";
 }
 
-std::string ExperimentUnavailable(Experiment e) {
-#ifdef KVDIFF_HAVE_TORCH
-  (void)e;
-  return {};
-#else
-  if (e == Experiment::kReferenceReuse) {
-    return "needs the LibTorch reference, and this kvdiff was built without it "
-           "(-DKVDIFF_WITH_TORCH=OFF)";
+DriverKind ExperimentDriver(Experiment e, const BackendInfo& backend) {
+  switch (e) {
+    case Experiment::kOk:
+    case Experiment::kFresh:
+    case Experiment::kFresh1:
+      // The document's fix is on the raw call; an engine with only the checked API runs it there.
+      return backend.raw_call == RawCall::kNone ? DriverKind::kSession : DriverKind::kRaw;
+    case Experiment::kPos0:
+      return DriverKind::kPos0;
+    case Experiment::kReuse:
+    case Experiment::kReuse1:
+    case Experiment::kReferenceReuse:
+      return DriverKind::kReuse;
+    case Experiment::kQuantized:
+      return DriverKind::kQuantized;
+    case Experiment::kStalePosition:
+      return DriverKind::kStalePosition;
   }
-  return {};
-#endif
+  return DriverKind::kSession;
 }
 
 ReproPrompts MakeReproPrompts(const ReproInput& in, const format::LlamaConfig& config,
@@ -290,54 +260,134 @@ ReproPrompts MakeReproPrompts(const ReproInput& in, const format::LlamaConfig& c
   return p;
 }
 
+namespace {
+
+// The experiment's steps: the first conversation (its prompt, then n - 1 decode steps: the n-th
+// token is chosen by the last row and never fed), then the second one. Text prompts stay text
+// when `text` is set (a scenario file), else their tokens are used.
+std::vector<Step> ExperimentSteps(Experiment e, const ReproPrompts& p, bool text) {
+  auto prefill = [text](const std::string& conversation, const Tokens& tokens,
+                        const std::optional<std::string>& as_text) {
+    return text && as_text ? Step::PrefillText(conversation, *as_text)
+                           : Step::Prefill(conversation, tokens);
+  };
+  const bool one_token = e == Experiment::kReuse1 || e == Experiment::kFresh1;
+  return {prefill("main", p.first, p.first_text), Step::Decode("main", p.n - 1),
+          Step::NewConversation("second"),
+          one_token ? Step::Prefill("second", p.second1)
+                    : prefill("second", p.second, p.second_text),
+          Step::Decode("second", p.n - 1)};
+}
+
+// A conversation's generated line: the greedy choice of its prefill's last row, then of each of
+// its decode rows; an error stops the line where it was raised.
+ReproLine LineOf(const Recording& rec, size_t prefill_step, const std::string& conversation,
+                 const Tokens& prompt) {
+  ReproLine line;
+  line.conversation = conversation;
+  line.prompt = prompt;
+  for (size_t step : {prefill_step, prefill_step + 1}) {
+    const StepRecord& sr = rec.steps.at(step);
+    const size_t first = step == prefill_step && sr.rows_end > sr.rows_begin ? sr.rows_end - 1
+                                                                            : sr.rows_begin;
+    for (size_t k = first; k < sr.rows_end; ++k) {
+      const RecordedRow& row = rec.rows[k];
+      line.generated.push_back(GreedyNext(row.logits.data(), row.logits.size()));
+    }
+    if (sr.status != StepStatus::kDone) {
+      line.error = sr.message;
+      break;
+    }
+  }
+  return line;
+}
+
+Recording ReplaySteps(const Backend& backend, DriverKind driver, std::vector<Step> steps) {
+  Scenario sc;
+  sc.driver = driver;
+  sc.steps = std::move(steps);
+  return Replay(sc, backend);
+}
+
+}  // namespace
+
 struct Repro::State {
-  std::shared_ptr<const format::ModelWeights> weights;
+  std::unique_ptr<Backend> backend;
   ReproPrompts prompts;
-  int threads = 0;
-  impl::Model model;
+  std::function<std::unique_ptr<Backend>()> make_transformers;
+  std::unique_ptr<Backend> transformers;
   std::map<std::string, Tokens> correct;  // "ok", "fresh", "fresh1"
-#ifdef KVDIFF_HAVE_TORCH
-  std::unique_ptr<ref::ReferenceModel> reference;
-#endif
+  std::optional<Tokens> transformers_fresh;  // reference-reuse's baseline, "fresh (ref)"
 
-  State(std::shared_ptr<const format::ModelWeights> w, ReproPrompts p, int t)
-      : weights(w), prompts(std::move(p)), threads(t), model(std::move(w), t) {}
-
-  const Tokens& PromptOf(const std::string& baseline) const {
-    if (baseline == "ok") return prompts.first;
-    if (baseline == "fresh") return prompts.second;
-    return prompts.second1;
+  const Backend& Transformers() {
+    if (!transformers) transformers = make_transformers();
+    return *transformers;
   }
 
-  // A conversation in a new cache, on the raw call.
-  Tokens NewCacheGreedy(const Tokens& prompt, bool pos0 = false) {
-    impl::KvCache cache = model.NewCache();
-    return RawGreedy(model, cache, prompt, prompts.n, pos0);
+  // The correct lines: greedy with no cache at all, every step a ForwardFull of the whole history
+  // (the document's check), in one replay of three conversations.
+  void ComputeCorrect() {
+    const ReproPrompts& p = prompts;
+    std::vector<Step> steps = {Step::Prefill("main", p.first),   Step::Decode("main", p.n - 1),
+                               Step::NewConversation("second"),  Step::Prefill("second", p.second),
+                               Step::Decode("second", p.n - 1),  Step::NewConversation("second1"),
+                               Step::Prefill("second1", p.second1),
+                               Step::Decode("second1", p.n - 1)};
+    const Recording rec = ReplaySteps(*backend, DriverKind::kUncached, steps);
+    const std::pair<const char*, size_t> baselines[] = {{"ok", 0}, {"fresh", 3}, {"fresh1", 6}};
+    for (const auto& [name, step] : baselines) {
+      ReproLine line = LineOf(rec, step, name, steps[step].tokens);
+      KVDIFF_CHECK(line.error.empty(), "the uncached {} line failed: {}", name, line.error);
+      correct[name] = std::move(line.generated);
+    }
   }
 };
 
-Repro::Repro(std::shared_ptr<const format::ModelWeights> weights, ReproPrompts prompts, int threads)
-    : state_(std::make_unique<State>(std::move(weights), std::move(prompts), threads)) {
-  const Tokens* all[] = {&state_->prompts.first, &state_->prompts.second, &state_->prompts.second1};
-  for (const Tokens* t : all) state_->model.CheckTokens(*t);
+Repro::Repro(std::unique_ptr<Backend> backend, ReproPrompts prompts,
+             std::function<std::unique_ptr<Backend>()> make_transformers)
+    : state_(std::make_unique<State>()) {
+  KVDIFF_CHECK(backend != nullptr, "Repro: no backend");
+  state_->backend = std::move(backend);
+  state_->prompts = std::move(prompts);
+  state_->make_transformers = std::move(make_transformers);
+}
+
+Repro Repro::OnModel(std::shared_ptr<const format::ModelWeights> weights, ReproPrompts prompts,
+                     const std::string& backend, int threads) {
+  const BackendRegistry& registry = BackendRegistry::Global();
+  std::function<std::unique_ptr<Backend>()> transformers;
+  const std::string name = registry.FirstWithRawCall(RawCall::kPositionFromCache);
+  if (!name.empty()) {
+    transformers = [weights, name, threads] {
+      return BackendRegistry::Global().Make(name, weights, BackendOptions{threads});
+    };
+  }
+  return Repro(registry.Make(backend, weights, BackendOptions{threads}), std::move(prompts),
+               std::move(transformers));
 }
 
 Repro::~Repro() = default;
 Repro::Repro(Repro&&) noexcept = default;
 
 const ReproPrompts& Repro::prompts() const { return state_->prompts; }
-const format::LlamaConfig& Repro::config() const { return state_->model.config(); }
+const format::LlamaConfig& Repro::config() const { return state_->backend->config(); }
+
+std::string Repro::Unavailable(Experiment e) const {
+  if (e == Experiment::kReferenceReuse) {
+    return state_->make_transformers
+               ? ""
+               : "needs a backend with transformers' semantics (the LibTorch reference), and this "
+                 "kvdiff was built without one (-DKVDIFF_WITH_TORCH=OFF)";
+  }
+  const BackendInfo& info = state_->backend->Info();
+  return DriverNotApplicable(ExperimentDriver(e, info), info);
+}
 
 const Tokens& Repro::Correct(const std::string& baseline) {
   KVDIFF_CHECK(baseline == "ok" || baseline == "fresh" || baseline == "fresh1",
                "baseline \"{}\": expected ok, fresh or fresh1", baseline);
-  auto it = state_->correct.find(baseline);
-  if (it != state_->correct.end()) return it->second;
-  const Tokens& prompt = state_->PromptOf(baseline);
-  // The cached line is only a candidate: the uncached forward decides.
-  const Tokens candidate = state_->NewCacheGreedy(prompt);
-  return state_->correct[baseline] =
-             UncachedGreedy(state_->model, prompt, state_->prompts.n, candidate);
+  if (state_->correct.empty()) state_->ComputeCorrect();
+  return state_->correct.at(baseline);
 }
 
 std::string Repro::ExpectedReuseError() const {
@@ -348,116 +398,79 @@ std::string Repro::ExpectedReuseError() const {
                      config().num_attention_heads, s, cached + s);
 }
 
+std::string Repro::ExpectedStalePositionError() const {
+  const auto& p = state_->prompts;
+  const int64_t s = static_cast<int64_t>(p.second.size());
+  const int64_t stale = static_cast<int64_t>(p.first.size()) + p.n - 1;
+  return fmt::format("cannot broadcast [{}, {}] to [1, {}, {}, {}]", s, stale + s,
+                     config().num_attention_heads, s, s);
+}
+
 ExperimentResult Repro::Run(Experiment e) {
   ExperimentResult r;
   r.experiment = e;
-  r.skipped = ExperimentUnavailable(e);
+  r.skipped = Unavailable(e);
   if (!r.skipped.empty()) return r;
   State& st = *state_;
   const ReproPrompts& p = st.prompts;
+  const Backend& backend = e == Experiment::kReferenceReuse ? st.Transformers() : *st.backend;
+  const Recording rec =
+      ReplaySteps(backend, ExperimentDriver(e, backend.Info()), ExperimentSteps(e, p, false));
 
-  auto make_line = [&](const std::string& conversation, const Tokens& prompt,
-                       const std::string& baseline, const Tokens& generated) {
-    ReproLine line;
-    line.conversation = conversation;
-    line.prompt = prompt;
-    line.baseline = baseline;
-    line.generated = generated;
-    line.departs_at = DepartsAt(generated, Correct(baseline));
-    return line;
-  };
-  // The second conversation's prompt and baseline: multi-token or one-token.
+  // The second conversation's prompt and the correct line it is held to.
   const bool one_token = e == Experiment::kReuse1 || e == Experiment::kFresh1;
   const Tokens& second = one_token ? p.second1 : p.second;
-  const std::string second_baseline = one_token ? "fresh1" : "fresh";
+  std::string second_baseline = one_token ? "fresh1" : "fresh";
+  const Tokens* second_correct = nullptr;
+  if (e == Experiment::kReferenceReuse) {
+    // transformers' own correct line: the second prompt in a new DynamicCache.
+    if (!st.transformers_fresh) {
+      const Recording fresh = ReplaySteps(backend, DriverKind::kRaw,
+                                          ExperimentSteps(Experiment::kFresh, p, false));
+      st.transformers_fresh = LineOf(fresh, 3, "second", p.second).generated;
+    }
+    second_baseline = "fresh (ref)";
+    second_correct = &*st.transformers_fresh;
+  } else {
+    second_correct = &Correct(second_baseline);
+  }
 
+  ReproLine first = LineOf(rec, 0, "first", p.first);
+  first.baseline = "ok";
+  if (first.error.empty()) first.departs_at = DepartsAt(first.generated, Correct("ok"));
+  ReproLine last = LineOf(rec, 3, "second", second);
+  last.baseline = second_baseline;
+  if (last.error.empty()) last.departs_at = DepartsAt(last.generated, *second_correct);
+  r.lines = {first, last};
+
+  // The verdict, in the words of ExperimentDocumented.
+  const bool first_ok = first.error.empty() && first.departs_at == 0;
+  const std::string first_note =
+      first_ok ? "" : fmt::format(" (but the first conversation: {})", VsCorrect(first));
+  auto raised = [&](const std::string& expected) {
+    r.as_documented = first_ok && last.error == expected;
+    r.observed = (last.error.empty() ? "no error: " + VsCorrect(last) : last.error) + first_note;
+  };
   switch (e) {
     case Experiment::kOk:
     case Experiment::kFresh:
     case Experiment::kFresh1:
-    case Experiment::kPos0: {
-      const bool pos0 = e == Experiment::kPos0;
-      r.lines.push_back(make_line("first", p.first, "ok", st.NewCacheGreedy(p.first, pos0)));
-      r.lines.push_back(
-          make_line("second", second, second_baseline, st.NewCacheGreedy(second, pos0)));
-      break;
-    }
-    case Experiment::kReuse:
-    case Experiment::kReuse1: {
-      // One cache for both conversations, as llama.rs's Cache has no way to clear it.
-      impl::KvCache cache = st.model.NewCache();
-      r.lines.push_back(
-          make_line("first", p.first, "ok", RawGreedy(st.model, cache, p.first, p.n, false)));
-      ReproLine line;
-      line.conversation = "second";
-      line.prompt = second;
-      line.baseline = second_baseline;
-      try {
-        line.generated = RawGreedy(st.model, cache, second, p.n, false);
-        line.departs_at = DepartsAt(line.generated, Correct(second_baseline));
-      } catch (const ShapeError& err) {
-        line.error = err.what();
-      }
-      r.lines.push_back(line);
-      break;
-    }
-    case Experiment::kReferenceReuse: {
-#ifdef KVDIFF_HAVE_TORCH
-      if (!st.reference) {
-        st.reference =
-            std::make_unique<ref::ReferenceModel>(st.weights, ref::Precision::kFloat32, st.threads);
-      }
-      const ref::ReferenceModel& model = *st.reference;
-      // kv.py's greedy(): positions come from the cache length, so the loop passes none.
-      auto greedy = [&](const Tokens& prompt, ref::DynamicCache& cache) {
-        Token next = ArgmaxLastRow(model.Forward(prompt, cache));
-        Tokens out = {next};
-        for (int64_t k = 1; k < p.n; ++k) {
-          next = ArgmaxLastRow(model.Forward({next}, cache));
-          out.push_back(next);
-        }
-        return out;
-      };
-      ref::DynamicCache cache;
-      r.lines.push_back(make_line("first", p.first, "ok", greedy(p.first, cache)));
-      const Tokens again = greedy(p.second, cache);  // not cleared: reused
-      ref::DynamicCache new_cache;
-      const Tokens fresh = greedy(p.second, new_cache);  // transformers' own correct line
-      ReproLine line;
-      line.conversation = "second";
-      line.prompt = p.second;
-      line.baseline = "fresh (ref)";
-      line.generated = again;
-      line.departs_at = DepartsAt(again, fresh);
-      r.lines.push_back(line);
-#endif
-      break;
-    }
-  }
-
-  // The verdict, in the words of ExperimentDocumented.
-  const ReproLine& first = r.lines.at(0);
-  const ReproLine& last = r.lines.at(1);
-  const bool first_ok = first.error.empty() && first.departs_at == 0;
-  const std::string first_note =
-      first_ok ? "" : fmt::format(" (but the first conversation: {})", VsCorrect(first));
-  switch (e) {
-    case Experiment::kOk:
-    case Experiment::kFresh:
-    case Experiment::kFresh1: {
+    case Experiment::kQuantized:
       r.as_documented = first_ok && last.error.empty() && last.departs_at == 0;
       r.observed = fmt::format("first {}, second {}", VsCorrect(first), VsCorrect(last));
       break;
-    }
     case Experiment::kPos0:
       r.as_documented = first.error.empty() && first.departs_at >= 2;
-      r.observed = first.departs_at == 0
-                       ? "no error; equal to ok"
-                       : fmt::format("no error; departs from ok at token {}", first.departs_at);
+      r.observed = !first.error.empty()  ? first.error
+                   : first.departs_at == 0 ? "no error; equal to ok"
+                                           : fmt::format("no error; departs from ok at token {}",
+                                                         first.departs_at);
       break;
     case Experiment::kReuse:
-      r.as_documented = first_ok && last.error == ExpectedReuseError();
-      r.observed = (last.error.empty() ? "no error: " + VsCorrect(last) : last.error) + first_note;
+      raised(ExpectedReuseError());
+      break;
+    case Experiment::kStalePosition:
+      raised(ExpectedStalePositionError());
       break;
     case Experiment::kReuse1:
     case Experiment::kReferenceReuse:
@@ -570,70 +583,35 @@ std::string FormatReproTable(const std::vector<ExperimentResult>& results,
 }
 
 Scenario ExperimentScenario(Experiment e, const ReproPrompts& p, const ModelSpec& model,
-                            const format::LlamaConfig& config) {
+                            const format::LlamaConfig& config, const std::string& backend) {
+  const BackendRegistry& registry = BackendRegistry::Global();
+  const std::string runs_on = e == Experiment::kReferenceReuse
+                                  ? registry.FirstWithRawCall(RawCall::kPositionFromCache)
+                                  : backend;
+  KVDIFF_CHECK(!runs_on.empty(), "experiment {}: no backend with transformers' semantics here",
+               ExperimentName(e));
   Scenario sc;
   sc.name = ExperimentName(e);
   sc.model = model;
-  const bool one_token = e == Experiment::kReuse1 || e == Experiment::kFresh1;
-  switch (e) {
-    case Experiment::kOk:
-    case Experiment::kFresh:
-    case Experiment::kFresh1:
-      sc.driver = DriverKind::kSession;
-      break;
-    case Experiment::kPos0:
-      sc.driver = DriverKind::kPos0;
-      sc.backends = {"impl"};
-      break;
-    case Experiment::kReuse:
-    case Experiment::kReuse1:
-      sc.driver = DriverKind::kReuse;
-      sc.backends = {"impl"};
-      break;
-    case Experiment::kReferenceReuse:
-      sc.driver = DriverKind::kReuse;
-      sc.backends = {"ref"};
-      break;
-  }
-  auto prefill = [](const std::string& conversation, const Tokens& tokens,
-                    const std::optional<std::string>& text) {
-    Step s;
-    s.op = Op::kPrefill;
-    s.conversation = conversation;
-    if (text) {
-      s.text = text;
-    } else {
-      s.tokens = tokens;
-    }
-    return s;
-  };
-  auto decode = [&](const std::string& conversation) {
-    Step s;
-    s.op = Op::kDecode;
-    s.conversation = conversation;
-    s.n = p.n - 1;  // the n-th generated token is chosen by the last row and never fed
-    return s;
-  };
-  sc.steps.push_back(prefill("main", p.first, p.first_text));
-  sc.steps.push_back(decode("main"));
-  Step nc;
-  nc.op = Op::kNewConversation;
-  nc.name = "second";
-  sc.steps.push_back(nc);
-  if (one_token) {
-    sc.steps.push_back(prefill("second", p.second1, std::nullopt));
-  } else {
-    sc.steps.push_back(prefill("second", p.second, p.second_text));
-  }
-  const size_t second_prefill = sc.steps.size() - 1;
-  sc.steps.push_back(decode("second"));
+  sc.driver = ExperimentDriver(e, registry.Info(runs_on));
+  // The fixes run on every backend; a bug runs on the backend it was reproduced with.
+  if (sc.driver != DriverKind::kRaw && sc.driver != DriverKind::kSession) sc.backends = {runs_on};
+  sc.steps = ExperimentSteps(e, p, /*text=*/true);
+  const size_t second_prefill = 3;
 
   std::string expect;
   switch (e) {
     case Experiment::kOk:
     case Experiment::kFresh:
     case Experiment::kFresh1:
+    case Experiment::kQuantized:
       expect = "every row agrees with the uncached forward: kvdiff run exits 0";
+      break;
+    case Experiment::kStalePosition:
+      expect = fmt::format(
+          "step {3} raises cannot broadcast [{0}, {2}] to [1, {1}, {0}, {0}]: kvdiff run exits 1",
+          p.second.size(), config.num_attention_heads, p.first.size() + p.n - 1 + p.second.size(),
+          second_prefill);
       break;
     case Experiment::kPos0:
       expect =

@@ -3,20 +3,24 @@
 // tokens) and then a second one, the way the document's loops do, and says whether and where each
 // generated line departs from the correct output, and whether the whole behaves as the document
 // says it does:
-//   ok               the caller tracks positions (prefill at 0, then +1 per step): the correct
-//   output pos0             index_pos 0 on every decode step: no error, wrong from the 2nd
-//   generated token reuse            a multi-token second prompt on the first conversation's cache
-//   at index_pos 0:
-//                    the raw call fails with "cannot broadcast [s, s] to [1, nh, s, P+s]"
+//   ok               the caller tracks positions (prefill at 0, then +1 per step): correct
+//   pos0             index_pos 0 on every decode step: no error, wrong from the 2nd token
+//   reuse            a multi-token second prompt on the first conversation's cache at index_pos
+//                    0: the raw call fails with "cannot broadcast [s, s] to [1, nh, s, P+s]"
 //   reuse1           the same with a one-token second prompt: no error, continues the old talk
 //   fresh, fresh1    the second prompt (multi-token, one-token) in a new cache: correct
+//   quantized        reuse on candle's quantized_llama, which drops its cache at index_pos 0:
+//                    correct (the document's note on quantized_llama)
+//   stale-position   the second prompt in a new cache at the first conversation's index_pos:
+//                    "cannot broadcast [s, P+s] to [1, nh, s, s]"
 //   reference-reuse  transformers' way: one DynamicCache reused: silent, departs from fresh
-// The impl experiments call impl::Model::Forward(tokens, index_pos, cache) directly (candle's
-// llama.rs semantics), as the document's p21_cache does; reference-reuse calls
-// ref::ReferenceModel::Forward(tokens, DynamicCache&), as its kv.py does.
+// Each experiment is a scenario replayed through a driver (harness/drivers.h) on the backend
+// under test: the raw call for the candle experiments, a transformers-semantics backend's raw call
+// (ref) for reference-reuse.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,11 +29,22 @@
 #include "format/model_files.h"
 #include "format/tensor.h"
 #include "format/tokenizer.h"
+#include "harness/backend.h"
 #include "harness/scenario.h"
 
 namespace kvdiff::harness {
 
-enum class Experiment { kOk, kPos0, kReuse, kReuse1, kFresh, kFresh1, kReferenceReuse };
+enum class Experiment {
+  kOk,
+  kPos0,
+  kReuse,
+  kReuse1,
+  kFresh,
+  kFresh1,
+  kQuantized,
+  kStalePosition,
+  kReferenceReuse
+};
 
 std::vector<Experiment> AllExperiments();           // in the order of the source document
 std::string ExperimentName(Experiment experiment);  // "ok", "pos0", ..., "reference-reuse"
@@ -37,8 +52,9 @@ std::string ExperimentName(Experiment experiment);  // "ok", "pos0", ..., "refer
 Experiment ParseExperimentName(const std::string& name);
 std::string ExperimentWhat(Experiment experiment);        // what the experiment does, one line
 std::string ExperimentDocumented(Experiment experiment);  // what the source document says happens
-// reference-reuse needs the LibTorch reference: empty when available, else why not.
-std::string ExperimentUnavailable(Experiment experiment);
+// The driver an experiment runs with on a backend like `backend` (ok, fresh, fresh1: the raw call
+// used right, or the session API on a backend without a raw call).
+DriverKind ExperimentDriver(Experiment experiment, const BackendInfo& backend);
 
 // The prompts of the two conversations, as token ids (text kept for display and scenario files).
 struct ReproPrompts {
@@ -92,18 +108,31 @@ struct ExperimentResult {
 // `fresh` are themselves tested against them, not defined as them.
 class Repro {
  public:
-  Repro(std::shared_ptr<const format::ModelWeights> weights, ReproPrompts prompts, int threads = 0);
+  // backend: the engine under test; experiments whose driver it cannot run are skipped, saying
+  // why. make_transformers: builds a backend with transformers' semantics for reference-reuse on
+  // first use (null: that experiment is skipped).
+  Repro(std::unique_ptr<Backend> backend, ReproPrompts prompts,
+        std::function<std::unique_ptr<Backend>()> make_transformers = nullptr);
+  // The usual set-up: `backend` from the registry over `weights`, and the registry's first
+  // backend whose raw call reads positions from its cache (ref) for reference-reuse.
+  static Repro OnModel(std::shared_ptr<const format::ModelWeights> weights, ReproPrompts prompts,
+                       const std::string& backend = "impl", int threads = 0);
   ~Repro();
   Repro(Repro&&) noexcept;
 
   const ReproPrompts& prompts() const;
   const format::LlamaConfig& config() const;
+  // Empty when the experiment can run here, else why not.
+  std::string Unavailable(Experiment experiment) const;
   ExperimentResult Run(Experiment experiment);
-  // The correct line of a baseline name ("ok", "fresh", "fresh1"); computed once.
+  // The correct line of a baseline name ("ok", "fresh", "fresh1"): greedy with no cache at all,
+  // on the backend under test; computed once.
   const Tokens& Correct(const std::string& baseline);
   // The error message reuse must raise: "cannot broadcast [s, s] to [1, nh, s, P+s]" with
   // s = second.size(), nh = num_attention_heads, P = first.size() + n - 1 cached positions.
   std::string ExpectedReuseError() const;
+  // stale-position's: "cannot broadcast [s, P+s] to [1, nh, s, s]" (a fresh cache, index_pos P).
+  std::string ExpectedStalePositionError() const;
 
  private:
   struct State;
@@ -127,7 +156,10 @@ std::string FormatReproTable(const std::vector<ExperimentResult>& results,
 // The experiment as a scenario `kvdiff run` replays (driver and steps). A prompt given as text is
 // kept as text (PrepareScenario encodes it with BOS in a new conversation, as MakeReproPrompts
 // did); the one-token prompt is kept as its id, since its text would get a BOS.
+// backend: the one the experiment is reproduced on (reference-reuse runs on the registry's
+// transformers-semantics backend whatever it is).
 Scenario ExperimentScenario(Experiment experiment, const ReproPrompts& prompts,
-                            const ModelSpec& model, const format::LlamaConfig& config);
+                            const ModelSpec& model, const format::LlamaConfig& config,
+                            const std::string& backend);
 
 }  // namespace kvdiff::harness

@@ -10,6 +10,7 @@
 #include <map>
 
 #include "harness/drivers.h"
+#include "harness/registry.h"
 #include "format/error.h"
 #include "format/llama2c.h"
 #include "format/tokenizer.h"
@@ -17,202 +18,16 @@
 namespace kvdiff::harness {
 namespace {
 
-// One logits row a cached path produced, with what identifies it across backends.
-struct RowRecord {
-  int64_t step = 0, row = 0;          // row index within the step
-  int64_t call = 0, row_in_call = 0;  // which forward call of the step (for --localize)
-  std::string conversation;
-  int64_t position = 0;
-  Token token = 0;
-  uint64_t history_hash = 0;  // of the tokens at positions 0..position: rows compare across
-                              // backends only when their histories are the same
-  std::vector<float> logits;  // (vocab)
-  RowComparison vs_oracle;
-};
-
-struct StepRun {
-  PathStatus status = PathStatus::kNoRows;
-  std::string message;
-  size_t rows_begin = 0, rows_end = 0;  // into BackendRun::rows
-};
-
-struct BackendRun {
-  std::vector<StepRun> steps;
-  std::vector<RowRecord> rows;
-};
-
-// For --localize: which forward call to trace on a replay, and what it saw.
-struct TraceTarget {
-  int64_t step = 0, call = 0;
-  ForwardTrace trace;
-  Tokens history;  // the conversation's history after the call
-  bool hit = false;
-};
-
-uint64_t HashTokens(const Tokens& tokens, size_t n) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (size_t i = 0; i < n; ++i) {
-    h ^= static_cast<uint32_t>(tokens[i]);
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-void CheckLogitsShape(const Logits& logits, size_t n, int64_t vocab, const std::string& backend) {
-  KVDIFF_CHECK(logits.rows() == static_cast<int64_t>(n) && logits.cols() == vocab,
-               "backend {} returned logits [{}, {}] for {} tokens; expected [{}, {}]", backend,
-               logits.rows(), logits.cols(), n, n, vocab);
-}
-
-// Replays the scenario on one backend through the scenario's driver. A thrown error ends that
-// conversation (later steps on it, and forks of it, are skipped); the others go on.
-BackendRun RunBackend(const Scenario& sc, const Backend& backend,
-                      std::shared_ptr<const format::ModelWeights> weights, int threads,
-                      double tolerance, TraceTarget* target) {
-  struct Conv {
-    Tokens history;  // the correct history: every token this path was fed, in order
-    std::vector<float> last_row;
-    std::string dead;  // why the conversation stopped, empty while alive
-  };
-  const int64_t vocab = backend.config().vocab_size;
-  BackendRun run;
-  std::unique_ptr<Driver> driver = MakeDriver(sc.driver, backend, weights, threads);
-  std::map<std::string, Conv> convs = {{"main", Conv{}}};
-
-  for (size_t i = 0; i < sc.steps.size(); ++i) {
-    const Step& step = sc.steps[i];
-    StepRun sr;
-    sr.rows_begin = run.rows.size();
-    const std::string& source = step.op == Op::kFork ? step.from : step.conversation;
-    if (step.op != Op::kNewConversation && !convs[source].dead.empty()) {
-      sr.status = PathStatus::kSkipped;
-      sr.message = convs[source].dead;
-      if (step.op == Op::kFork) convs[step.to] = Conv{{}, {}, convs[source].dead};
-      sr.rows_end = run.rows.size();
-      run.steps.push_back(sr);
-      continue;
-    }
-    Conv* conv = &convs[step.conversation];
-    int64_t call = 0;
-    // Appends tokens through the driver and records one row per token.
-    auto append = [&](const Tokens& tokens) {
-      ForwardTrace* trace = nullptr;
-      if (target && target->step == static_cast<int64_t>(i) && target->call == call) {
-        trace = &target->trace;
-      }
-      Logits logits = driver->Append(step.conversation, tokens, trace);
-      CheckLogitsShape(logits, tokens.size(), vocab, backend.Name());
-      for (size_t r = 0; r < tokens.size(); ++r) {
-        conv->history.push_back(tokens[r]);
-        RowRecord rec;
-        rec.step = static_cast<int64_t>(i);
-        rec.row = static_cast<int64_t>(run.rows.size() - sr.rows_begin);
-        rec.call = call;
-        rec.row_in_call = static_cast<int64_t>(r);
-        rec.conversation = step.conversation;
-        rec.position = static_cast<int64_t>(conv->history.size()) - 1;
-        rec.token = tokens[r];
-        rec.history_hash = HashTokens(conv->history, conv->history.size());
-        rec.logits.assign(logits.row(r).data(), logits.row(r).data() + vocab);
-        run.rows.push_back(std::move(rec));
-      }
-      conv->last_row = run.rows.back().logits;
-      if (trace) {
-        target->history = conv->history;
-        target->hit = true;
-      }
-      ++call;
-    };
-    try {
-      switch (step.op) {
-        case Op::kNewConversation:
-          driver->NewConversation(step.name);
-          convs[step.name] = Conv{};
-          break;
-        case Op::kPrefill: {
-          std::vector<int64_t> chunks = step.chunks;
-          if (chunks.empty()) chunks = {static_cast<int64_t>(step.tokens.size())};
-          size_t offset = 0;
-          for (int64_t size : chunks) {
-            append(Tokens(step.tokens.begin() + offset, step.tokens.begin() + offset + size));
-            offset += size;
-          }
-          break;
-        }
-        case Op::kDecode:
-          for (int64_t k = 0; k < step.n; ++k) {
-            const int64_t next = Argmax(conv->last_row.data(), vocab);
-            KVDIFF_CHECK(next >= 0, "decode: the previous row has no finite logit to choose");
-            append({static_cast<Token>(next)});
-          }
-          break;
-        case Op::kTruncate:
-          driver->Truncate(step.conversation, step.length);
-          if (static_cast<int64_t>(conv->history.size()) != step.length) conv->last_row.clear();
-          conv->history.resize(step.length);
-          break;
-        case Op::kFork:
-          driver->Fork(step.from, step.to);
-          convs[step.to] = convs[step.from];
-          break;
-        case Op::kReset:
-          driver->Reset(step.conversation);
-          *conv = Conv{};
-          break;
-      }
-      sr.status = PathStatus::kPass;
-    } catch (const std::exception& e) {
-      sr.status = PathStatus::kError;
-      sr.message = e.what();
-      conv->dead = fmt::format("conversation \"{}\" failed at step {} ({})", step.conversation, i,
-                               step.ParamString());
-    }
-    sr.rows_end = run.rows.size();
-
-    // The oracle: ForwardFull over the history up to the last row of this step gives every
-    // row of the step at once (row p of a causal forward depends on tokens 0..p only).
-    if (sr.rows_end > sr.rows_begin) {
-      const int64_t last_pos = run.rows[sr.rows_end - 1].position;
-      try {
-        Tokens prefix(conv->history.begin(), conv->history.begin() + last_pos + 1);
-        Logits full = backend.ForwardFull(prefix);
-        CheckLogitsShape(full, prefix.size(), vocab, backend.Name());
-        bool all_within = true;
-        for (size_t k = sr.rows_begin; k < sr.rows_end; ++k) {
-          RowRecord& rec = run.rows[k];
-          rec.vs_oracle =
-              CompareRows(rec.logits.data(), full.row(rec.position).data(), vocab, tolerance);
-          all_within = all_within && rec.vs_oracle.within_tolerance;
-        }
-        if (sr.status == PathStatus::kPass && !all_within) sr.status = PathStatus::kFail;
-      } catch (const std::exception& e) {
-        sr.status = PathStatus::kError;
-        sr.message = fmt::format("the oracle ForwardFull failed: {}", e.what());
-        run.rows.resize(sr.rows_begin);
-        sr.rows_end = sr.rows_begin;
-      }
-    } else if (sr.status == PathStatus::kPass) {
-      sr.status = PathStatus::kNoRows;
-    }
-    run.steps.push_back(sr);
-  }
-  return run;
-}
-
-ComparedRow ToCompared(const RowRecord& rec, const RowComparison& cmp) {
+ComparedRow ToCompared(const RecordedRow& rec, const RowComparison& cmp) {
   return ComparedRow{rec.row, rec.conversation, rec.position, rec.token, cmp};
 }
 
+// max |a - b| of row ra of a and row rb of b; NaN when the rows do not exist or differ in width.
 double MaxAbs(const RowMatrix& a, int64_t ra, const RowMatrix& b, int64_t rb) {
   if (ra >= a.rows() || rb >= b.rows() || a.cols() != b.cols()) {
     return std::numeric_limits<double>::quiet_NaN();
   }
-  double m = 0;
-  for (int64_t c = 0; c < a.cols(); ++c) {
-    const double d = std::fabs(double(a(ra, c)) - double(b(rb, c)));
-    if (!(d <= m)) m = d;  // NaN wins
-  }
-  return m;
+  return MaxAbsDiff(a.row(ra).data(), b.row(rb).data(), a.cols());
 }
 
 // Layer-by-layer comparison of two traces of the same position (rows ra and rb).
@@ -247,51 +62,123 @@ Localization CompareTraces(const ForwardTrace& a, int64_t ra, const ForwardTrace
   return loc;
 }
 
-Localization Localize(const Scenario& sc, const Divergence& div,
+// Replays the backend with a trace on the forward call that produced `row`.
+const RecordedRow* TraceCall(const Scenario& sc, const Backend& backend, const Recording& rec,
+                             int64_t step, int64_t row, TraceRequest& request) {
+  const StepRecord& sr = rec.steps[step];
+  for (size_t k = sr.rows_begin; k < sr.rows_end; ++k) {
+    if (rec.rows[k].row != row) continue;
+    request.step = step;
+    request.call = rec.rows[k].call;
+    Replay(sc, backend, &request);
+    return request.hit ? &rec.rows[k] : nullptr;
+  }
+  return nullptr;
+}
+
+Localization Localize(const Scenario& sc, const Divergence& div, double tolerance,
                       const std::vector<const Backend*>& backends,
-                      std::shared_ptr<const format::ModelWeights> weights, int threads,
-                      const std::vector<BackendRun>& runs) {
-  auto find_backend = [&](const std::string& name) -> size_t {
-    for (size_t i = 0; i < backends.size(); ++i)
-      if (backends[i]->Name() == name) return i;
-    return backends.size();
-  };
-  auto find_row = [&](size_t b) -> const RowRecord* {
-    const StepRun& sr = runs[b].steps[div.step];
-    for (size_t k = sr.rows_begin; k < sr.rows_end; ++k)
-      if (runs[b].rows[k].row == div.row.row) return &runs[b].rows[k];
-    return nullptr;
-  };
-  // Replays backend b with a trace on the call that produced the divergent row.
-  auto trace_cached = [&](size_t b, TraceTarget& target) -> const RowRecord* {
-    const RowRecord* rec = find_row(b);
-    if (!rec) return nullptr;
-    target.step = div.step;
-    target.call = rec->call;
-    RunBackend(sc, *backends[b], weights, threads, sc.tolerance_abs, &target);
-    return target.hit ? rec : nullptr;
-  };
+                      const std::vector<Recording>& recs) {
+  const Localization not_replayed{false, -1, "", "could not replay the divergent call", {}, {}};
   try {
-    const size_t ia = find_backend(div.a);
-    TraceTarget ta;
-    const RowRecord* ra = trace_cached(ia, ta);
-    if (!ra) return Localization{false, -1, "", "could not replay the divergent call", {}, {}};
+    TraceRequest ta;
+    const RecordedRow* ra =
+        TraceCall(sc, *backends[div.a_index], recs[div.a_index], div.step, div.row.row, ta);
+    if (!ra) return not_replayed;
     if (div.kind == "oracle") {
       ForwardTrace full;
-      Tokens prefix(ta.history.begin(), ta.history.begin() + ra->position + 1);
-      backends[ia]->ForwardFull(prefix, &full);
-      return CompareTraces(ta.trace, ra->row_in_call, full, ra->position, sc.tolerance_abs, div.a,
-                           div.b);
+      const Tokens& history = recs[div.a_index].histories[ra->history];
+      const Tokens prefix(history.begin(), history.begin() + ra->position + 1);
+      backends[div.a_index]->ForwardFull(prefix, &full);
+      return CompareTraces(ta.trace, ra->row_in_call, full, ra->position, tolerance, div.a, div.b);
     }
-    const size_t ib = find_backend(div.b);
-    TraceTarget tb;
-    const RowRecord* rb = trace_cached(ib, tb);
-    if (!rb) return Localization{false, -1, "", "could not replay the divergent call", {}, {}};
-    return CompareTraces(ta.trace, ra->row_in_call, tb.trace, rb->row_in_call, sc.tolerance_abs,
-                         div.a, div.b);
+    TraceRequest tb;
+    const RecordedRow* rb =
+        TraceCall(sc, *backends[div.b_index], recs[div.b_index], div.step, div.row.row, tb);
+    if (!rb) return not_replayed;
+    return CompareTraces(ta.trace, ra->row_in_call, tb.trace, rb->row_in_call, tolerance, div.a,
+                         div.b);
   } catch (const std::exception& e) {
     return Localization{false, -1, "", fmt::format("localization failed: {}", e.what()), {}, {}};
   }
+}
+
+// A step's column for one backend against its own ForwardFull.
+PathOutcome OracleOutcome(const Backend& backend, const Recording& rec, size_t step) {
+  const StepRecord& sr = rec.steps[step];
+  PathOutcome o;
+  o.path = backend.Name();
+  o.kind = "oracle";
+  o.a = o.path;
+  o.b = o.path + " ForwardFull";
+  o.message = sr.message;
+  bool all_within = true;
+  for (size_t k = sr.rows_begin; k < sr.rows_end; ++k) {
+    const RecordedRow& row = rec.rows[k];
+    if (!row.vs_oracle) continue;
+    o.rows.push_back(ToCompared(row, *row.vs_oracle));
+    o.max_abs_diff = std::max(o.max_abs_diff, row.vs_oracle->max_abs_diff);
+    all_within = all_within && row.vs_oracle->within_tolerance;
+  }
+  switch (sr.status) {
+    case StepStatus::kError:
+      o.status = PathStatus::kError;
+      break;
+    case StepStatus::kSkipped:
+      o.status = PathStatus::kSkipped;
+      break;
+    case StepStatus::kDone:
+      o.status = sr.rows_end == sr.rows_begin ? PathStatus::kNoRows
+                 : all_within                 ? PathStatus::kPass
+                                              : PathStatus::kFail;
+      break;
+  }
+  return o;
+}
+
+// A step's column for two backends, row by row, where both saw the same history.
+PathOutcome CrossOutcome(const Backend& bx, const Recording& rx, const Backend& by,
+                         const Recording& ry, size_t step, double tolerance) {
+  const StepRecord& sx = rx.steps[step];
+  const StepRecord& sy = ry.steps[step];
+  PathOutcome o;
+  o.a = bx.Name();
+  o.b = by.Name();
+  o.path = o.a + "~" + o.b;
+  o.kind = "cross";
+  std::map<int64_t, const RecordedRow*> ys;
+  for (size_t k = sy.rows_begin; k < sy.rows_end; ++k) ys[ry.rows[k].row] = &ry.rows[k];
+  const bool any_row = sx.rows_end > sx.rows_begin || sy.rows_end > sy.rows_begin;
+  bool all_within = true;
+  for (size_t k = sx.rows_begin; k < sx.rows_end; ++k) {
+    const RecordedRow& row = rx.rows[k];
+    auto it = ys.find(row.row);
+    if (it == ys.end() || !rx.SameHistory(row, ry, *it->second)) continue;
+    const RowComparison c =
+        CompareRows(row.logits.data(), it->second->logits.data(),
+                    static_cast<int64_t>(row.logits.size()), tolerance);
+    o.rows.push_back(ToCompared(row, c));
+    o.max_abs_diff = std::max(o.max_abs_diff, c.max_abs_diff);
+    all_within = all_within && c.within_tolerance;
+  }
+  // Rows only one backend produced (the other threw) count as not compared too.
+  o.rows_not_compared =
+      static_cast<int64_t>(std::max(sx.rows_end - sx.rows_begin, sy.rows_end - sy.rows_begin)) -
+      static_cast<int64_t>(o.rows.size());
+  if (!o.rows.empty()) {
+    o.status = all_within ? PathStatus::kPass : PathStatus::kFail;
+    if (o.rows_not_compared > 0) {
+      o.message =
+          fmt::format("{} rows not compared: different token histories", o.rows_not_compared);
+    }
+  } else if (any_row) {
+    o.status = PathStatus::kSkipped;
+    o.message = o.rows_not_compared > 0 ? "not compared: the backends' token histories differ"
+                                        : "not compared: a backend produced no rows";
+  } else {
+    o.status = PathStatus::kNoRows;
+  }
+  return o;
 }
 
 }  // namespace
@@ -394,14 +281,6 @@ std::string DescribeModel(const format::LlamaConfig& c) {
       c.tie_word_embeddings ? ", tied head" : "");
 }
 
-std::vector<std::string> DefaultBackends() {
-#ifdef KVDIFF_HAVE_TORCH
-  return {"impl", "ref"};
-#else
-  return {"impl"};
-#endif
-}
-
 std::vector<std::string> PlanBackends(const std::vector<std::string>& requested,
                                       const Scenario& scenario, std::vector<std::string>* notes) {
   const bool explicit_list = !requested.empty() || !scenario.backends.empty();
@@ -410,7 +289,8 @@ std::vector<std::string> PlanBackends(const std::vector<std::string>& requested,
                                                                       : DefaultBackends();
   std::vector<std::string> out;
   for (const std::string& name : names) {
-    const std::string why = DriverNotApplicable(scenario.driver, name);
+    const std::string why =
+        DriverNotApplicable(scenario.driver, BackendRegistry::Global().Info(name));
     if (why.empty()) {
       out.push_back(name);
     } else if (explicit_list) {
@@ -476,98 +356,44 @@ void PrepareScenario(Scenario& scenario, const format::ModelWeights& weights) {
   ValidateScenario(scenario, weights.config);
 }
 
-RunReport RunScenario(const Scenario& sc, std::shared_ptr<const format::ModelWeights> weights,
-                      const std::vector<const Backend*>& backends, const RunOptions& options) {
+RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& backends,
+                      const RunOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   KVDIFF_CHECK(!backends.empty(), "RunScenario: no backend to run");
   RunReport report;
   report.scenario = sc.name;
   report.model_source = sc.model.Describe();
-  report.config = weights->config;
-  report.model_description = DescribeModel(weights->config);
+  report.config = backends[0]->config();
+  report.model_description = DescribeModel(report.config);
   report.tolerance = sc.tolerance_abs;
   report.driver = sc.driver;
   for (const Backend* b : backends) report.backends.push_back(b->Name());
 
-  std::vector<BackendRun> runs;
+  std::vector<Recording> recs;
   for (const Backend* b : backends) {
-    runs.push_back(RunBackend(sc, *b, weights, options.threads, sc.tolerance_abs, nullptr));
+    recs.push_back(Replay(sc, *b));
+    CheckAgainstOracle(recs.back(), *b, sc.tolerance_abs);
   }
-  const int64_t vocab = weights->config.vocab_size;
-  auto note_diff = [&report](const RowComparison& c) {
-    ++report.rows_compared;
-    if (!(c.max_abs_diff <= report.worst_diff)) report.worst_diff = c.max_abs_diff;
-  };
-
   for (size_t i = 0; i < sc.steps.size(); ++i) {
     StepReport step_report;
     step_report.index = static_cast<int64_t>(i);
     step_report.step = sc.steps[i];
-    // Each backend against its own ForwardFull.
     for (size_t b = 0; b < backends.size(); ++b) {
-      const StepRun& sr = runs[b].steps[i];
-      PathOutcome o;
-      o.path = backends[b]->Name();
-      o.kind = "oracle";
-      o.a = o.path;
-      o.b = o.path + " ForwardFull";
-      o.status = sr.status;
-      o.message = sr.message;
-      for (size_t k = sr.rows_begin; k < sr.rows_end; ++k) {
-        const RowRecord& rec = runs[b].rows[k];
-        o.rows.push_back(ToCompared(rec, rec.vs_oracle));
-        o.max_abs_diff = std::max(o.max_abs_diff, rec.vs_oracle.max_abs_diff);
-        note_diff(rec.vs_oracle);
-      }
-      step_report.outcomes.push_back(std::move(o));
+      step_report.outcomes.push_back(OracleOutcome(*backends[b], recs[b], i));
+      step_report.outcomes.back().a_index = step_report.outcomes.back().b_index = b;
     }
-    // Each pair of backends, row by row, where both saw the same history.
     for (size_t x = 0; x < backends.size(); ++x) {
       for (size_t y = x + 1; y < backends.size(); ++y) {
-        const StepRun& sx = runs[x].steps[i];
-        const StepRun& sy = runs[y].steps[i];
-        PathOutcome o;
-        o.a = backends[x]->Name();
-        o.b = backends[y]->Name();
-        o.path = o.a + "~" + o.b;
-        o.kind = "cross";
-        std::map<int64_t, const RowRecord*> ys;
-        for (size_t k = sy.rows_begin; k < sy.rows_end; ++k)
-          ys[runs[y].rows[k].row] = &runs[y].rows[k];
-        bool any_row = sx.rows_end > sx.rows_begin || sy.rows_end > sy.rows_begin;
-        bool all_within = true;
-        for (size_t k = sx.rows_begin; k < sx.rows_end; ++k) {
-          const RowRecord& rx = runs[x].rows[k];
-          auto it = ys.find(rx.row);
-          if (it == ys.end() || it->second->history_hash != rx.history_hash) {
-            ++o.rows_not_compared;
-            continue;
-          }
-          const RowComparison c =
-              CompareRows(rx.logits.data(), it->second->logits.data(), vocab, sc.tolerance_abs);
-          o.rows.push_back(ToCompared(rx, c));
-          o.max_abs_diff = std::max(o.max_abs_diff, c.max_abs_diff);
-          all_within = all_within && c.within_tolerance;
-          note_diff(c);
-        }
-        // Rows only one backend produced (the other threw) count as not compared too.
-        o.rows_not_compared = static_cast<int64_t>(std::max(sx.rows_end - sx.rows_begin,
-                                                            sy.rows_end - sy.rows_begin)) -
-                              static_cast<int64_t>(o.rows.size());
-        if (!o.rows.empty()) {
-          o.status = all_within ? PathStatus::kPass : PathStatus::kFail;
-          if (o.rows_not_compared > 0) {
-            o.message =
-                fmt::format("{} rows not compared: different token histories", o.rows_not_compared);
-          }
-        } else if (any_row) {
-          o.status = PathStatus::kSkipped;
-          o.message = o.rows_not_compared > 0 ? "not compared: the backends' token histories differ"
-                                              : "not compared: a backend produced no rows";
-        } else {
-          o.status = PathStatus::kNoRows;
-        }
-        step_report.outcomes.push_back(std::move(o));
+        step_report.outcomes.push_back(
+            CrossOutcome(*backends[x], recs[x], *backends[y], recs[y], i, sc.tolerance_abs));
+        step_report.outcomes.back().a_index = x;
+        step_report.outcomes.back().b_index = y;
+      }
+    }
+    for (const PathOutcome& o : step_report.outcomes) {
+      for (const ComparedRow& r : o.rows) {
+        ++report.rows_compared;
+        if (!(r.cmp.max_abs_diff <= report.worst_diff)) report.worst_diff = r.cmp.max_abs_diff;
       }
     }
     // The first divergence: the earliest row of the earliest failing step.
@@ -576,8 +402,9 @@ RunReport RunScenario(const Scenario& sc, std::shared_ptr<const format::ModelWei
         for (const ComparedRow& r : o.rows) {
           if (r.cmp.within_tolerance) continue;
           if (!report.first_divergence || r.row < report.first_divergence->row.row) {
-            report.first_divergence = Divergence{
-                step_report.index, sc.steps[i].ParamString(), o.path, o.kind, o.a, o.b, r};
+            report.first_divergence =
+                Divergence{step_report.index, sc.steps[i].ParamString(), o.path, o.kind, o.a, o.b,
+                           o.a_index, o.b_index, r};
           }
           break;
         }
@@ -585,10 +412,10 @@ RunReport RunScenario(const Scenario& sc, std::shared_ptr<const format::ModelWei
     }
     if (!report.first_error) {
       for (size_t b = 0; b < backends.size(); ++b) {
-        if (runs[b].steps[i].status == PathStatus::kError) {
+        if (recs[b].steps[i].status == StepStatus::kError) {
           report.first_error =
               BackendFailure{step_report.index, sc.steps[i].ParamString(), backends[b]->Name(),
-                             sc.steps[i].conversation, runs[b].steps[i].message};
+                             sc.steps[i].conversation, recs[b].steps[i].message};
           break;
         }
       }
@@ -597,7 +424,7 @@ RunReport RunScenario(const Scenario& sc, std::shared_ptr<const format::ModelWei
   }
   if (options.localize && report.first_divergence) {
     report.localization =
-        Localize(sc, *report.first_divergence, backends, weights, options.threads, runs);
+        Localize(sc, *report.first_divergence, sc.tolerance_abs, backends, recs);
   }
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;

@@ -12,7 +12,9 @@
 #include <vector>
 
 #include "harness/backend.h"
+#include "harness/registry.h"
 #include "harness/compare.h"
+#include "harness/replay.h"
 #include "format/model_files.h"
 #include "format/tokenizer.h"
 #include "harness/scenario.h"
@@ -47,6 +49,7 @@ struct PathOutcome {
   double max_abs_diff = 0;        // over the compared rows
   int64_t rows_not_compared = 0;  // cross only: rows whose token histories differ
   std::vector<ComparedRow> rows;
+  size_t a_index = 0, b_index = 0;  // a's and b's places in RunReport::backends
 };
 
 struct StepReport {
@@ -61,6 +64,7 @@ struct Divergence {
   int64_t step = 0;
   std::string params;
   std::string path, kind, a, b;
+  size_t a_index = 0, b_index = 0;  // into RunReport::backends
   ComparedRow row;
 };
 
@@ -84,7 +88,7 @@ struct RunReport {
   std::string model_source;       // ModelSpec::Describe()
   std::string model_description;  // DescribeModel(config)
   format::LlamaConfig config;
-  double tolerance = 1e-4;
+  double tolerance = kDefaultTolerance;
   DriverKind driver = DriverKind::kSession;
   std::vector<std::string> backends;
   std::vector<std::string> notes;
@@ -102,7 +106,6 @@ struct RunReport {
 
 struct RunOptions {
   bool localize = false;
-  int threads = 0;
 };
 
 // The model of a spec: format::LoadModel(path), MakeRandomModel(PresetConfig(preset), seed), or a
@@ -126,14 +129,14 @@ std::string DescribeModel(const format::LlamaConfig& config);
 // InputError when named explicitly, and is left out with a note (in *notes) when defaulted.
 std::vector<std::string> PlanBackends(const std::vector<std::string>& requested,
                                       const Scenario& scenario, std::vector<std::string>* notes);
-std::vector<std::string> DefaultBackends();
 
 // Tokenizes the text prompts with the model's tokenizer (LoadTokenizerFor; InputError when the
 // model has none) and validates the scenario against the model.
 void PrepareScenario(Scenario& scenario, const format::ModelWeights& weights);
 
-// Runs a prepared, validated scenario on backends built over `weights`.
-RunReport RunScenario(const Scenario& scenario, std::shared_ptr<const format::ModelWeights> weights,
-                      const std::vector<const Backend*>& backends, const RunOptions& options);
+// Runs a prepared, validated scenario: one Replay per backend, the oracle pass on each, then every
+// pair of backends compared row by row where their histories agree.
+RunReport RunScenario(const Scenario& scenario, const std::vector<const Backend*>& backends,
+                      const RunOptions& options);
 
 }  // namespace kvdiff::harness

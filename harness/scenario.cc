@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "format/error.h"
+#include "harness/registry.h"
 
 namespace kvdiff::harness {
 namespace {
@@ -73,88 +74,85 @@ Op ParseOp(const std::string& name, const std::string& where) {
   return it->second;
 }
 
+// A prefill's tokens (or text) and chunk sizes.
+Step ParsePrefill(const json& s, const std::string& where, const std::string& conversation) {
+  Step step = Step::Prefill(conversation, {});
+    KVDIFF_CHECK(s.contains("tokens") != s.contains("text"),
+                 "{}: \"prefill\" needs exactly one of \"tokens\" or \"text\"", where);
+    if (s.contains("tokens")) {
+      const json& t = s.at("tokens");
+      KVDIFF_CHECK(t.is_array(), "{}.tokens: expected an array of token ids, got {} {}", where,
+                   TypeName(t), t.dump());
+      KVDIFF_CHECK(!t.empty(), "{}.tokens: must not be empty", where);
+      for (size_t i = 0; i < t.size(); ++i) {
+        KVDIFF_CHECK(t[i].is_number_integer() && t[i].get<int64_t>() >= 0 &&
+                         t[i].get<int64_t>() <= INT32_MAX,
+                     "{}.tokens[{}]: expected a non-negative integer token id, got {}", where, i,
+                     t[i].dump());
+        step.tokens.push_back(static_cast<Token>(t[i].get<int64_t>()));
+      }
+    } else {
+      step.text = GetString(s, "text", where);
+      KVDIFF_CHECK(!step.text->empty(), "{}.text: must not be empty", where);
+    }
+    if (s.contains("chunks")) {
+      const json& c = s.at("chunks");
+      KVDIFF_CHECK(c.is_array() && !c.empty(),
+                   "{}.chunks: expected a non-empty array of chunk sizes, got {}", where,
+                   c.dump());
+      int64_t sum = 0;
+      for (size_t i = 0; i < c.size(); ++i) {
+        KVDIFF_CHECK(c[i].is_number_integer() && c[i].get<int64_t>() >= 1 &&
+                         c[i].get<int64_t>() <= INT32_MAX,
+                     "{}.chunks[{}]: expected a chunk size >= 1, got {}", where, i, c[i].dump());
+        step.chunks.push_back(c[i].get<int64_t>());
+        sum += step.chunks.back();
+      }
+      if (!step.text) {
+        KVDIFF_CHECK(sum == static_cast<int64_t>(step.tokens.size()),
+                     "{}.chunks: sizes sum to {} but tokens has {}", where, sum,
+                     step.tokens.size());
+      }
+    }
+  return step;
+}
+
+// Every op's fields, read and checked; the step is built by its named constructor.
 Step ParseStep(const json& s, size_t index) {
   const std::string where = fmt::format("steps[{}]", index);
   KVDIFF_CHECK(s.is_object(), "{}: expected an object, got {} {}", where, TypeName(s), s.dump());
   KVDIFF_CHECK(s.contains("op"), "{}: missing field \"op\"", where);
-  Step step;
-  step.op = ParseOp(GetString(s, "op", where), where);
-  const std::string op = OpName(step.op);
-  switch (step.op) {
+  const Op op_kind = ParseOp(GetString(s, "op", where), where);
+  const std::string op = OpName(op_kind);
+  auto conversation = [&] {
+    return s.contains("conversation") ? GetName(s, "conversation", where) : std::string("main");
+  };
+  switch (op_kind) {
     case Op::kNewConversation:
       CheckKeys(s, where, {"op", "name"});
       Require(s, "name", where, op);
-      step.name = GetName(s, "name", where);
-      step.conversation = step.name;
-      break;
-    case Op::kPrefill: {
+      return Step::NewConversation(GetName(s, "name", where));
+    case Op::kPrefill:
       CheckKeys(s, where, {"op", "conversation", "tokens", "text", "chunks"});
-      KVDIFF_CHECK(s.contains("tokens") != s.contains("text"),
-                   "{}: \"prefill\" needs exactly one of \"tokens\" or \"text\"", where);
-      if (s.contains("tokens")) {
-        const json& t = s.at("tokens");
-        KVDIFF_CHECK(t.is_array(), "{}.tokens: expected an array of token ids, got {} {}", where,
-                     TypeName(t), t.dump());
-        KVDIFF_CHECK(!t.empty(), "{}.tokens: must not be empty", where);
-        for (size_t i = 0; i < t.size(); ++i) {
-          KVDIFF_CHECK(t[i].is_number_integer() && t[i].get<int64_t>() >= 0 &&
-                           t[i].get<int64_t>() <= INT32_MAX,
-                       "{}.tokens[{}]: expected a non-negative integer token id, got {}", where, i,
-                       t[i].dump());
-          step.tokens.push_back(static_cast<Token>(t[i].get<int64_t>()));
-        }
-      } else {
-        step.text = GetString(s, "text", where);
-        KVDIFF_CHECK(!step.text->empty(), "{}.text: must not be empty", where);
-      }
-      if (s.contains("chunks")) {
-        const json& c = s.at("chunks");
-        KVDIFF_CHECK(c.is_array() && !c.empty(),
-                     "{}.chunks: expected a non-empty array of chunk sizes, got {}", where,
-                     c.dump());
-        int64_t sum = 0;
-        for (size_t i = 0; i < c.size(); ++i) {
-          KVDIFF_CHECK(c[i].is_number_integer() && c[i].get<int64_t>() >= 1 &&
-                           c[i].get<int64_t>() <= INT32_MAX,
-                       "{}.chunks[{}]: expected a chunk size >= 1, got {}", where, i, c[i].dump());
-          step.chunks.push_back(c[i].get<int64_t>());
-          sum += step.chunks.back();
-        }
-        if (!step.text) {
-          KVDIFF_CHECK(sum == static_cast<int64_t>(step.tokens.size()),
-                       "{}.chunks: sizes sum to {} but tokens has {}", where, sum,
-                       step.tokens.size());
-        }
-      }
-      if (s.contains("conversation")) step.conversation = GetName(s, "conversation", where);
-      break;
-    }
+      return ParsePrefill(s, where, conversation());
     case Op::kDecode:
       CheckKeys(s, where, {"op", "conversation", "n"});
       Require(s, "n", where, op);
-      step.n = GetInt(s, "n", where, 1);
-      if (s.contains("conversation")) step.conversation = GetName(s, "conversation", where);
-      break;
+      return Step::Decode(conversation(), GetInt(s, "n", where, 1));
     case Op::kTruncate:
       CheckKeys(s, where, {"op", "conversation", "length"});
       Require(s, "length", where, op);
-      step.length = GetInt(s, "length", where, 0);
-      if (s.contains("conversation")) step.conversation = GetName(s, "conversation", where);
-      break;
+      return Step::Truncate(conversation(), GetInt(s, "length", where, 0));
     case Op::kFork:
       CheckKeys(s, where, {"op", "from", "to"});
       Require(s, "from", where, op);
       Require(s, "to", where, op);
-      step.from = GetName(s, "from", where);
-      step.to = GetName(s, "to", where);
-      step.conversation = step.to;
-      break;
+      return Step::Fork(GetName(s, "from", where), GetName(s, "to", where));
     case Op::kReset:
       CheckKeys(s, where, {"op", "conversation"});
-      if (s.contains("conversation")) step.conversation = GetName(s, "conversation", where);
-      break;
+      return Step::Reset(conversation());
   }
-  return step;
+  throw InputError(fmt::format("{}: unknown op", where));
 }
 
 // A relative path in a scenario file names a file beside it, not one in the working folder.
@@ -209,26 +207,6 @@ ModelSpec ParseModel(const json& m, const std::filesystem::path& base_dir) {
 
 }  // namespace
 
-std::string DriverName(DriverKind kind) {
-  switch (kind) {
-    case DriverKind::kSession:
-      return "session";
-    case DriverKind::kPos0:
-      return "pos0";
-    case DriverKind::kReuse:
-      return "reuse";
-  }
-  return "?";
-}
-
-DriverKind ParseDriverName(const std::string& name) {
-  if (name == "session") return DriverKind::kSession;
-  if (name == "pos0") return DriverKind::kPos0;
-  if (name == "reuse") return DriverKind::kReuse;
-  throw InputError(
-      fmt::format("driver: unknown driver \"{}\" (expected session, pos0 or reuse)", name));
-}
-
 std::string OpName(Op op) {
   switch (op) {
     case Op::kNewConversation:
@@ -245,6 +223,60 @@ std::string OpName(Op op) {
       return "reset";
   }
   return "?";
+}
+
+Step Step::NewConversation(const std::string& name) {
+  Step s;
+  s.op = Op::kNewConversation;
+  s.name = s.conversation = name;
+  return s;
+}
+
+Step Step::Prefill(const std::string& conversation, Tokens tokens, std::vector<int64_t> chunks) {
+  Step s;
+  s.op = Op::kPrefill;
+  s.conversation = conversation;
+  s.tokens = std::move(tokens);
+  s.chunks = std::move(chunks);
+  return s;
+}
+
+Step Step::PrefillText(const std::string& conversation, std::string text,
+                       std::vector<int64_t> chunks) {
+  Step s = Prefill(conversation, {}, std::move(chunks));
+  s.text = std::move(text);
+  return s;
+}
+
+Step Step::Decode(const std::string& conversation, int64_t n) {
+  Step s;
+  s.op = Op::kDecode;
+  s.conversation = conversation;
+  s.n = n;
+  return s;
+}
+
+Step Step::Truncate(const std::string& conversation, int64_t length) {
+  Step s;
+  s.op = Op::kTruncate;
+  s.conversation = conversation;
+  s.length = length;
+  return s;
+}
+
+Step Step::Fork(const std::string& from, const std::string& to) {
+  Step s;
+  s.op = Op::kFork;
+  s.from = from;
+  s.to = s.conversation = to;
+  return s;
+}
+
+Step Step::Reset(const std::string& conversation) {
+  Step s;
+  s.op = Op::kReset;
+  s.conversation = conversation;
+  return s;
 }
 
 std::string Step::ParamString() const {
@@ -390,8 +422,9 @@ Scenario ParseScenario(const std::string& json_text, const std::filesystem::path
       KVDIFF_CHECK(b[i].is_string(), "backends[{}]: expected a backend name, got {}", i,
                    b[i].dump());
       const std::string name = b[i].get<std::string>();
-      KVDIFF_CHECK(name == "impl" || name == "ref" || name == "ref64",
-                   "backends[{}]: unknown backend \"{}\" (expected impl, ref or ref64)", i, name);
+      KVDIFF_CHECK(BackendRegistry::Global().Knows(name),
+                   "backends[{}]: unknown backend \"{}\" (expected one of {})", i, name,
+                   BackendRegistry::Global().NamesText());
       for (const auto& seen : sc.backends)
         KVDIFF_CHECK(seen != name, "backends[{}]: \"{}\" is listed twice", i, name);
       sc.backends.push_back(name);
@@ -514,8 +547,9 @@ std::vector<std::string> ParseBackendList(const std::string& list) {
   std::string item;
   while (std::getline(ss, item, ',')) {
     KVDIFF_CHECK(!item.empty(), "--backends: empty name in \"{}\" (expected e.g. impl,ref)", list);
-    KVDIFF_CHECK(item == "impl" || item == "ref" || item == "ref64",
-                 "--backends: unknown backend \"{}\" (expected impl, ref or ref64)", item);
+    KVDIFF_CHECK(BackendRegistry::Global().Knows(item),
+                 "--backends: unknown backend \"{}\" (expected one of {})", item,
+                 BackendRegistry::Global().NamesText());
     for (const auto& seen : out)
       KVDIFF_CHECK(seen != item, "--backends: \"{}\" is listed twice", item);
     out.push_back(item);

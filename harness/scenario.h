@@ -11,24 +11,21 @@
 
 #include "format/config.h"
 #include "format/tensor.h"
+#include "harness/compare.h"
+#include "harness/drivers.h"
 
 namespace kvdiff::harness {
-
-// How a backend's cache is driven through the steps.
-enum class DriverKind {
-  kSession,  // the checked API: Backend::NewSession(), no position anywhere
-  kPos0,     // raw candle-style call, index_pos 0 on every call (impl only)
-  kReuse,    // raw call; a new conversation reuses the previous conversation's cache
-};
-std::string DriverName(DriverKind kind);
-DriverKind ParseDriverName(const std::string& name);  // InputError listing the known names
 
 enum class Op { kNewConversation, kPrefill, kDecode, kTruncate, kFork, kReset };
 std::string OpName(Op op);
 
+// One step of a scenario. Build steps with the named constructors, which set exactly the fields
+// their op has (and `conversation`, the conversation the step acts on or creates): a step built
+// in code then replays exactly as the same step parsed from JSON.
 struct Step {
   Op op = Op::kPrefill;
-  std::string conversation = "main";  // every op but new_conversation (name) and fork (from/to)
+  std::string conversation = "main";  // the conversation acted on; the new one for
+                                      // new_conversation (= name) and fork (= to)
   Tokens tokens;                      // prefill (after tokenizing text, if text was given)
   std::optional<std::string> text;    // prefill, as written in the file
   std::vector<int64_t> chunks;        // prefill: sizes summing to tokens.size()
@@ -36,6 +33,16 @@ struct Step {
   int64_t length = 0;                 // truncate
   std::string name;                   // new_conversation
   std::string from, to;               // fork
+
+  static Step NewConversation(const std::string& name);
+  static Step Prefill(const std::string& conversation, Tokens tokens,
+                      std::vector<int64_t> chunks = {});
+  static Step PrefillText(const std::string& conversation, std::string text,
+                          std::vector<int64_t> chunks = {});
+  static Step Decode(const std::string& conversation, int64_t n);
+  static Step Truncate(const std::string& conversation, int64_t length);
+  static Step Fork(const std::string& from, const std::string& to);
+  static Step Reset(const std::string& conversation);
 
   // The parameter string shown in reports and usable to find the step again:
   // "prefill(main,n=5,chunks=3+2)", "decode(main,n=10)", "fork(main->side)".
@@ -66,7 +73,7 @@ struct Scenario {
   std::string name;  // file stem, or "case-<k>" for generated ones
   std::string description;
   ModelSpec model;
-  double tolerance_abs = 1e-4;
+  double tolerance_abs = kDefaultTolerance;
   std::vector<std::string> backends;  // empty: the default for this build
   DriverKind driver = DriverKind::kSession;
   std::vector<Step> steps;
@@ -90,7 +97,8 @@ Scenario LoadScenario(const std::filesystem::path& file);
 // tokenized before (tokens filled).
 void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& config);
 
-// Splits "impl,ref" into names; refuses empty names and duplicates.
+// Splits "impl,ref" into names; refuses empty names, duplicates and names the backend registry
+// does not know.
 std::vector<std::string> ParseBackendList(const std::string& list);
 
 }  // namespace kvdiff::harness

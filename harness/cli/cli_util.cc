@@ -1,5 +1,7 @@
 #include "harness/cli/cli_util.h"
 
+#include "harness/registry.h"
+
 #include <algorithm>
 #include <cctype>
 #include <sstream>
@@ -61,6 +63,22 @@ Tokens ParseTokenIds(const std::string& flag, const std::string& text, int64_t v
     tokens.push_back(static_cast<Token>(id));
   }
   return tokens;
+}
+
+BackendSet MakeBackends(const std::vector<std::string>& names,
+                        std::shared_ptr<const format::ModelWeights> weights, int threads) {
+  BackendSet set;
+  for (const std::string& name : names) {
+    set.owned.push_back(harness::BackendRegistry::Global().Make(
+        name, weights, harness::BackendOptions{threads}));
+    set.all.push_back(set.owned.back().get());
+  }
+  return set;
+}
+
+std::string BackendsHelp(const std::string& defaults_note) {
+  return fmt::format("Comma-separated backends: {}{}", harness::BackendRegistry::Global().HelpText(),
+                     defaults_note.empty() ? "" : " (" + defaults_note + ")");
 }
 
 }  // namespace kvdiff::cli

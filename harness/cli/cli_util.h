@@ -5,7 +5,11 @@
 #include <string>
 #include <vector>
 
+#include <memory>
+
+#include "format/model_files.h"
 #include "format/tensor.h"
+#include "harness/backend.h"
 
 namespace kvdiff::cli {
 
@@ -15,5 +19,16 @@ std::vector<int64_t> ParseIntList(const std::string& flag, const std::string& te
 
 // ParseIntList, then every id checked against the vocabulary when vocab_size >= 0.
 Tokens ParseTokenIds(const std::string& flag, const std::string& text, int64_t vocab_size = -1);
+
+// The backends named, built by the registry over one set of weights.
+struct BackendSet {
+  std::vector<std::unique_ptr<harness::Backend>> owned;
+  std::vector<const harness::Backend*> all;  // the same, in order, as RunScenario takes them
+};
+BackendSet MakeBackends(const std::vector<std::string>& names,
+                        std::shared_ptr<const format::ModelWeights> weights, int threads);
+
+// "Comma-separated backends: impl (Eigen, float32, ...), ref (...)" from the registry.
+std::string BackendsHelp(const std::string& defaults_note);
 
 }  // namespace kvdiff::cli

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "harness/backend.h"
+#include "harness/registry.h"
 #include "bench/bench.h"
 #include "harness/cli/commands.h"
 #include "format/error.h"

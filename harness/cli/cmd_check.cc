@@ -5,11 +5,13 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "harness/backend.h"
 #include "harness/campaign.h"
+#include "harness/cli/cli_util.h"
 #include "harness/cli/commands.h"
 #include "format/error.h"
 #include "harness/report.h"
@@ -29,7 +31,7 @@ struct CheckArgs {
   std::string json;
   std::string junit;
   std::string out_dir = "kvdiff-failures";
-  double tolerance = 1e-4;
+  std::optional<double> tolerance;
   int threads = 1;
 };
 
@@ -49,17 +51,11 @@ int Check(const CheckArgs& args, bool model_seed_given) {
   options.cases = args.cases;
   options.shard = harness::ParseShard(args.shard);
   options.out_dir = args.out_dir;
-  options.tolerance_abs = args.tolerance;
-  options.run.threads = args.threads;
+  options.tolerance_abs = harness::ResolveTolerance(args.tolerance, std::nullopt);
   const std::vector<std::string> names =
       args.backends.empty() ? harness::DefaultBackends() : harness::ParseBackendList(args.backends);
   auto weights = harness::LoadModelFor(model);
-  std::vector<std::unique_ptr<harness::Backend>> owned;
-  std::vector<const harness::Backend*> backends;
-  for (const auto& name : names) {
-    owned.push_back(harness::MakeBackend(name, weights, args.threads));
-    backends.push_back(owned.back().get());
-  }
+  const BackendSet backends = MakeBackends(names, weights, args.threads);
   const bool tty = isatty(fileno(stderr)) != 0;
   if (tty) {
     // At most ten updates a second: a tiny case takes well under a millisecond.
@@ -76,7 +72,7 @@ int Check(const CheckArgs& args, bool model_seed_given) {
   fmt::print("kvdiff check: model {} ({}), backends {}\n", model.Describe(),
              harness::DescribeModel(weights->config), fmt::join(names, ","));
   std::fflush(stdout);
-  const harness::CampaignReport report = harness::RunCampaign(weights, model, backends, options);
+  const harness::CampaignReport report = harness::RunCampaign(model, backends.all, options);
   fmt::print("{}", report.Summary());
   if (!args.json.empty()) harness::WriteTextFile(args.json, report.ToJson().dump(2) + "\n");
   if (!args.junit.empty()) harness::WriteTextFile(args.junit, report.ToJUnit());
@@ -104,12 +100,15 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--shard", args->shard,
                   "i/n: run only the cases k with k % n == i-1 (n machines together run all)")
       ->default_val("1/1");
-  cmd->add_option("--backends", args->backends, "Comma-separated backends: impl, ref, ref64");
+  cmd->add_option("--backends", args->backends,
+                  BackendsHelp("default: " +
+                               fmt::format("{}", fmt::join(harness::DefaultBackends(), ","))));
   cmd->add_option("--json", args->json, "Write the campaign report as JSON to this file");
   cmd->add_option("--junit", args->junit, "Write a JUnit XML report (one testcase per case)");
   cmd->add_option("--out-dir", args->out_dir, "Where failing cases are written")
       ->default_val("kvdiff-failures");
-  cmd->add_option("--tolerance", args->tolerance, "Gate on max |a-b| of logits")->default_val(1e-4);
+  cmd->add_option("--tolerance", args->tolerance,
+                  fmt::format("Gate on max |a-b| of logits (default {})", harness::kDefaultTolerance));
   // One thread by default: a case's tensors are tiny, and threads cost more than they give there
   // (spread a campaign over machines or processes with --shard instead).
   cmd->add_option("--threads", args->threads, "Threads per backend (0: every core)")

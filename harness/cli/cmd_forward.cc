@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "harness/backend.h"
+#include "harness/registry.h"
 #include "harness/cli/commands.h"
 #include "format/error.h"
 #include "harness/cli/cli_util.h"
@@ -105,8 +106,7 @@ void AddForwardCommand(CLI::App& app, int& exit_code) {
       ->required();
   cmd->add_option("--tokens", o->tokens, "token ids, comma-separated, e.g. 1,2,3")->required();
   cmd->add_option("--backend", o->backend,
-                  fmt::format("impl, ref or ref64 (this build: {})",
-                              fmt::join(harness::AvailableBackends(), ", ")))
+                  "Backend: " + harness::BackendRegistry::Global().HelpText())
       ->capture_default_str();
   auto* cached = cmd->add_flag("--cached", o->cached,
                                "feed a Session instead of one uncached ForwardFull");

@@ -11,6 +11,8 @@
 #include <string>
 
 #include "harness/backend.h"
+#include "harness/registry.h"
+#include "harness/replay.h"
 #include "harness/cli/cli_util.h"
 #include "harness/cli/commands.h"
 #include "format/error.h"
@@ -18,23 +20,6 @@
 #include "format/tokenizer.h"
 
 namespace kvdiff::cli {
-namespace {
-
-// The first maximum, as llama2.c's argmax; a NaN or inf logit is a backend failure, not a token.
-Token Argmax(const Logits& logits, int64_t row, int64_t position) {
-  Token best = 0;
-  for (int64_t j = 0; j < logits.cols(); ++j) {
-    const float v = logits(row, j);
-    if (!std::isfinite(v)) {
-      throw std::runtime_error(
-          fmt::format("non-finite logit {} at position {}, token {}", v, position, j));
-    }
-    if (v > logits(row, best)) best = static_cast<Token>(j);
-  }
-  return best;
-}
-
-}  // namespace
 
 void AddGenerateCommand(CLI::App& app, int& exit_code) {
   struct Options {
@@ -68,7 +53,9 @@ void AddGenerateCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("-n", opts->n, "number of tokens to generate")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  cmd->add_option("--backend", opts->backend, "impl, ref or ref64")->capture_default_str();
+  cmd->add_option("--backend", opts->backend,
+                  "Backend: " + harness::BackendRegistry::Global().HelpText())
+      ->capture_default_str();
   auto* cached =
       cmd->add_flag("--cached", opts->cached, "one Session, one Append per token (default)");
   auto* uncached = cmd->add_flag("--uncached", opts->uncached,
@@ -121,24 +108,35 @@ void AddGenerateCommand(CLI::App& app, int& exit_code) {
       prev = prompt_tokens.back();
     }
 
+    // The prompt's rows, then one row per token fed: cached (one Append per token) or not
+    // (ForwardFull of the whole history, --uncached); the last row chooses the next token.
     Tokens history = prompt_tokens;
     std::unique_ptr<harness::BackendSession> session;
-    Logits logits;  // (rows, vocab): the last row predicts the next token
-    if (!opts->uncached && opts->n > 0) {
-      session = backend->NewSession();
-      logits = session->Append(prompt_tokens);
-    }
-    bool first_id = true;
-    for (int64_t step = 0; step < opts->n; ++step) {
-      if (static_cast<int64_t>(history.size()) >= capacity) {
-        fmt::print(stderr, "\nkvdiff: stopped at the model's context length {} after {} tokens\n",
-                   capacity, step);
-        break;
+    Logits logits;  // (rows, vocab)
+    auto forward = [&](const Tokens& fed) {
+      if (opts->uncached) {
+        logits = backend->ForwardFull(history);
+      } else {
+        logits = session->Append(fed);
       }
-      if (opts->uncached) logits = backend->ForwardFull(history);
-      const auto position = static_cast<int64_t>(history.size()) - 1;
-      const Token next = Argmax(logits, logits.rows() - 1, position);
+      return logits.row(logits.rows() - 1).data();
+    };
+    if (opts->n > 0 && static_cast<int64_t>(history.size()) >= capacity) {
+      fmt::print(stderr, "\nkvdiff: stopped at the model's context length {} after 0 tokens\n",
+                 capacity);
+    }
+    if (opts->n == 0 || static_cast<int64_t>(history.size()) >= capacity) {
+      fmt::print("\n");
+      exit_code = 0;
+      return;
+    }
+    if (!opts->uncached) session = backend->NewSession();
+    const float* row = forward(prompt_tokens);
+    int64_t generated = 0;
+    bool first_id = true;
+    harness::Greedy(row, config.vocab_size, opts->n, [&](Token next) -> const float* {
       history.push_back(next);
+      ++generated;
       const bool stop = !opts->ignore_eos && is_stop(next);
       if (opts->ids) {
         fmt::print("{}{}", first_id ? "" : " ", next);
@@ -149,11 +147,14 @@ void AddGenerateCommand(CLI::App& app, int& exit_code) {
       }
       std::fflush(stdout);
       prev = next;
-      if (stop) break;
-      if (session && step + 1 < opts->n && static_cast<int64_t>(history.size()) < capacity) {
-        logits = session->Append({next});
+      if (stop || generated == opts->n) return nullptr;
+      if (static_cast<int64_t>(history.size()) >= capacity) {
+        fmt::print(stderr, "\nkvdiff: stopped at the model's context length {} after {} tokens\n",
+                   capacity, generated);
+        return nullptr;
       }
-    }
+      return forward({next});
+    });
     fmt::print("\n");
     exit_code = 0;
   });

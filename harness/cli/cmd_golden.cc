@@ -3,10 +3,14 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fmt/ranges.h>
+
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "harness/cli/cli_util.h"
 #include "harness/cli/commands.h"
 #include "format/error.h"
 #include "harness/golden.h"
@@ -25,6 +29,7 @@ struct VerifyArgs {
   std::string backends;
   std::string json;
   std::string junit;
+  std::optional<double> tolerance;
   int threads = 0;
 };
 
@@ -32,7 +37,7 @@ int Verify(const VerifyArgs& args) {
   const std::vector<harness::GoldenPaths> sets = harness::FindGoldenSets(ToPaths(args.paths));
   const std::vector<std::string> backends =
       args.backends.empty() ? std::vector<std::string>{} : harness::ParseBackendList(args.backends);
-  const harness::VerifyReport report = harness::VerifyGoldens(sets, backends, args.threads);
+  const harness::VerifyReport report = harness::VerifyGoldens(sets, backends, args.threads, args.tolerance);
   fmt::print("{}", report.ToTerminal(isatty(fileno(stdout)) != 0));
   if (!args.json.empty()) harness::WriteTextFile(args.json, report.ToJson().dump(2) + "\n");
   if (!args.junit.empty()) harness::WriteTextFile(args.junit, report.ToJUnit());
@@ -107,8 +112,10 @@ void AddGoldenCommand(CLI::App& app, int& exit_code) {
                    "Golden folders (searched recursively) or files: NAME.json or NAME.golden.json")
       ->required();
   verify->add_option("--backends", verify_args->backends,
-                     "Comma-separated backends: impl, ref, ref64 (default: impl,ref with "
-                     "LibTorch, impl without)");
+                     BackendsHelp("default: " +
+                                  fmt::format("{}", fmt::join(harness::DefaultBackends(), ","))));
+  verify->add_option("--tolerance", verify_args->tolerance,
+                     "Gate on max |a-b| of logits (default: each golden's recorded tolerance)");
   verify->add_option("--json", verify_args->json, "Write the report as JSON to this file");
   verify->add_option("--junit", verify_args->junit, "Write a JUnit XML report to this file");
   verify->add_option("--threads", verify_args->threads, "Threads per backend (0: every core)")
@@ -126,7 +133,8 @@ void AddGoldenCommand(CLI::App& app, int& exit_code) {
                    "Golden folders (searched recursively) or files: NAME.json or NAME.golden.json")
       ->required();
   regen->add_option("--backend", regen_args->backend,
-                    "Backend to compute with (default: the one the golden records, else ref64)");
+                    "Backend to compute with (default: the one the golden records, else the "
+                    "registry's float64 backend, ref64)");
   regen->add_flag("--check", regen_args->check,
                   "Compute and report, write nothing; exit 1 if any file would change");
   regen->add_option("--threads", regen_args->threads, "Threads per backend (0: every core)")

@@ -1,5 +1,5 @@
 // `kvdiff repro NAME`: the source document's experiments (ok, pos0, reuse, reuse1, fresh, fresh1,
-// reference-reuse, or all) on a model directory or a random preset. Exit codes: 0 when every
+// quantized, stale-position, reference-reuse, or all) on a model directory or a random preset. Exit codes: 0 when every
 // experiment behaves as the document says (the bugs reproduce, the fixes are correct), 1 when one
 // does not, 2 on bad input or usage.
 #include <fmt/format.h>
@@ -34,6 +34,7 @@ struct ReproArgs {
   std::optional<int64_t> second1_token;
   int64_t n = 20;
   std::string save;
+  std::string backend = "impl";
   int threads = 0;
 };
 
@@ -42,10 +43,6 @@ int Run(const ReproArgs& args) {
   std::vector<harness::Experiment> experiments =
       all ? harness::AllExperiments()
           : std::vector<harness::Experiment>{harness::ParseExperimentName(args.name)};
-  if (!all) {
-    const std::string why = harness::ExperimentUnavailable(experiments[0]);
-    KVDIFF_CHECK(why.empty(), "repro {}: {}", args.name, why);
-  }
   const int sources = !args.model.empty() + !args.llama2c.empty() + !args.preset.empty();
   KVDIFF_CHECK(sources == 1,
                "repro: give one of --model DIR, --llama2c FILE.bin or --preset NAME (with "
@@ -88,6 +85,11 @@ int Run(const ReproArgs& args) {
   input.n = args.n;
   const format::Tokenizer* tok = tokenizer ? &*tokenizer : nullptr;
   harness::ReproPrompts prompts = harness::MakeReproPrompts(input, config, tok);
+  harness::Repro repro = harness::Repro::OnModel(weights, prompts, args.backend, args.threads);
+  if (!all) {
+    const std::string why = repro.Unavailable(experiments[0]);
+    KVDIFF_CHECK(why.empty(), "repro {}: {}", args.name, why);
+  }
 
   if (!args.save.empty()) {
     // Model files are written relative to the scenario's folder (how `kvdiff run` resolves
@@ -104,11 +106,10 @@ int Run(const ReproArgs& args) {
       if (spec.llama2c->tokenizer) saved.llama2c->tokenizer = relative(*spec.llama2c->tokenizer);
     }
     const harness::Scenario sc =
-        harness::ExperimentScenario(experiments[0], prompts, saved, config);
+        harness::ExperimentScenario(experiments[0], prompts, saved, config, args.backend);
     harness::WriteTextFile(args.save, sc.ToText());
   }
 
-  harness::Repro repro(weights, prompts, args.threads);
   std::vector<harness::ExperimentResult> results;
   for (harness::Experiment e : experiments) results.push_back(repro.Run(e));
 
@@ -135,7 +136,8 @@ void AddReproCommand(CLI::App& app, int& exit_code) {
       "then a second one) and say where each line departs from the correct output (exit 0 every "
       "experiment behaves as documented, 1 one does not, 2 bad input)");
   cmd->add_option("name", args->name,
-                  "ok, pos0, reuse, reuse1, fresh, fresh1, reference-reuse, or all")
+                  "ok, pos0, reuse, reuse1, fresh, fresh1, quantized, stale-position, "
+                  "reference-reuse, or all")
       ->required();
   auto* model = cmd->add_option("--model", args->model, "Model directory");
   auto* llama2c =
@@ -169,6 +171,10 @@ void AddReproCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("-n", args->n, "Greedy tokens generated per conversation")->capture_default_str();
   cmd->add_option("--save", args->save,
                   "Write the experiment as a scenario file that `kvdiff run` replays");
+  cmd->add_option("--backend", args->backend,
+                  "The engine the experiments run on (reference-reuse always runs on the "
+                  "transformers-semantics backend, ref)")
+      ->capture_default_str();
   cmd->add_option("--threads", args->threads, "Threads (0: every core)")
       ->check(CLI::NonNegativeNumber);
   cmd->callback([args, &exit_code] { exit_code = Run(*args); });

@@ -3,12 +3,17 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fmt/ranges.h>
+
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "harness/backend.h"
+#include "harness/cli/cli_util.h"
 #include "harness/cli/commands.h"
+#include "harness/compare.h"
 #include "harness/report.h"
 #include "harness/runner.h"
 #include "harness/scenario.h"
@@ -22,6 +27,7 @@ struct RunArgs {
   std::string backends;
   std::string json;
   std::string junit;
+  std::optional<double> tolerance;
   bool localize = false;
   int threads = 0;
 };
@@ -36,18 +42,13 @@ int Run(const RunArgs& args) {
   const std::vector<std::string> requested =
       args.backends.empty() ? std::vector<std::string>{} : harness::ParseBackendList(args.backends);
   const std::vector<std::string> names = harness::PlanBackends(requested, sc, &notes);
+  sc.tolerance_abs = harness::ResolveTolerance(args.tolerance, sc.tolerance_abs);
   auto weights = harness::LoadModelFor(sc.model);
   harness::PrepareScenario(sc, *weights);
-  std::vector<std::unique_ptr<harness::Backend>> owned;
-  std::vector<const harness::Backend*> backends;
-  for (const auto& name : names) {
-    owned.push_back(harness::MakeBackend(name, weights, args.threads));
-    backends.push_back(owned.back().get());
-  }
+  const BackendSet backends = MakeBackends(names, weights, args.threads);
   harness::RunOptions options;
   options.localize = args.localize;
-  options.threads = args.threads;
-  harness::RunReport report = harness::RunScenario(sc, weights, backends, options);
+  harness::RunReport report = harness::RunScenario(sc, backends.all, options);
   report.notes = notes;
   fmt::print("{}", harness::FormatTerminal(report, isatty(fileno(stdout)) != 0));
   if (!args.json.empty()) {
@@ -69,8 +70,12 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("scenario", args->scenario, "Scenario JSON file")->required();
   cmd->add_option("--model", args->model, "Model directory (overrides the scenario's model)");
   cmd->add_option("--backends", args->backends,
-                  "Comma-separated backends: impl, ref, ref64 (default: the scenario's, else "
-                  "impl,ref with LibTorch or impl without)");
+                  BackendsHelp("default: the scenario's, else " +
+                               fmt::format("{}", fmt::join(harness::DefaultBackends(), ","))));
+  cmd->add_option("--tolerance", args->tolerance,
+                  fmt::format("Gate on max |a-b| of logits (default: the scenario's tolerance.abs, "
+                              "else {})",
+                              harness::kDefaultTolerance));
   cmd->add_option("--json", args->json, "Write the full report as JSON to this file");
   cmd->add_option("--junit", args->junit, "Write a JUnit XML report to this file");
   cmd->add_flag("--localize", args->localize,

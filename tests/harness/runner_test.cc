@@ -45,9 +45,8 @@ class RunnerTest : public ::testing::Test {
     sc.name = "test";
     PrepareScenario(sc, **weights_);
     RunOptions options;
-    options.threads = 1;
     options.localize = localize;
-    return RunScenario(sc, *weights_, {impl_}, options);
+    return RunScenario(sc, {impl_}, options);
   }
 
   static std::shared_ptr<const format::ModelWeights>* weights_;
@@ -304,7 +303,7 @@ TEST(ModelFor, Llama2cCheckpointIsConvertedInMemoryAndRuns) {
     files += e.is_regular_file();
   EXPECT_EQ(files, 3);
   auto impl = MakeBackend("impl", weights, 1);
-  const RunReport report = RunScenario(sc, weights, {impl.get()}, {});
+  const RunReport report = RunScenario(sc, {impl.get()}, {});
   EXPECT_TRUE(report.Passed()) << FormatTerminal(report, false);
   EXPECT_EQ(report.model_source, "llama2c " + (dir / "data" / "m.bin").string() + ", tokenizer " +
                                      (dir / "data" / "tok.bin").string());

@@ -246,7 +246,7 @@ TEST(ScenarioParse, TopLevelErrors) {
       HasSubstr("model: unknown field \"preset\""));
   EXPECT_THAT(ParseError(R"({"model": {"preset": "tiny"}, "driver": "pos1",
                               "steps": [{"op": "reset"}]})"),
-              HasSubstr("driver: unknown driver \"pos1\" (expected session, pos0 or reuse)"));
+              HasSubstr("driver: unknown driver \"pos1\" (expected one of session, uncached, raw, pos0, reuse, quantized, stale-position)"));
   EXPECT_THAT(ParseError(R"({"model": {"preset": "tiny"}, "tolerance": {"abs": -1},
                               "steps": [{"op": "reset"}]})"),
               HasSubstr("tolerance.abs: expected a finite number >= 0, got -1"));

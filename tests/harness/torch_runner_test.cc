@@ -32,9 +32,8 @@ class TorchRunnerTest : public ::testing::Test {
     Scenario sc = ParseScenario(json);
     PrepareScenario(sc, **weights_);
     RunOptions options;
-    options.threads = 1;
     options.localize = true;
-    return RunScenario(sc, *weights_, {backends_.begin(), backends_.end()}, options);
+    return RunScenario(sc, {backends_.begin(), backends_.end()}, options);
   }
   static std::shared_ptr<const format::ModelWeights>* weights_;
   static std::vector<const Backend*> backends_;

@@ -1,5 +1,7 @@
 #include "tests/props/properties.h"
 
+#include "harness/registry.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>

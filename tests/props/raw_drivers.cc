@@ -75,8 +75,11 @@ class RawDriverBackend : public harness::Backend {
   RawDriverBackend(std::shared_ptr<const format::ModelWeights> weights, DriverFault fault)
       : model_(std::move(weights), /*threads=*/1), fault_(fault) {
     if (fault_ == DriverFault::kReuse) shared_cache_ = NewCache();
+    info_.name = "raw:" + DriverFaultName(fault_);
+    info_.description = "impl's raw call driven by a faulty caller";
+    info_.dtype = "float32";
   }
-  std::string Name() const override { return "raw:" + DriverFaultName(fault_); }
+  const harness::BackendInfo& Info() const override { return info_; }
   const format::LlamaConfig& config() const override { return model_.config(); }
   Logits ForwardFull(const Tokens& tokens, ForwardTrace* trace) const override {
     return model_.ForwardFull(tokens, trace);
@@ -94,6 +97,7 @@ class RawDriverBackend : public harness::Backend {
   }
   impl::Model model_;
   DriverFault fault_;
+  harness::BackendInfo info_;
   std::shared_ptr<impl::KvCache> shared_cache_;
 };
 

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "format/model_files.h"
 #include "harness/backend.h"
 
 namespace kvdiff::props {

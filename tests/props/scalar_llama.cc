@@ -254,10 +254,12 @@ class ScalarSession : public harness::BackendSession {
 class ScalarBackend : public harness::Backend {
  public:
   ScalarBackend(std::shared_ptr<const format::ModelWeights> weights, Fault fault)
-      : model_(std::move(weights), fault), fault_(fault) {}
-  std::string Name() const override {
-    return fault_ == Fault::kNone ? "scalar" : "scalar:" + FaultName(fault_);
+      : model_(std::move(weights), fault) {
+    info_.name = fault == Fault::kNone ? "scalar" : "scalar:" + FaultName(fault);
+    info_.description = "the plain scalar Llama of the tests";
+    info_.dtype = "float32";
   }
+  const harness::BackendInfo& Info() const override { return info_; }
   const format::LlamaConfig& config() const override { return model_.config(); }
   Logits ForwardFull(const Tokens& tokens, ForwardTrace* /*trace*/) const override {
     return model_.ForwardFull(tokens);
@@ -268,7 +270,7 @@ class ScalarBackend : public harness::Backend {
 
  private:
   ScalarLlama model_;
-  Fault fault_;
+  harness::BackendInfo info_;
 };
 
 }  // namespace

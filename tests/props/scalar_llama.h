@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "format/model_files.h"
 #include "harness/backend.h"
 #include "format/model_files.h"
 #include "format/tensor.h"

@@ -1,6 +1,6 @@
 // The "ref"/"ref64" backends: the Backend/BackendSession interface over ReferenceModel and
 // DynamicCache (Append = forward with the cache, Length, Truncate = Crop, Fork, Reset).
-#include "harness/reference_backend.h"
+#include "harness/registry.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -23,7 +23,7 @@ constexpr double kTolerance = 1e-4;
 TEST(ReferenceBackend, NamesAndConfig) {
   auto weights = MakeWeights(TinyConfig(true), 1);
   for (const std::string name : {"ref", "ref64"}) {
-    auto backend = MakeReferenceBackend(name, weights, 2);
+    auto backend = MakeBackend(name, weights, 2);
     EXPECT_EQ(backend->Name(), name);
     EXPECT_EQ(backend->config().hidden_size, weights->config.hidden_size);
   }
@@ -31,11 +31,11 @@ TEST(ReferenceBackend, NamesAndConfig) {
 
 TEST(ReferenceBackend, UnknownNameIsAnInputError) {
   try {
-    MakeReferenceBackend("ref32", MakeWeights(TinyConfig(true), 1), 2);
+    MakeBackend("ref32", MakeWeights(TinyConfig(true), 1), 2);
     FAIL() << "expected an InputError";
   } catch (const InputError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("\"ref32\""));
-    EXPECT_THAT(e.what(), HasSubstr("\"ref\" or \"ref64\""));
+    EXPECT_THAT(e.what(), HasSubstr("unknown backend 'ref32'"));
+    EXPECT_THAT(e.what(), HasSubstr("(available: impl, ref, ref64)"));
   }
 }
 
@@ -43,7 +43,7 @@ TEST(ReferenceBackend, SessionAppendTruncateForkReset) {
   auto weights = MakeWeights(TinyConfig(false), 2);
   for (const std::string name : {"ref", "ref64"}) {
     SCOPED_TRACE(name);
-    auto backend = MakeReferenceBackend(name, weights, 2);
+    auto backend = MakeBackend(name, weights, 2);
     const Tokens tokens = RandomTokens(16, weights->config.vocab_size, 9);
     const Logits full = backend->ForwardFull(tokens);
 
@@ -73,14 +73,14 @@ TEST(ReferenceBackend, SessionOutlivesItsBackend) {
   auto weights = MakeWeights(TinyConfig(true), 3);
   std::unique_ptr<BackendSession> session;
   {
-    auto backend = MakeReferenceBackend("ref", weights, 2);
+    auto backend = MakeBackend("ref", weights, 2);
     session = backend->NewSession();
   }
   EXPECT_EQ(session->Append({1, 2, 3}).rows(), 3);
 }
 
 TEST(ReferenceBackend, SessionErrorsAreInputErrors) {
-  auto backend = MakeReferenceBackend("ref", MakeWeights(TinyConfig(true), 4), 2);
+  auto backend = MakeBackend("ref", MakeWeights(TinyConfig(true), 4), 2);
   auto session = backend->NewSession();
   session->Append({1, 2});
   EXPECT_THROW(session->Truncate(3), InputError);

@@ -44,7 +44,7 @@ ReproPrompts Prompts(const format::LlamaConfig& config, ReproInput in = {}) {
 class ReproTiny : public ::testing::Test {
  protected:
   std::shared_ptr<const format::ModelWeights> weights_ = TinyWeights();
-  Repro repro_{weights_, Prompts(weights_->config), /*threads=*/1};
+  Repro repro_ = Repro::OnModel(weights_, Prompts(weights_->config), "impl", /*threads=*/1);
 };
 
 TEST_F(ReproTiny, DefaultPromptsHaveTheSourceDocumentsLengths) {
@@ -117,7 +117,7 @@ TEST(ReproShapes, TheReuseErrorFollowsTheCacheLengthAndThePromptLength) {
   in.tokens = Tokens{5, 17, 3, 99, 42, 7};
   in.second_tokens = Tokens{8, 17, 3};
   in.n = 7;
-  Repro repro(weights, Prompts(weights->config, in), 1);
+  Repro repro = Repro::OnModel(weights, Prompts(weights->config, in), "impl", 1);
   const ExperimentResult r = repro.Run(Experiment::kReuse);
   // 6 + 7 - 1 = 12 cached, plus 3.
   EXPECT_EQ(r.lines.at(1).error, "cannot broadcast [3, 3] to [1, 4, 3, 15]");
@@ -141,7 +141,7 @@ TEST(ReproBlind, APositionBlindModelDoesNotReproducePos0) {
   // With zero queries and keys the wrong index_pos has no effect: pos0 equals ok, which is not
   // what the document says, so the experiment must say NO and the exit code must be 1.
   auto weights = std::make_shared<const format::ModelWeights>(PositionBlindTiny());
-  Repro repro(weights, Prompts(weights->config), 1);
+  Repro repro = Repro::OnModel(weights, Prompts(weights->config), "impl", 1);
   const ExperimentResult r = repro.Run(Experiment::kPos0);
   EXPECT_EQ(r.lines.at(0).departs_at, 0);
   EXPECT_FALSE(r.as_documented);
@@ -168,7 +168,8 @@ TEST(ReproNames, RoundTripAndRefuseUnknownNames) {
     FAIL() << "expected InputError";
   } catch (const InputError& e) {
     EXPECT_THAT(e.what(), HasSubstr("experiment \"reuse2\": expected one of ok, pos0, reuse, "
-                                    "reuse1, fresh, fresh1, reference-reuse, all"));
+                                    "reuse1, fresh, fresh1, quantized, stale-position, "
+                                    "reference-reuse, all"));
   }
 }
 
@@ -229,7 +230,7 @@ TEST(ReproScenario, EachExperimentBecomesAScenarioThatParsesBack) {
   model.seed = 3;
   for (Experiment e : harness::AllExperiments()) {
     SCOPED_TRACE(harness::ExperimentName(e));
-    const harness::Scenario sc = harness::ExperimentScenario(e, p, model, config);
+    const harness::Scenario sc = harness::ExperimentScenario(e, p, model, config, "impl");
     const harness::Scenario back = harness::ParseScenario(sc.ToText());
     EXPECT_EQ(back.driver, sc.driver);
     EXPECT_EQ(back.backends, sc.backends);
@@ -242,13 +243,14 @@ TEST(ReproScenario, EachExperimentBecomesAScenarioThatParsesBack) {
     EXPECT_EQ(*back.model.preset, "tiny");
     EXPECT_EQ(back.model.seed, 3u);
   }
-  EXPECT_EQ(harness::ExperimentScenario(Experiment::kPos0, p, model, config).driver,
+  EXPECT_EQ(harness::ExperimentScenario(Experiment::kPos0, p, model, config, "impl").driver,
             harness::DriverKind::kPos0);
-  EXPECT_EQ(harness::ExperimentScenario(Experiment::kReuse1, p, model, config).driver,
+  EXPECT_EQ(harness::ExperimentScenario(Experiment::kReuse1, p, model, config, "impl").driver,
             harness::DriverKind::kReuse);
-  EXPECT_EQ(harness::ExperimentScenario(Experiment::kFresh, p, model, config).driver,
-            harness::DriverKind::kSession);
-  EXPECT_THAT(harness::ExperimentScenario(Experiment::kReuse, p, model, config).description,
+  // The document's fix is on the raw call: the caller tracks index_pos.
+  EXPECT_EQ(harness::ExperimentScenario(Experiment::kFresh, p, model, config, "impl").driver,
+            harness::DriverKind::kRaw);
+  EXPECT_THAT(harness::ExperimentScenario(Experiment::kReuse, p, model, config, "impl").description,
               HasSubstr("step 3 raises cannot broadcast [5, 5] to [1, 4, 5, 29]"));
 }
 

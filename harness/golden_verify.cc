@@ -1,0 +1,485 @@
+// golden verify: replay each set on each backend and compare every row with the golden.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "format/error.h"
+#include "format/model_files.h"
+#include "harness/drivers.h"
+#include "harness/golden.h"
+#include "harness/golden_internal.h"
+#include "harness/registry.h"
+#include "harness/replay.h"
+#include "harness/report.h"
+#include "harness/sha256.h"
+
+namespace kvdiff::harness {
+
+using namespace golden_detail;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string CompareWithGolden(const GoldenRow& g, const std::vector<float>* full,
+                              const RecordedRow& r, double tol, double* diff_out) {
+  const int64_t vocab = static_cast<int64_t>(r.logits.size());
+  const float* a = r.logits.data();
+  double worst = 0;
+  auto done = [&](std::string detail) {
+    if (diff_out) *diff_out = worst;
+    return detail;
+  };
+  if (r.token != g.token) {
+    worst = INFINITY;
+    return done(
+        fmt::format("input token {}, the golden fed {} (an earlier greedy choice differed: the "
+                    "histories split)",
+                    r.token, g.token));
+  }
+  for (int64_t i = 0; i < vocab; ++i) {
+    if (!std::isfinite(a[i])) {
+      worst = INFINITY;
+      return done(fmt::format("logit {} is {} (not finite)", i, a[i]));
+    }
+  }
+  // The golden's top-k logits, id by id.
+  for (size_t k = 0; k < g.top_k.size(); ++k) {
+    const auto [id, expected] = g.top_k[k];
+    const double d = std::fabs(double(a[id]) - double(expected));
+    worst = std::max(worst, d);
+    if (d > tol) {
+      return done(
+          fmt::format("logit of token {} (golden rank {}) is {}, golden {}: |diff| {} > "
+                      "tolerance {}",
+                      id, k + 1, a[id], expected, FormatDiff(d), FormatDiff(tol)));
+    }
+  }
+  // A token outside the golden's top-k had a golden logit <= its k-th; rising above that by more
+  // than the tolerance is a difference beyond the tolerance.
+  const GoldenRow mine = SummarizeRow(r.logits, static_cast<int>(g.top_k.size()));
+  std::set<Token> golden_ids;
+  for (const auto& [id, logit] : g.top_k) golden_ids.insert(id);
+  const double kth = g.top_k.back().second;
+  for (const auto& [id, logit] : mine.top_k) {
+    if (golden_ids.count(id) || static_cast<int64_t>(g.top_k.size()) >= vocab) continue;
+    if (double(logit) - kth > tol) {
+      return done(
+          fmt::format("token {} has logit {}, above the golden's rank-{} logit {} by {} "
+                      "> tolerance {}, yet is not in the golden's top {}",
+                      id, logit, g.top_k.size(), kth, FormatDiff(double(logit) - kth),
+                      FormatDiff(tol), g.top_k.size()));
+    }
+  }
+  const DigestTolerance t = DigestTolerances(tol, vocab, g.sum_sq);
+  if (std::fabs(mine.sum - g.sum) > t.sum) {
+    return done(fmt::format(
+        "sum of the {} logits is {}, golden {}: |diff| {} > {} (vocab x "
+        "tolerance)",
+        vocab, mine.sum, g.sum, FormatDiff(std::fabs(mine.sum - g.sum)), FormatDiff(t.sum)));
+  }
+  if (std::fabs(mine.sum_sq - g.sum_sq) > t.sum_sq) {
+    return done(fmt::format(
+        "sum of squares of the {} logits is {}, golden {}: |diff| {} > {} (tolerance x (2 "
+        "sqrt(vocab x sum_sq) + vocab x tolerance))",
+        vocab, mine.sum_sq, g.sum_sq, FormatDiff(std::fabs(mine.sum_sq - g.sum_sq)),
+        FormatDiff(t.sum_sq)));
+  }
+  if (std::fabs(mine.max - g.max) > t.max) {
+    return done(fmt::format("max logit {}, golden {}: |diff| {} > tolerance {}", mine.max, g.max,
+                            FormatDiff(std::fabs(mine.max - g.max)), FormatDiff(t.max)));
+  }
+  if (std::fabs(mine.min - g.min) > t.max) {
+    return done(fmt::format("min logit {}, golden {}: |diff| {} > tolerance {}", mine.min, g.min,
+                            FormatDiff(std::fabs(mine.min - g.min)), FormatDiff(t.max)));
+  }
+  if (mine.greedy != g.greedy) {
+    // Reached only on a near-tie (every checked logit within tolerance), which is not a failure
+    // of this row; the next decode row will show whether the histories split.
+  }
+  if (full) {
+    const RowComparison c = CompareRows(a, full->data(), vocab, tol);
+    worst = std::max(worst, c.max_abs_diff);
+    if (!c.within_tolerance) {
+      return done(fmt::format("full row: logit {} is {}, golden {}: |diff| {} > tolerance {}",
+                              c.max_diff_index, a[c.max_diff_index], (*full)[c.max_diff_index],
+                              FormatDiff(c.max_abs_diff), FormatDiff(tol)));
+    }
+  }
+  return done("");
+}
+
+namespace {
+
+GoldenCheck CheckBackend(const GoldenInput& in, const Golden& g, const std::string& name,
+                         int threads) {
+  GoldenCheck c;
+  c.backend = name;
+  Recording rec;
+  try {
+    const BackendRegistry& registry = BackendRegistry::Global();
+    const std::string why = DriverNotApplicable(in.scenario.driver, registry.Info(name));
+    if (!why.empty()) {
+      c.status = PathStatus::kSkipped;
+      c.message = why;
+      return c;
+    }
+    const auto backend = registry.Make(name, in.weights, BackendOptions{threads});
+    rec = Replay(in.scenario, *backend);
+  } catch (const std::exception& e) {
+    c.status = PathStatus::kError;
+    c.message = e.what();
+    return c;
+  }
+  // Rows are matched by (step, row): after an error the other conversations go on, so a failed
+  // step's rows are missing and the rest still line up with the golden's.
+  std::map<std::pair<int64_t, int64_t>, const RecordedRow*> replayed;
+  for (const RecordedRow& r : rec.rows) replayed[{r.step, r.row}] = &r;
+  int64_t missing = 0;
+  for (const GoldenRow& gr : g.rows) {
+    auto it = replayed.find({gr.step, gr.row});
+    if (it == replayed.end()) {
+      ++missing;
+      continue;
+    }
+    const RecordedRow& r = *it->second;
+    double diff = 0;
+    std::string detail;
+    if (r.position != gr.position || r.conversation != gr.conversation) {
+      detail = fmt::format(
+          "the replay's step {} row {} is conversation {}, position {}; the golden's is "
+          "conversation {}, position {}",
+          r.step, r.row, r.conversation, r.position, gr.conversation, gr.position);
+      diff = INFINITY;
+    } else {
+      const std::vector<float>* full = gr.full.empty() ? nullptr : &g.full_rows.at(gr.full);
+      detail = CompareWithGolden(gr, full, r, g.tolerance, &diff);
+    }
+    ++c.rows_compared;
+    if (!(diff <= c.worst_diff)) c.worst_diff = diff;
+    if (!detail.empty() && !c.first) {
+      c.status = PathStatus::kFail;
+      c.first = GoldenMismatch{gr.step,     in.scenario.steps[gr.step].ParamString(),
+                               gr.row,      gr.conversation,
+                               gr.position, gr.token,
+                               detail,      diff};
+    }
+  }
+  if (const auto failed = rec.FirstError()) {
+    if (c.status == PathStatus::kPass) c.status = PathStatus::kError;
+    c.message = fmt::format("backend {} failed at step {} {}: {}", name, *failed,
+                            in.scenario.steps[*failed].ParamString(), rec.steps[*failed].message);
+  } else if (missing > 0 || rec.rows.size() != g.rows.size()) {
+    c.status = PathStatus::kFail;
+    c.message = fmt::format("the replay produced {} rows; the golden has {}", rec.rows.size(),
+                            g.rows.size());
+  }
+  return c;
+}
+
+GoldenSetReport VerifySet(const GoldenPaths& p, const std::vector<std::string>& backends,
+                          int threads, const std::optional<double>& tolerance) {
+  GoldenSetReport rep;
+  rep.paths = p;
+  try {
+    KVDIFF_CHECK(fs::exists(p.scenario), "{}: no such scenario file", p.scenario.string());
+    KVDIFF_CHECK(fs::exists(p.golden),
+                 "{}: no golden file; create it with `kvdiff golden regen {}`", p.golden.string(),
+                 p.scenario.string());
+    Golden g = ParseGolden(ReadBytes(p.golden), p.golden.string());
+    g.tolerance = ResolveTolerance(tolerance, g.tolerance);
+    rep.made_with = g.backend;
+    rep.tolerance = g.tolerance;
+    rep.model = g.model.dump();
+    GoldenInput in = LoadGoldenInput(p.scenario);
+    if (!in.missing.empty()) {
+      rep.skipped = in.missing;
+      return rep;
+    }
+    const std::string regen = fmt::format("run `kvdiff golden regen {}`", p.scenario.string());
+    if (in.scenario_sha256 != g.scenario_sha256) {
+      rep.stale = fmt::format(
+          "{} was edited after its golden was made (sha256 {}, the golden "
+          "recorded {}); {}",
+          p.scenario.string(), in.scenario_sha256, g.scenario_sha256, regen);
+    } else if (in.model_files != g.model_files) {
+      rep.stale = fmt::format(
+          "the model files differ from those the golden was made with ({} "
+          "now, {} recorded); {}",
+          json(in.model_files).dump(), json(g.model_files).dump(), regen);
+    } else if (in.weights->config.vocab_size != g.vocab_size) {
+      rep.stale = fmt::format("the model's vocab_size is {}, the golden's {}; {}",
+                              in.weights->config.vocab_size, g.vocab_size, regen);
+    } else if (!fs::exists(p.rows) || Sha256File(p.rows) != g.rows_sha256) {
+      rep.stale = fmt::format(
+          "{} is missing or does not match the rows_sha256 of {} (an "
+          "interrupted regen?); {}",
+          p.rows.string(), p.golden.string(), regen);
+    }
+    if (!rep.stale.empty()) return rep;
+    LoadFullRows(g, p.rows);
+    for (const std::string& name : backends)
+      rep.checks.push_back(CheckBackend(in, g, name, threads));
+  } catch (const InputError& e) {
+    rep.input_error = e.what();
+  }
+  return rep;
+}
+
+
+std::string MismatchText(const GoldenSetReport& s, const GoldenCheck& c) {
+  if (c.first) {
+    const GoldenMismatch& m = *c.first;
+    return fmt::format(
+        "{}: {} differs from the golden (made with {}) at step {} {}, row {} "
+        "(conversation {}, position {}, input token {}): {}",
+        s.paths.golden.string(), c.backend, s.made_with, m.step, m.params, m.row, m.conversation,
+        m.position, m.token, m.detail);
+  }
+  return fmt::format("{}: {}: {}", s.paths.golden.string(), c.backend, c.message);
+}
+
+// One line per problem of a set (empty when it passed or was skipped).
+std::vector<std::string> Problems(const GoldenSetReport& s) {
+  std::vector<std::string> out;
+  if (!s.input_error.empty()) out.push_back(fmt::format("error: {}", s.input_error));
+  if (!s.stale.empty())
+    out.push_back(fmt::format("{}: stale golden: {}", s.paths.golden.string(), s.stale));
+  for (const GoldenCheck& c : s.checks) {
+    if (c.status == PathStatus::kFail || c.status == PathStatus::kError) {
+      out.push_back(MismatchText(s, c));
+      if (c.first && !c.message.empty()) out.push_back(fmt::format("  also: {}", c.message));
+    }
+  }
+  return out;
+}
+
+json CheckToJson(const GoldenCheck& c) {
+  json j = {{"backend", c.backend},
+            {"status", PathStatusName(c.status)},
+            {"rows_compared", c.rows_compared},
+            {"worst_diff", Number(c.worst_diff)}};
+  if (!c.message.empty()) j["message"] = c.message;
+  if (c.first) {
+    j["first_mismatch"] = {{"step", c.first->step},         {"params", c.first->params},
+                           {"row", c.first->row},           {"conversation", c.first->conversation},
+                           {"position", c.first->position}, {"token", c.first->token},
+                           {"detail", c.first->detail},     {"diff", Number(c.first->diff)}};
+  } else {
+    j["first_mismatch"] = nullptr;
+  }
+  return j;
+}
+
+}  // namespace
+
+bool GoldenSetReport::Passed() const {
+  if (!input_error.empty() || !stale.empty()) return false;
+  for (const GoldenCheck& c : checks)
+    if (c.status == PathStatus::kFail || c.status == PathStatus::kError) return false;
+  return true;
+}
+
+int VerifyReport::ExitCode() const {
+  int code = 0;
+  for (const GoldenSetReport& s : sets) {
+    if (!s.input_error.empty()) return 2;
+    if (!s.Passed()) code = 1;
+  }
+  return code;
+}
+
+VerifyReport VerifyGoldens(const std::vector<GoldenPaths>& sets,
+                           const std::vector<std::string>& requested, int threads,
+                           const std::optional<double>& tolerance) {
+  const auto start = std::chrono::steady_clock::now();
+  VerifyReport report;
+  report.backends = requested.empty() ? DefaultBackends() : requested;
+  for (const std::string& b : report.backends) {
+    KVDIFF_CHECK(BackendRegistry::Global().Has(b),
+                 "--backends: {} is not available in this build (available: {})", b,
+                 BackendRegistry::Global().NamesText());
+  }
+  for (const GoldenPaths& p : sets) {
+    report.sets.push_back(VerifySet(p, report.backends, threads, tolerance));
+  }
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return report;
+}
+
+std::string VerifyReport::ToTerminal(bool color) const {
+  std::string out =
+      Paint(fmt::format("kvdiff golden verify: {} golden set{}, backends {}", sets.size(),
+                        sets.size() == 1 ? "" : "s", fmt::join(backends, ", ")),
+            kBold, color) +
+      "\n\n";
+  size_t width = 6;
+  for (const auto& s : sets) width = std::max(width, s.paths.golden.string().size());
+  out += fmt::format("{:<{}}  {:<7}", "golden", width, "made by");
+  for (const auto& b : backends) out += fmt::format("  {:<14}", b);
+  out += "\n";
+  int64_t failed = 0, skipped = 0, rows = 0;
+  double worst = 0;
+  for (const auto& s : sets) {
+    out += fmt::format("{:<{}}  {:<7}", s.paths.golden.string(), width,
+                       s.made_with.empty() ? "?" : s.made_with);
+    if (!s.input_error.empty()) {
+      out += "  " + Paint("ERROR", kRed, color);
+    } else if (!s.stale.empty()) {
+      out += "  " + Paint("STALE", kRed, color);
+    } else if (!s.skipped.empty()) {
+      out += "  " + Paint("skip: model data absent", kYellow, color);
+      ++skipped;
+    }
+    for (const auto& c : s.checks) {
+      std::string cell = PathStatusName(c.status);
+      if (c.status == PathStatus::kPass || c.status == PathStatus::kFail) {
+        cell += " " + FormatDiff(c.worst_diff);
+      }
+      const char* colour = c.status == PathStatus::kPass      ? kGreen
+                           : c.status == PathStatus::kSkipped ? kYellow
+                                                              : kRed;
+      out += "  " + Paint(fmt::format("{:<14}", cell), colour, color);
+      rows += c.rows_compared;
+      if (!(c.worst_diff <= worst)) worst = c.worst_diff;
+    }
+    out += "\n";
+    if (!s.Passed()) ++failed;
+  }
+  out += "\n";
+  for (const auto& s : sets) {
+    if (!s.skipped.empty())
+      out +=
+          Paint(fmt::format("skip: {}: {}", s.paths.golden.string(), s.skipped), kYellow, color) +
+          "\n";
+    for (const auto& c : s.checks) {
+      if (c.status == PathStatus::kSkipped) {
+        out +=
+            Paint(fmt::format("skip: {} on {}: {}", s.paths.golden.string(), c.backend, c.message),
+                  kYellow, color) +
+            "\n";
+      }
+    }
+  }
+  for (const auto& s : sets) {
+    for (const auto& line : Problems(s)) out += Paint(line, kRed, color) + "\n";
+  }
+  const std::string verdict =
+      failed == 0 ? Paint("PASS", kGreen, color) : Paint("FAIL", kRed, color);
+  out += fmt::format(
+      "{}: {} of {} golden sets failed, {} skipped; {} rows compared, worst "
+      "difference {} ({:.2f} s)\n",
+      verdict, failed, sets.size(), skipped, rows, FormatDiff(worst), seconds);
+  return out;
+}
+
+json VerifyReport::ToJson() const {
+  json jsets = json::array();
+  int64_t rows = 0;
+  double worst = 0;
+  for (const auto& s : sets) {
+    json checks = json::array();
+    for (const auto& c : s.checks) {
+      checks.push_back(CheckToJson(c));
+      rows += c.rows_compared;
+      if (!(c.worst_diff <= worst)) worst = c.worst_diff;
+    }
+    json j = {{"golden", s.paths.golden.string()},
+              {"scenario", s.paths.scenario.string()},
+              {"rows_file", s.paths.rows.string()},
+              {"made_with", s.made_with},
+              {"tolerance", {{"abs", s.tolerance}}},
+              {"passed", s.Passed()},
+              {"checks", checks}};
+    if (!s.model.empty()) j["model"] = json::parse(s.model);
+    if (!s.skipped.empty()) j["skipped"] = s.skipped;
+    if (!s.input_error.empty()) j["error"] = s.input_error;
+    if (!s.stale.empty()) j["stale"] = s.stale;
+    jsets.push_back(j);
+  }
+  std::vector<std::string> problems;
+  for (const auto& s : sets)
+    for (const auto& p : Problems(s)) problems.push_back(p);
+  return {{"kvdiff_version", KVDIFF_VERSION},
+          {"command", "golden verify"},
+          {"backends", backends},
+          {"passed", ExitCode() == 0},
+          {"exit_code", ExitCode()},
+          {"rows_compared", rows},
+          {"worst_diff", Number(worst)},
+          {"seconds", seconds},
+          {"problems", problems},
+          {"sets", jsets}};
+}
+
+std::string VerifyReport::ToJUnit() const {
+  // One <testsuite> per golden set, one <testcase> per backend; a set that cannot be read or is
+  // stale is one failing testcase named after the file.
+  std::string suites;
+  int64_t tests = 0, failures = 0, errors = 0;
+  for (const auto& s : sets) {
+    // classname: the set's path as dotted package names ("kvdiff.golden.golden.tiny.fork"), as CI
+    // systems group testcases by the dots.
+    std::string dotted = (s.paths.golden.parent_path() / s.paths.scenario.stem()).string();
+    std::replace(dotted.begin(), dotted.end(), '/', '.');
+    const std::string suite = "kvdiff.golden." + dotted;
+    std::string cases;
+    int64_t st = 0, sf = 0, se = 0, ss = 0;
+    auto add_case = [&](const std::string& name, const std::string& body) {
+      ++st;
+      cases += fmt::format("    <testcase classname=\"{}\" name=\"{}\" time=\"0\"",
+                           XmlEscape(suite), XmlEscape(name));
+      cases += body.empty() ? "/>\n" : ">\n" + body + "    </testcase>\n";
+    };
+    auto failure = [](const char* tag, const char* type, const std::string& text) {
+      return fmt::format("      <{} type=\"{}\" message=\"{}\">{}</{}>\n", tag, type,
+                         XmlEscape(text.substr(0, text.find('\n'))), XmlEscape(text), tag);
+    };
+    if (!s.input_error.empty()) {
+      ++se;
+      add_case("read", failure("error", "input_error", s.input_error));
+    } else if (!s.stale.empty()) {
+      ++sf;
+      add_case("current", failure("failure", "stale_golden", s.stale));
+    } else if (!s.skipped.empty()) {
+      ++ss;
+      add_case("model", fmt::format("      <skipped message=\"{}\"/>\n", XmlEscape(s.skipped)));
+    }
+    for (const auto& c : s.checks) {
+      if (c.status == PathStatus::kFail || c.status == PathStatus::kError) {
+        ++sf;
+        add_case(c.backend,
+                 failure("failure", c.status == PathStatus::kFail ? "mismatch" : "backend_error",
+                         MismatchText(s, c)));
+      } else if (c.status == PathStatus::kSkipped) {
+        ++ss;
+        add_case(c.backend, fmt::format("      <skipped message=\"{}\"/>\n", XmlEscape(c.message)));
+      } else {
+        add_case(c.backend, "");
+      }
+    }
+    suites += fmt::format(
+        "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"{}\" "
+        "time=\"0\">\n",
+        XmlEscape(s.paths.golden.string()), st, sf, se, ss);
+    suites += "    <properties>\n";
+    suites +=
+        fmt::format("      <property name=\"made_with\" value=\"{}\"/>\n", XmlEscape(s.made_with));
+    suites += fmt::format("      <property name=\"tolerance_abs\" value=\"{}\"/>\n", s.tolerance);
+    suites += "    </properties>\n" + cases + "  </testsuite>\n";
+    tests += st;
+    failures += sf;
+    errors += se;
+  }
+  return fmt::format(
+      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"kvdiff golden verify\" "
+      "tests=\"{}\" failures=\"{}\" errors=\"{}\" time=\"{:.3f}\">\n{}</testsuites>\n",
+      tests, failures, errors, seconds, suites);
+}
+
+}  // namespace kvdiff::harness
+

@@ -1,0 +1,124 @@
+#include "harness/registry.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <utility>
+
+#include "format/error.h"
+
+namespace kvdiff::harness {
+
+BackendRegistry& BackendRegistry::Global() {
+  static BackendRegistry* registry = [] {
+    auto* r = new BackendRegistry();
+    RegisterImplBackend(*r);
+#ifdef KVDIFF_HAVE_TORCH
+    RegisterReferenceBackends(*r);
+#else
+    for (const char* name : {"ref", "ref64"}) {
+      r->RegisterUnavailable(
+          name, fmt::format("backend '{}' needs a build with LibTorch (KVDIFF_WITH_TORCH=ON)", name));
+    }
+#endif
+    return r;
+  }();
+  return *registry;
+}
+
+void BackendRegistry::Register(BackendInfo info, BackendFactory make) {
+  KVDIFF_CHECK(!info.name.empty(), "a backend needs a name");
+  KVDIFF_CHECK(Find(info.name) == nullptr, "backend '{}' is registered twice", info.name);
+  entries_.push_back(Entry{std::move(info), std::move(make), ""});
+}
+
+void BackendRegistry::RegisterUnavailable(const std::string& name, const std::string& why) {
+  KVDIFF_CHECK(Find(name) == nullptr, "backend '{}' is registered twice", name);
+  Entry e;
+  e.info.name = name;
+  e.unavailable = why;
+  entries_.push_back(std::move(e));
+}
+
+const BackendRegistry::Entry* BackendRegistry::Find(const std::string& name) const {
+  for (const Entry& e : entries_)
+    if (e.info.name == name) return &e;
+  return nullptr;
+}
+
+bool BackendRegistry::Has(const std::string& name) const {
+  const Entry* e = Find(name);
+  return e && e->unavailable.empty();
+}
+
+bool BackendRegistry::Knows(const std::string& name) const { return Find(name) != nullptr; }
+
+const BackendInfo& BackendRegistry::Info(const std::string& name) const {
+  const Entry* e = Find(name);
+  if (!e) {
+    throw InputError(fmt::format("unknown backend '{}' (available: {})", name,
+                                 NamesText()));
+  }
+  if (!e->unavailable.empty()) {
+    throw InputError(
+        fmt::format("{}; this build has: {}", e->unavailable, NamesText()));
+  }
+  return e->info;
+}
+
+std::unique_ptr<Backend> BackendRegistry::Make(const std::string& name,
+                                               std::shared_ptr<const format::ModelWeights> weights,
+                                               const BackendOptions& options) const {
+  const BackendInfo& info = Info(name);
+  return Find(name)->make(info, std::move(weights), options);
+}
+
+std::vector<std::string> BackendRegistry::Names() const {
+  std::vector<std::string> names;
+  for (const Entry& e : entries_)
+    if (e.unavailable.empty()) names.push_back(e.info.name);
+  return names;
+}
+
+std::string BackendRegistry::NamesText() const { return fmt::format("{}", fmt::join(Names(), ", ")); }
+
+std::vector<std::string> BackendRegistry::Defaults() const {
+  std::vector<std::string> names;
+  for (const Entry& e : entries_)
+    if (e.unavailable.empty() && e.info.in_default_set) names.push_back(e.info.name);
+  return names;
+}
+
+std::string BackendRegistry::Arbiter() const {
+  for (const Entry& e : entries_)
+    if (e.unavailable.empty() && e.info.dtype == "float64") return e.info.name;
+  throw InputError(fmt::format(
+      "no float64 backend in this build (available: {}); goldens are made with one, which needs "
+      "a build with LibTorch",
+      NamesText()));
+}
+
+std::string BackendRegistry::FirstWithRawCall(RawCall kind) const {
+  for (const Entry& e : entries_)
+    if (e.unavailable.empty() && e.info.raw_call == kind) return e.info.name;
+  return "";
+}
+
+std::string BackendRegistry::HelpText() const {
+  std::vector<std::string> parts;
+  for (const Entry& e : entries_) {
+    if (e.unavailable.empty()) parts.push_back(fmt::format("{} ({})", e.info.name, e.info.description));
+  }
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+std::unique_ptr<Backend> MakeBackend(const std::string& name,
+                                     std::shared_ptr<const format::ModelWeights> weights,
+                                     int threads) {
+  return BackendRegistry::Global().Make(name, std::move(weights), BackendOptions{threads});
+}
+
+std::vector<std::string> AvailableBackends() { return BackendRegistry::Global().Names(); }
+std::vector<std::string> DefaultBackends() { return BackendRegistry::Global().Defaults(); }
+
+}  // namespace kvdiff::harness

@@ -1,0 +1,241 @@
+#include "harness/replay.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+
+#include "format/error.h"
+#include "harness/drivers.h"
+
+namespace kvdiff::harness {
+namespace {
+
+// A conversation as the replay follows it: where its history lives and how far it reaches.
+struct Conv {
+  int64_t history = -1;    // into Recording::histories; -1 before its first token
+  int64_t length = 0;      // positions 0..length-1 of that history are this conversation's
+  int64_t last_row = -1;   // into Recording::rows: the row of position length-1, if it has one
+  std::string stopped;     // why the conversation stopped; empty while it runs
+};
+
+class Replayer {
+ public:
+  Replayer(const Scenario& sc, const Backend& backend, TraceRequest* trace)
+      : sc_(sc), backend_(backend), trace_(trace), vocab_(backend.config().vocab_size),
+        driver_(MakeDriver(sc.driver, backend)) {
+    rec_.backend = backend.Name();
+    convs_["main"] = Conv{};
+  }
+
+  Recording Run() {
+    for (size_t i = 0; i < sc_.steps.size(); ++i) RunStep(static_cast<int64_t>(i));
+    return std::move(rec_);
+  }
+
+ private:
+  void RunStep(int64_t i) {
+    const Step& step = sc_.steps[i];
+    StepRecord sr;
+    sr.rows_begin = step_begin_ = rec_.rows.size();
+    const std::string& source = step.op == Op::kFork ? step.from : step.conversation;
+    if (step.op != Op::kNewConversation && !convs_[source].stopped.empty()) {
+      sr.status = StepStatus::kSkipped;
+      sr.message = convs_[source].stopped;
+      if (step.op == Op::kFork) convs_[step.to].stopped = sr.message;
+    } else {
+      try {
+        Apply(i, step);
+      } catch (const std::exception& e) {
+        sr.status = StepStatus::kError;
+        sr.message = e.what();
+        convs_[step.conversation].stopped = fmt::format(
+            "conversation \"{}\" failed at step {} ({})", step.conversation, i,
+            step.ParamString());
+      }
+    }
+    sr.rows_end = rec_.rows.size();
+    rec_.steps.push_back(std::move(sr));
+  }
+
+  void Apply(int64_t i, const Step& step) {
+    Conv& conv = convs_[step.conversation];
+    call_ = 0;
+    switch (step.op) {
+      case Op::kNewConversation:
+        driver_->NewConversation(step.name);
+        conv = Conv{};
+        break;
+      case Op::kPrefill: {
+        std::vector<int64_t> chunks = step.chunks;
+        if (chunks.empty()) chunks = {static_cast<int64_t>(step.tokens.size())};
+        auto begin = step.tokens.begin();
+        for (int64_t size : chunks) {
+          Append(i, step.conversation, conv, Tokens(begin, begin + size), -1);
+          begin += size;
+        }
+        break;
+      }
+      case Op::kDecode:
+        KVDIFF_CHECK(conv.last_row >= 0, "decode: no previous row to take the argmax of");
+        Greedy(rec_.rows[conv.last_row].logits.data(), vocab_, step.n, [&](Token next) {
+          Append(i, step.conversation, conv, {next}, conv.last_row);
+          return rec_.rows[conv.last_row].logits.data();
+        });
+        break;
+      case Op::kTruncate:
+        driver_->Truncate(step.conversation, step.length);
+        if (conv.length != step.length) conv.last_row = -1;
+        conv.length = step.length;
+        break;
+      case Op::kFork:
+        driver_->Fork(step.from, step.to);
+        convs_[step.to] = convs_[step.from];
+        break;
+      case Op::kReset:
+        driver_->Reset(step.conversation);
+        conv = Conv{};
+        break;
+    }
+  }
+
+  // One forward call through the driver; records one row per token.
+  void Append(int64_t i, const std::string& name, Conv& conv, const Tokens& tokens,
+              int64_t chosen_by) {
+    ForwardTrace* trace = nullptr;
+    if (trace_ && trace_->step == i && trace_->call == call_) trace = &trace_->trace;
+    const Logits logits = driver_->Append(name, tokens, trace);
+    const auto n = static_cast<int64_t>(tokens.size());
+    KVDIFF_CHECK(logits.rows() == n && logits.cols() == vocab_,
+                 "backend {} returned logits [{}, {}] for {} tokens; expected [{}, {}]",
+                 backend_.Name(), logits.rows(), logits.cols(), n, n, vocab_);
+    for (int64_t r = 0; r < n; ++r) {
+      const std::string bad = DescribeNonFinite(logits.row(r).data(), vocab_);
+      KVDIFF_CHECK(bad.empty(), "non-finite logits: backend {}, step {}, row {}, {}",
+                   backend_.Name(), i, rec_.rows.size() - step_begin_ + r, bad);
+    }
+    Tokens& history = HistoryFor(conv);
+    for (int64_t r = 0; r < n; ++r) {
+      history.push_back(tokens[r]);
+      RecordedRow row;
+      row.step = i;
+      row.row = static_cast<int64_t>(rec_.rows.size() - step_begin_);
+      row.call = call_;
+      row.row_in_call = r;
+      row.conversation = name;
+      row.position = conv.length++;
+      row.token = tokens[r];
+      row.chosen_by = r == 0 ? chosen_by : -1;
+      row.history = conv.history;
+      row.logits.assign(logits.row(r).data(), logits.row(r).data() + vocab_);
+      rec_.rows.push_back(std::move(row));
+    }
+    conv.last_row = static_cast<int64_t>(rec_.rows.size()) - 1;
+    if (trace) trace_->hit = true;
+    ++call_;
+  }
+
+  // The history this conversation appends to: its own in place while it reaches the end, else
+  // (after a fork, a truncate or a reset) a new one holding its first `length` tokens.
+  Tokens& HistoryFor(Conv& conv) {
+    if (conv.history < 0 || static_cast<int64_t>(rec_.histories[conv.history].size()) !=
+                                conv.length) {
+      Tokens prefix;
+      if (conv.history >= 0) {
+        const Tokens& old = rec_.histories[conv.history];
+        prefix.assign(old.begin(), old.begin() + conv.length);
+      }
+      rec_.histories.push_back(std::move(prefix));
+      conv.history = static_cast<int64_t>(rec_.histories.size()) - 1;
+    }
+    return rec_.histories[conv.history];
+  }
+
+  const Scenario& sc_;
+  const Backend& backend_;
+  TraceRequest* trace_;
+  const int64_t vocab_;
+  std::unique_ptr<Driver> driver_;
+  std::map<std::string, Conv> convs_;
+  Recording rec_;
+  size_t step_begin_ = 0;  // the current step's first row
+  int64_t call_ = 0;       // the forward call's index within the current step
+};
+
+}  // namespace
+
+std::optional<size_t> Recording::FirstError() const {
+  for (size_t i = 0; i < steps.size(); ++i)
+    if (steps[i].status == StepStatus::kError) return i;
+  return std::nullopt;
+}
+
+bool Recording::SameHistory(const RecordedRow& x, const Recording& other,
+                            const RecordedRow& y) const {
+  if (x.position != y.position) return false;
+  const Tokens& hx = histories[x.history];
+  const Tokens& hy = other.histories[y.history];
+  return std::equal(hx.begin(), hx.begin() + x.position + 1, hy.begin());
+}
+
+Recording Replay(const Scenario& scenario, const Backend& backend, TraceRequest* trace) {
+  return Replayer(scenario, backend, trace).Run();
+}
+
+void CheckAgainstOracle(Recording& rec, const Backend& backend, double tolerance) {
+  const int64_t vocab = backend.config().vocab_size;
+  std::vector<std::vector<size_t>> rows_of(rec.histories.size());
+  for (size_t k = 0; k < rec.rows.size(); ++k) rows_of[rec.rows[k].history].push_back(k);
+  for (size_t h = 0; h < rows_of.size(); ++h) {
+    if (rows_of[h].empty()) continue;
+    int64_t last = 0;
+    for (size_t k : rows_of[h]) last = std::max(last, rec.rows[k].position);
+    std::string failure;
+    try {
+      const Tokens prefix(rec.histories[h].begin(), rec.histories[h].begin() + last + 1);
+      const Logits full = backend.ForwardFull(prefix);  // (last + 1, vocab)
+      KVDIFF_CHECK(full.rows() == last + 1 && full.cols() == vocab,
+                   "backend {} ForwardFull returned [{}, {}]; expected [{}, {}]", backend.Name(),
+                   full.rows(), full.cols(), last + 1, vocab);
+      for (size_t k : rows_of[h]) {
+        RecordedRow& row = rec.rows[k];
+        const float* oracle = full.row(row.position).data();
+        const std::string bad = DescribeNonFinite(oracle, vocab);
+        KVDIFF_CHECK(bad.empty(), "non-finite logits: backend {} ForwardFull, position {}, {}",
+                     backend.Name(), row.position, bad);
+        row.vs_oracle = CompareRows(row.logits.data(), oracle, vocab, tolerance);
+      }
+    } catch (const std::exception& e) {
+      failure = fmt::format("the oracle ForwardFull failed: {}", e.what());
+    }
+    if (failure.empty()) continue;
+    for (size_t k : rows_of[h]) {
+      rec.rows[k].vs_oracle.reset();
+      StepRecord& sr = rec.steps[rec.rows[k].step];
+      if (sr.status == StepStatus::kDone) {
+        sr.status = StepStatus::kError;
+        sr.message = failure;
+      }
+    }
+  }
+}
+
+Token GreedyNext(const float* row, int64_t vocab) {
+  const std::string bad = DescribeNonFinite(row, vocab);
+  KVDIFF_CHECK(bad.empty(), "greedy choice: non-finite logits, {}", bad);
+  return static_cast<Token>(Argmax(row, vocab));
+}
+
+Tokens Greedy(const float* row, int64_t vocab, int64_t n,
+              const std::function<const float*(Token)>& feed) {
+  Tokens chosen;
+  for (int64_t k = 0; k < n && row != nullptr; ++k) {
+    const Token next = GreedyNext(row, vocab);
+    chosen.push_back(next);
+    row = feed(next);
+  }
+  return chosen;
+}
+
+}  // namespace kvdiff::harness

@@ -1,0 +1,90 @@
+// The one replay: a scenario's steps on one backend, through the scenario's driver, every logits
+// row kept. `run`, `check`, `golden regen/verify`, `repro` and `--localize` all replay this way;
+// the oracle check and the cross-backend comparison are passes over recordings.
+//
+// After an error a scenario goes on as a program would: the step that threw stops its
+// conversation (later steps on it, and forks of it, are skipped and say why), and the other
+// conversations go on. A row with a NaN or inf logit is such an error ("non-finite logits: ...").
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "format/tensor.h"
+#include "harness/backend.h"
+#include "harness/compare.h"
+#include "harness/scenario.h"
+
+namespace kvdiff::harness {
+
+struct RecordedRow {
+  int64_t step = 0, row = 0;          // the step's index; the row's index within the step
+  int64_t call = 0, row_in_call = 0;  // which forward call of the step, and the row within it
+  std::string conversation;
+  int64_t position = 0;
+  Token token = 0;         // the token fed at this position
+  int64_t chosen_by = -1;  // decode rows: the index (into Recording::rows) of the row whose
+                           // argmax chose `token`; -1 when the scenario gave it
+  int64_t history = 0;     // Recording::histories[history][0..position] is this row's history
+  std::vector<float> logits;              // (vocab)
+  std::optional<RowComparison> vs_oracle;  // set by CheckAgainstOracle
+};
+
+enum class StepStatus {
+  kDone,     // ran (its rows may still disagree with the oracle)
+  kError,    // the backend threw, or returned a wrong shape or non-finite logits
+  kSkipped,  // its conversation had stopped at an earlier error
+};
+
+struct StepRecord {
+  StepStatus status = StepStatus::kDone;
+  std::string message;                  // the error, or why the step was skipped
+  size_t rows_begin = 0, rows_end = 0;  // into Recording::rows
+};
+
+struct Recording {
+  std::string backend;
+  std::vector<StepRecord> steps;  // one per scenario step
+  std::vector<RecordedRow> rows;
+  // Token sequences that only ever grow: a conversation appends to its history in place until a
+  // fork, truncate or reset sends it to a new one, so each is a leaf of the conversation tree.
+  std::vector<Tokens> histories;
+
+  // The index of the first step that failed, if any.
+  std::optional<size_t> FirstError() const;
+  // Whether rows x of this and y of other were fed the same tokens at positions 0..position.
+  bool SameHistory(const RecordedRow& x, const Recording& other, const RecordedRow& y) const;
+};
+
+// --localize: record the layer trace of one forward call of one step.
+struct TraceRequest {
+  int64_t step = 0, call = 0;
+  ForwardTrace trace;
+  bool hit = false;
+};
+
+// The scenario must be prepared and validated (PrepareScenario). InputError when its driver does
+// not apply to the backend; every other failure is recorded in the steps.
+Recording Replay(const Scenario& scenario, const Backend& backend, TraceRequest* trace = nullptr);
+
+// The oracle: ForwardFull is causal (row p depends on tokens 0..p only), so one ForwardFull over
+// a history checks every recorded row of it. It runs once per history, not once per step, so a
+// case costs O(length) oracle tokens. Sets vs_oracle on every row of a history it could compute;
+// a ForwardFull that fails makes the steps of that history's rows errors.
+void CheckAgainstOracle(Recording& recording, const Backend& backend, double tolerance);
+
+// The greedy choice: the first maximum of the row (torch.argmax, llama2.c). A row with a NaN or
+// inf logit has no greedy choice: InputError saying what is wrong.
+Token GreedyNext(const float* row, int64_t vocab);
+
+// The one greedy loop (decode steps, `generate`, `repro`): up to n times, choose the greedy token
+// of `row` (vocab floats) and hand it to `feed`, which returns the row that token produced, or
+// nullptr to stop there (an EOS, the context's end, the last token wanted). Returns the tokens
+// chosen, every one of them handed to feed.
+Tokens Greedy(const float* row, int64_t vocab, int64_t n,
+              const std::function<const float*(Token)>& feed);
+
+}  // namespace kvdiff::harness
