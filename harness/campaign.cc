@@ -1,5 +1,8 @@
 #include "harness/campaign.h"
 
+#include "format/prng.h"
+#include "harness/junit.h"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -13,16 +16,11 @@
 namespace kvdiff::harness {
 namespace {
 
-// SplitMix64: tiny, fast, and the same sequence everywhere (std distributions are not).
+// format/prng.h's SplitMix64 stream: the same sequence everywhere (std distributions are not).
 class Rng {
  public:
   explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
+  uint64_t Next() { return format::SplitMix64(state_); }
   // Uniform in [0, n), n >= 1 (the modulo bias is irrelevant at these sizes).
   int64_t Below(int64_t n) { return static_cast<int64_t>(Next() % static_cast<uint64_t>(n)); }
   int64_t Between(int64_t lo, int64_t hi) { return lo + Below(hi - lo + 1); }  // inclusive
@@ -239,30 +237,22 @@ nlohmann::json CampaignReport::ToJson() const {
 }
 
 std::string CampaignReport::ToJUnit() const {
-  std::string out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
-  out += fmt::format(
-      "<testsuites name=\"kvdiff\" tests=\"{}\" failures=\"{}\" errors=\"0\" time=\"{:.3f}\">\n",
-      results.size(), Failures(), seconds);
-  const std::string suite =
+  JUnitSuite suite;
+  suite.name = suite.classname =
       fmt::format("kvdiff.check.seed{}.shard{}of{}", seed, shard.index, shard.count);
-  out += fmt::format(
-      "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"0\" skipped=\"0\" "
-      "time=\"{:.3f}\">\n",
-      XmlEscape(suite), results.size(), Failures(), seconds);
+  suite.seconds = seconds;
   for (const auto& r : results) {
-    out += fmt::format("    <testcase classname=\"{}\" name=\"case {}\" time=\"0\"",
-                       XmlEscape(suite), r.index);
-    if (r.passed) {
-      out += "/>\n";
-    } else {
-      out += fmt::format(
-          ">\n      <failure type=\"divergence\" message=\"{}\">replay: kvdiff run {}</failure>\n"
-          "    </testcase>\n",
-          XmlEscape(r.failure), XmlEscape(r.scenario_file));
+    JUnitCase c;
+    c.name = fmt::format("case {}", r.index);
+    if (!r.passed) {
+      c.outcome = JUnitOutcome::kFailure;
+      c.type = "divergence";
+      c.message = r.failure;
+      c.text = "replay: kvdiff run " + r.scenario_file;
     }
+    suite.cases.push_back(std::move(c));
   }
-  out += "  </testsuite>\n</testsuites>\n";
-  return out;
+  return ToJUnitXml("kvdiff", seconds, {suite});
 }
 
 CampaignReport RunCampaign(const ModelSpec& model, const std::vector<const Backend*>& backends,

@@ -14,6 +14,7 @@
 #include "harness/drivers.h"
 #include "harness/golden.h"
 #include "harness/golden_internal.h"
+#include "harness/junit.h"
 #include "harness/registry.h"
 #include "harness/replay.h"
 #include "harness/report.h"
@@ -417,68 +418,42 @@ json VerifyReport::ToJson() const {
 }
 
 std::string VerifyReport::ToJUnit() const {
-  // One <testsuite> per golden set, one <testcase> per backend; a set that cannot be read or is
-  // stale is one failing testcase named after the file.
-  std::string suites;
-  int64_t tests = 0, failures = 0, errors = 0;
+  // One suite per golden set, one case per backend; a set that cannot be read or is stale is one
+  // failing case named after the file.
+  std::vector<JUnitSuite> suites;
   for (const auto& s : sets) {
-    // classname: the set's path as dotted package names ("kvdiff.golden.golden.tiny.fork"), as CI
-    // systems group testcases by the dots.
+    JUnitSuite suite;
+    suite.name = s.paths.golden.string();
+    // classname: the set's path as dotted package names ("kvdiff.golden.golden.tiny.fork").
     std::string dotted = (s.paths.golden.parent_path() / s.paths.scenario.stem()).string();
     std::replace(dotted.begin(), dotted.end(), '/', '.');
-    const std::string suite = "kvdiff.golden." + dotted;
-    std::string cases;
-    int64_t st = 0, sf = 0, se = 0, ss = 0;
-    auto add_case = [&](const std::string& name, const std::string& body) {
-      ++st;
-      cases += fmt::format("    <testcase classname=\"{}\" name=\"{}\" time=\"0\"",
-                           XmlEscape(suite), XmlEscape(name));
-      cases += body.empty() ? "/>\n" : ">\n" + body + "    </testcase>\n";
-    };
-    auto failure = [](const char* tag, const char* type, const std::string& text) {
-      return fmt::format("      <{} type=\"{}\" message=\"{}\">{}</{}>\n", tag, type,
-                         XmlEscape(text.substr(0, text.find('\n'))), XmlEscape(text), tag);
+    suite.classname = "kvdiff.golden." + dotted;
+    suite.properties = {{"made_with", s.made_with},
+                        {"tolerance_abs", fmt::format("{}", s.tolerance)}};
+    auto add = [&suite](std::string name, JUnitOutcome outcome, std::string type,
+                        std::string text) {
+      suite.cases.push_back({std::move(name), outcome, std::move(type), "", std::move(text)});
     };
     if (!s.input_error.empty()) {
-      ++se;
-      add_case("read", failure("error", "input_error", s.input_error));
+      add("read", JUnitOutcome::kError, "input_error", s.input_error);
     } else if (!s.stale.empty()) {
-      ++sf;
-      add_case("current", failure("failure", "stale_golden", s.stale));
+      add("current", JUnitOutcome::kFailure, "stale_golden", s.stale);
     } else if (!s.skipped.empty()) {
-      ++ss;
-      add_case("model", fmt::format("      <skipped message=\"{}\"/>\n", XmlEscape(s.skipped)));
+      add("model", JUnitOutcome::kSkipped, "", s.skipped);
     }
     for (const auto& c : s.checks) {
       if (c.status == PathStatus::kFail || c.status == PathStatus::kError) {
-        ++sf;
-        add_case(c.backend,
-                 failure("failure", c.status == PathStatus::kFail ? "mismatch" : "backend_error",
-                         MismatchText(s, c)));
+        add(c.backend, JUnitOutcome::kFailure,
+            c.status == PathStatus::kFail ? "mismatch" : "backend_error", MismatchText(s, c));
       } else if (c.status == PathStatus::kSkipped) {
-        ++ss;
-        add_case(c.backend, fmt::format("      <skipped message=\"{}\"/>\n", XmlEscape(c.message)));
+        add(c.backend, JUnitOutcome::kSkipped, "", c.message);
       } else {
-        add_case(c.backend, "");
+        add(c.backend, JUnitOutcome::kPassed, "", "");
       }
     }
-    suites += fmt::format(
-        "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"{}\" "
-        "time=\"0\">\n",
-        XmlEscape(s.paths.golden.string()), st, sf, se, ss);
-    suites += "    <properties>\n";
-    suites +=
-        fmt::format("      <property name=\"made_with\" value=\"{}\"/>\n", XmlEscape(s.made_with));
-    suites += fmt::format("      <property name=\"tolerance_abs\" value=\"{}\"/>\n", s.tolerance);
-    suites += "    </properties>\n" + cases + "  </testsuite>\n";
-    tests += st;
-    failures += sf;
-    errors += se;
+    suites.push_back(std::move(suite));
   }
-  return fmt::format(
-      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"kvdiff golden verify\" "
-      "tests=\"{}\" failures=\"{}\" errors=\"{}\" time=\"{:.3f}\">\n{}</testsuites>\n",
-      tests, failures, errors, seconds, suites);
+  return ToJUnitXml("kvdiff golden verify", seconds, suites);
 }
 
 }  // namespace kvdiff::harness

@@ -1,5 +1,7 @@
 #include "harness/report.h"
 
+#include "harness/junit.h"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -336,55 +338,32 @@ json ReportToJson(const RunReport& r) {
 }
 
 std::string ReportToJUnit(const RunReport& r) {
-  int64_t failures = 0, skipped = 0;
+  JUnitSuite suite;
+  suite.name = suite.classname =
+      "kvdiff." + (r.scenario.empty() ? std::string("scenario") : r.scenario);
+  suite.seconds = r.seconds;
+  suite.properties = {{"kvdiff_version", KVDIFF_VERSION},
+                      {"model", r.model_source},
+                      {"model_description", r.model_description},
+                      {"driver", DriverName(r.driver)},
+                      {"backends", fmt::format("{}", fmt::join(r.backends, ","))},
+                      {"tolerance_abs", fmt::format("{}", r.tolerance)}};
   for (const auto& s : r.steps) {
-    if (!s.Passed()) ++failures;
-  }
-  const std::string suite = "kvdiff." + (r.scenario.empty() ? std::string("scenario") : r.scenario);
-  std::string out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
-  out += fmt::format(
-      "<testsuites name=\"kvdiff\" tests=\"{}\" failures=\"{}\" errors=\"0\" time=\"{:.3f}\">\n",
-      r.steps.size(), failures, r.seconds);
-  std::string cases;
-  for (const auto& s : r.steps) {
-    const std::string name = fmt::format("step {:02} {}", s.index, s.step.ParamString());
-    cases += fmt::format("    <testcase classname=\"{}\" name=\"{}\" time=\"0\"", XmlEscape(suite),
-                         XmlEscape(name));
+    JUnitCase c;
+    c.name = fmt::format("step {:02} {}", s.index, s.step.ParamString());
     bool all_skipped = !s.outcomes.empty();
     for (const auto& o : s.outcomes) all_skipped = all_skipped && o.status == PathStatus::kSkipped;
     if (!s.Passed()) {
-      const std::string text = FailureText(s);
-      const std::string message = text.substr(0, text.find('\n'));
-      cases += fmt::format(
-          ">\n      <failure type=\"{}\" message=\"{}\">{}</failure>\n    </testcase>\n",
-          text.find("backend error") != std::string::npos ? "backend_error" : "divergence",
-          XmlEscape(message), XmlEscape(text));
+      c.outcome = JUnitOutcome::kFailure;
+      c.text = FailureText(s);
+      c.type = c.text.find("backend error") != std::string::npos ? "backend_error" : "divergence";
     } else if (all_skipped) {
-      ++skipped;
-      cases += fmt::format(">\n      <skipped message=\"{}\"/>\n    </testcase>\n",
-                           XmlEscape(s.outcomes[0].message));
-    } else {
-      cases += "/>\n";
+      c.outcome = JUnitOutcome::kSkipped;
+      c.text = s.outcomes[0].message;
     }
+    suite.cases.push_back(std::move(c));
   }
-  out += fmt::format(
-      "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"0\" skipped=\"{}\" "
-      "time=\"{:.3f}\">\n",
-      XmlEscape(suite), r.steps.size(), failures, skipped, r.seconds);
-  out += "    <properties>\n";
-  auto prop = [&out](const std::string& k, const std::string& v) {
-    out += fmt::format("      <property name=\"{}\" value=\"{}\"/>\n", XmlEscape(k), XmlEscape(v));
-  };
-  prop("kvdiff_version", KVDIFF_VERSION);
-  prop("model", r.model_source);
-  prop("model_description", r.model_description);
-  prop("driver", DriverName(r.driver));
-  prop("backends", fmt::format("{}", fmt::join(r.backends, ",")));
-  prop("tolerance_abs", fmt::format("{}", r.tolerance));
-  out += "    </properties>\n";
-  out += cases;
-  out += "  </testsuite>\n</testsuites>\n";
-  return out;
+  return ToJUnitXml("kvdiff", r.seconds, {suite});
 }
 
 void WriteTextFile(const std::filesystem::path& path, const std::string& text) {
