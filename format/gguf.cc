@@ -417,7 +417,7 @@ std::vector<GgufKv> LlamaGgufMetadata(const ModelWeights& model, const std::stri
 }
 
 void ConvertHfToGguf(const std::filesystem::path& model_dir, const std::filesystem::path& out,
-                     DType dtype) {
+                     DType dtype, bool permute_qk) {
   KVDIFF_CHECK(dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16,
                "convert gguf: dtype {} is not supported (F32, F16 or BF16)", DTypeName(dtype));
   const ModelWeights model = LoadModel(model_dir);
@@ -457,8 +457,8 @@ void ConvertHfToGguf(const std::filesystem::path& model_dir, const std::filesyst
         PermuteRopeRowsToInterleaved(k.data, c.num_key_value_heads, c.head_dim, c.hidden_size));
     const std::vector<float>* k_perm = &owned.back();
     add(g + "attn_norm.weight", model.Get(hf + "input_layernorm.weight"), nullptr);
-    add(g + "attn_q.weight", q, q_perm);
-    add(g + "attn_k.weight", k, k_perm);
+    add(g + "attn_q.weight", q, permute_qk ? q_perm : nullptr);
+    add(g + "attn_k.weight", k, permute_qk ? k_perm : nullptr);
     add(g + "attn_v.weight", model.Get(hf + "self_attn.v_proj.weight"), nullptr);
     add(g + "attn_output.weight", model.Get(hf + "self_attn.o_proj.weight"), nullptr);
     add(g + "ffn_norm.weight", model.Get(hf + "post_attention_layernorm.weight"), nullptr);

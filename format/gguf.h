@@ -68,7 +68,9 @@ std::vector<GgufKv> LlamaGgufMetadata(const ModelWeights& model, const std::stri
 // `kvdiff convert gguf`: DIR (config.json + model.safetensors) -> out (one GGUF file, written to
 // a temporary file beside it, then renamed). Matrices in `dtype` (F32, F16 or BF16), 1-D tensors
 // (norms, rope_freqs) always F32 as llama.cpp's converter writes them.
+// permute_qk = false leaves q/k rows in HF order: a deliberately wrong file, only for the mutation
+// test proving that the llama.cpp test catches it.
 void ConvertHfToGguf(const std::filesystem::path& model_dir, const std::filesystem::path& out,
-                     DType dtype);
+                     DType dtype, bool permute_qk = true);
 
 }  // namespace kvdiff::format
