@@ -12,7 +12,10 @@
 // out of range, truncate beyond the length) throws InputError; the engine's own failure throws
 // EngineError. Messages start with the engine's name. A call that throws changes nothing.
 // Lifetimes are shared: a Session keeps its Engine open and an Engine keeps its library loaded, so
-// objects may be destroyed in any order.
+// objects may be destroyed in any order. Threads: as engine.h says, one thread at a time per Engine
+// and its Sessions (the caller serializes); separate Engines may run in parallel only if the plugin
+// allows it (the example does; llama.cpp's global logger is guarded).
+// ForwardFull (no cache) is a fresh Session's Append of the whole history.
 #pragma once
 
 #include <cstdint>
