@@ -13,6 +13,7 @@
 #include "format/model_files.h"
 #include "impl/model.h"
 #include "kvdiff/engine.h"
+#include "tests/engines/conformance.h"
 #include "tests/test_support.h"
 
 namespace kvdiff::engines {
@@ -167,6 +168,14 @@ TEST_F(ExampleEngineTest, SameInputsGiveBitIdenticalLogits) {
   // And an engine opened separately (fresh weights and buffers).
   const Logits lc = OpenExample().NewSession().Append(t);
   EXPECT_EQ(std::memcmp(la.data(), lc.data(), la.size() * sizeof(float)), 0);
+}
+
+TEST_F(ExampleEngineTest, RandomWalkSeeds1To3Steps150MaxLength64MatchesImpl) {
+  const Engine engine = OpenExample("max_length=64");
+  for (uint64_t seed : {1, 2, 3}) {
+    const float worst = conformance::RandomWalkMaxDiff(engine, *model_, seed, 150, 64);
+    std::cout << "figure: example random walk seed " << seed << ": max|diff| " << worst << "\n";
+  }
 }
 
 // ---- errors: the message names the argument and both numbers; the session is unchanged ----

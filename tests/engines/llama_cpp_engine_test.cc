@@ -16,6 +16,7 @@
 #include "format/llama2c.h"
 #include "format/model_files.h"
 #include "impl/model.h"
+#include "tests/engines/conformance.h"
 #include "tests/test_support.h"
 
 namespace kvdiff::engines {
@@ -198,6 +199,14 @@ TEST_F(LlamaCppEngineTest, ErrorsAreInputErrorsAndChangeNothing) {
   EXPECT_THROW(Open("bogus=1"), InputError);
   EXPECT_THROW(Open("max_length=100000"), InputError);
   EXPECT_THROW(plugin_->Open(dir_->path() / "nothing-here"), InputError);
+}
+
+TEST_F(LlamaCppEngineTest, RandomWalkSeeds1To3Steps150MaxLength64MatchesImpl) {
+  const Engine engine = Open(std::string(kExact) + ",max_length=64,sessions=4,ubatch=8");
+  for (uint64_t seed : {1, 2, 3}) {
+    const float worst = conformance::RandomWalkMaxDiff(engine, *model_, seed, 150, 64);
+    std::cout << "figure: llama.cpp random walk seed " << seed << ": max|diff| " << worst << "\n";
+  }
 }
 
 // Proof of power: a GGUF whose q/k rows were not permuted to the interleaved RoPE layout agrees
