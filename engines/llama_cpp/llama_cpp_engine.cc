@@ -237,6 +237,21 @@ void Open(kvdiff_engine* e, const char* model_dir) {
   const int64_t ubatch =
       o.ubatch ? std::min(o.ubatch, e->max_length) : std::min<int64_t>(e->max_length, 512);
 
+  if (o.kv == "q8_0") {
+    // q8_0 packs rows in blocks of 32: llama.cpp refuses a cache whose head_dim it does not
+    // divide. A bad option for this model is the caller's to fix, so it is bad input here.
+    char text[32] = {};
+    const int64_t head_dim =
+        llama_model_meta_val_str(e->model, "llama.attention.key_length", text, sizeof text) > 0
+            ? std::atoll(text)
+            : llama_model_n_embd(e->model) / llama_model_n_head(e->model);
+    if (head_dim % 32 != 0) {
+      throw kvdiff::InputError(fmt::format(
+          "option kv=q8_0: the model's head_dim {} is not a multiple of q8_0's block of 32",
+          head_dim));
+    }
+  }
+
   llama_context_params cp = llama_context_default_params();
   cp.n_ctx = static_cast<uint32_t>(e->max_length * o.sessions);  // cells, shared by the sequences
   cp.n_batch = static_cast<uint32_t>(e->max_length);             // the longest append

@@ -196,6 +196,12 @@ TEST_F(LlamaCppEngineTest, ErrorsAreInputErrorsAndChangeNothing) {
   }
   EXPECT_THROW(Open("kv=q4"), InputError);
   EXPECT_THROW(Open("kv=q8_0,flash_attn=off"), InputError);
+  try {
+    Open("kv=q8_0,flash_attn=on");  // tiny's head_dim 16
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("head_dim 16 is not a multiple of q8_0's block of 32"));
+  }
   EXPECT_THROW(Open("bogus=1"), InputError);
   EXPECT_THROW(Open("max_length=100000"), InputError);
   EXPECT_THROW(plugin_->Open(dir_->path() / "nothing-here"), InputError);
