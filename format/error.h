@@ -23,6 +23,13 @@ class ShapeError : public InputError {
   using InputError::InputError;
 };
 
+// An outside engine (a plugin) failed on input it accepted: out of memory, an internal error. Not
+// the user's fault, so not an InputError: main() reports it as a failure (exit 1).
+class EngineError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 }  // namespace kvdiff
 
 // KVDIFF_CHECK(cond, "fmt {}", args...): argument check at an API boundary; throws InputError.

@@ -118,6 +118,9 @@ uint64_t NonNegativeInt(const json& value, const std::string& what) {
 
 }  // namespace
 
+uint16_t FloatToF16Bits(float value) { return FloatToHalf(value); }
+uint16_t FloatToBF16Bits(float value) { return FloatToBFloat16(value); }
+
 const char* DTypeName(DType dtype) {
   switch (dtype) {
     case DType::kF32:

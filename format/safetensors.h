@@ -77,6 +77,10 @@ void WriteSafetensorsViews(const std::filesystem::path& path,
                            const std::vector<TensorViewToWrite>& tensors,
                            const std::map<std::string, std::string>& metadata = {});
 
+// The 16-bit patterns safetensors (and GGUF) store for F16 and BF16: round to nearest even.
+uint16_t FloatToF16Bits(float value);
+uint16_t FloatToBF16Bits(float value);
+
 // `value` as it reads back after a round trip through dtype (round to nearest even for F16/BF16).
 float RoundToDType(float value, DType dtype);
 

@@ -1,11 +1,15 @@
 // `kvdiff convert llama2c`: a llama2.c checkpoint (+ tokenizer.bin) to an HF layout directory.
+// `kvdiff convert gguf`: an HF layout directory to one GGUF file for llama.cpp.
 #include <fmt/format.h>
 
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <variant>
 
 #include "harness/cli/commands.h"
+#include "format/error.h"
+#include "format/gguf.h"
 #include "format/llama2c.h"
 #include "format/model_files.h"
 #include "format/tokenizer.h"
@@ -48,6 +52,41 @@ void AddConvertCommand(CLI::App& app, int& exit_code) {
         config.num_key_value_heads, config.vocab_size, config.max_position_embeddings,
         config.tie_word_embeddings ? "tied" : "untied",
         opts->tokenizer.empty() ? "" : std::string(", ") + format::kTokenizerFileName);
+    exit_code = 0;
+  });
+
+  struct GgufOptions {
+    std::string model;
+    std::string out;
+    std::string dtype = "f32";
+  };
+  auto gopts = std::make_shared<GgufOptions>();
+  CLI::App* gguf = convert->add_subcommand(
+      "gguf",
+      "HF Llama directory -> one GGUF file for llama.cpp (llama.* keys, q/k rows permuted to the "
+      "interleaved RoPE layout, the vocabulary of DIR/tokenizer.kvdiff.json or \"none\")");
+  gguf->add_option("--model", gopts->model, "HF model directory (config.json + model.safetensors)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  gguf->add_option("--out", gopts->out, "output .gguf file (written atomically)")->required();
+  gguf->add_option("--dtype", gopts->dtype, "dtype of the matrices: f32, f16 or bf16 (norms stay f32)")
+      ->capture_default_str();
+  gguf->callback([gopts, &exit_code] {
+    format::DType dtype = format::DType::kF32;
+    if (gopts->dtype == "f16") {
+      dtype = format::DType::kF16;
+    } else if (gopts->dtype == "bf16") {
+      dtype = format::DType::kBF16;
+    } else if (gopts->dtype != "f32") {
+      throw InputError(
+          fmt::format("--dtype: expected f32, f16 or bf16, found \"{}\"", gopts->dtype));
+    }
+    format::ConvertHfToGguf(gopts->model, gopts->out, dtype);
+    const format::GgufHeader header = format::ReadGgufHeader(gopts->out);
+    const format::GgufKv* vocab = header.Find("tokenizer.ggml.model");
+    fmt::print("wrote {}: GGUF v{}, {} tensors ({}), {} metadata keys, tokenizer \"{}\"\n", gopts->out,
+               header.version, header.tensors.size(), gopts->dtype, header.metadata.size(),
+               vocab ? std::get<std::string>(vocab->value) : "?");
     exit_code = 0;
   });
 }

@@ -1,0 +1,380 @@
+/* The example kvdiff engine: a plain, slow, readable Llama in C11, one token at a time, in the
+ * order of ../../../shared/spec/llama-forward.md (step numbers beside the code). Copy this folder
+ * to start a plugin for your own engine: the ABI glue is at the bottom, the model above it.
+ *
+ * Options: max_length=N (positions a session may hold; default and upper bound:
+ * max_position_embeddings). */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hf_model.h"
+#include "kvdiff/engine.h"
+
+/* Scratch buffers of one token's forward pass, shared by the engine's sessions (one thread). */
+typedef struct {
+  float* x;      /* (hidden): the residual stream */
+  float* xn;     /* (hidden): RMSNorm(x) */
+  float* q;      /* (heads * head_dim): queries, post-RoPE */
+  float* scores; /* (max_length): one head's attention weights */
+  float* attn;   /* (heads * head_dim): attention output, heads concatenated */
+  float* proj;   /* (hidden): o_proj or down_proj output, before the residual */
+  float* gate;   /* (inter) */
+  float* up;     /* (inter) */
+} RunState;
+
+struct kvdiff_engine {
+  Config config;
+  Weights weights;
+  int loaded;
+  int64_t max_length;
+  double* inv_freq; /* (head_dim / 2): 1 / rope_theta^(2i / head_dim) */
+  RunState run;
+  char error[1024];
+};
+
+struct kvdiff_session {
+  kvdiff_engine* engine;
+  int64_t length;   /* positions 0..length-1 are cached */
+  int64_t capacity; /* positions allocated in key/value */
+  float** key;      /* [layers] (capacity, kv_heads * head_dim), post-RoPE */
+  float** value;    /* [layers] (capacity, kv_heads * head_dim) */
+  char error[1024];
+};
+
+static kvdiff_status set_error(char* buf, kvdiff_status status, const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  vsnprintf(buf, 1024, fmt, args);
+  va_end(args);
+  return status;
+}
+
+/* ---- the model: one function per block ---- */
+
+/* out (rows) = W (rows, cols) . x (cols) */
+static void matmul(float* out, const float* x, const float* w, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; r++) {
+    float sum = 0.0f;
+    for (int64_t c = 0; c < cols; c++) sum += w[r * cols + c] * x[c];
+    out[r] = sum;
+  }
+}
+
+/* 2. RMSNorm: x * rsqrt(mean(x^2) + eps), then times the weight. */
+static void rmsnorm(float* out, const float* x, const float* weight, int64_t n, float eps) {
+  float ss = 0.0f;
+  for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+  const float inv_rms = 1.0f / sqrtf(ss / (float)n + eps);
+  for (int64_t i = 0; i < n; i++) out[i] = (x[i] * inv_rms) * weight[i];
+}
+
+/* 3. RoPE, rotate-half layout: dimension i pairs with i + head_dim/2. Angles in double. */
+static void rope(float* v, int64_t heads, int64_t head_dim, int64_t pos, const double* inv_freq) {
+  const int64_t half = head_dim / 2;
+  for (int64_t i = 0; i < half; i++) {
+    const double angle = (double)pos * inv_freq[i];
+    const float cos_a = (float)cos(angle), sin_a = (float)sin(angle);
+    for (int64_t h = 0; h < heads; h++) {
+      float* x = v + h * head_dim;
+      const float x1 = x[i], x2 = x[i + half];
+      x[i] = x1 * cos_a - x2 * sin_a;
+      x[i + half] = x2 * cos_a + x1 * sin_a;
+    }
+  }
+}
+
+/* 4. Attention of the token at `pos` in layer l: q, k, v, RoPE, append k and v to the cache at
+ *    row pos, softmax(q.K^T / sqrt(d)) over keys 0..pos, times V, then o_proj into run.proj. */
+static void attention(kvdiff_engine* e, kvdiff_session* s, int64_t l, int64_t pos) {
+  const Config* c = &e->config;
+  const LayerWeights* w = &e->weights.layer[l];
+  RunState* r = &e->run;
+  const int64_t d = c->head_dim, kv_dim = c->kv_heads * d, n_rep = c->heads / c->kv_heads;
+  float* k = s->key[l] + pos * kv_dim;   /* (kv_dim): this position's cache row */
+  float* v = s->value[l] + pos * kv_dim; /* (kv_dim) */
+  matmul(r->q, r->xn, w->wq, c->heads * d, c->hidden);
+  matmul(k, r->xn, w->wk, kv_dim, c->hidden);
+  matmul(v, r->xn, w->wv, kv_dim, c->hidden);
+  rope(r->q, c->heads, d, pos, e->inv_freq);
+  rope(k, c->kv_heads, d, pos, e->inv_freq);
+  const float scale = 1.0f / sqrtf((float)d);
+  for (int64_t h = 0; h < c->heads; h++) {
+    const float* q = r->q + h * d;
+    const int64_t kvh = h / n_rep; /* query head h reads KV head h / n_rep */
+    float max = -INFINITY, sum = 0.0f;
+    for (int64_t t = 0; t <= pos; t++) { /* causal: keys 0..pos */
+      const float* kt = s->key[l] + t * kv_dim + kvh * d;
+      float dot = 0.0f;
+      for (int64_t i = 0; i < d; i++) dot += q[i] * kt[i];
+      r->scores[t] = dot * scale;
+      if (r->scores[t] > max) max = r->scores[t];
+    }
+    for (int64_t t = 0; t <= pos; t++) sum += (r->scores[t] = expf(r->scores[t] - max));
+    float* out = r->attn + h * d;
+    memset(out, 0, (size_t)d * sizeof(float));
+    for (int64_t t = 0; t <= pos; t++) {
+      const float* vt = s->value[l] + t * kv_dim + kvh * d;
+      const float p = r->scores[t] / sum;
+      for (int64_t i = 0; i < d; i++) out[i] += p * vt[i];
+    }
+  }
+  matmul(r->proj, r->attn, w->wo, c->hidden, c->heads * d);
+}
+
+/* 5. SwiGLU MLP: down(silu(gate(x)) * up(x)) into run.proj. */
+static void mlp(kvdiff_engine* e, int64_t l) {
+  const Config* c = &e->config;
+  const LayerWeights* w = &e->weights.layer[l];
+  RunState* r = &e->run;
+  matmul(r->gate, r->xn, w->gate, c->inter, c->hidden);
+  matmul(r->up, r->xn, w->up, c->inter, c->hidden);
+  for (int64_t i = 0; i < c->inter; i++) {
+    const float g = r->gate[i];
+    r->gate[i] = g / (1.0f + expf(-g)) * r->up[i]; /* silu(g) * up */
+  }
+  matmul(r->proj, r->gate, w->down, c->hidden, c->inter);
+}
+
+/* The whole model for one token at position pos; writes its logits (vocab). */
+static void forward(kvdiff_engine* e, kvdiff_session* s, int32_t token, int64_t pos,
+                    float* logits) {
+  const Config* c = &e->config;
+  RunState* r = &e->run;
+  const float eps = (float)c->rms_eps;
+  memcpy(r->x, e->weights.embed + (int64_t)token * c->hidden,
+         (size_t)c->hidden * sizeof(float)); /* 1. */
+  for (int64_t l = 0; l < c->layers; l++) {
+    /* 6. h = x + Attn(RMSNorm(x)); out = h + MLP(RMSNorm(h)). */
+    rmsnorm(r->xn, r->x, e->weights.layer[l].input_norm, c->hidden, eps);
+    attention(e, s, l, pos);
+    for (int64_t i = 0; i < c->hidden; i++) r->x[i] += r->proj[i];
+    rmsnorm(r->xn, r->x, e->weights.layer[l].post_norm, c->hidden, eps);
+    mlp(e, l);
+    for (int64_t i = 0; i < c->hidden; i++) r->x[i] += r->proj[i];
+  }
+  rmsnorm(r->xn, r->x, e->weights.final_norm, c->hidden, eps); /* 7. final norm, then the head */
+  matmul(logits, r->xn, e->weights.lm_head, c->vocab, c->hidden);
+}
+
+/* ---- the engine ---- */
+
+static kvdiff_status parse_options(kvdiff_engine* e, const char* options) {
+  const char* p = options ? options : "";
+  while (*p) {
+    size_t n = strcspn(p, ",\n");
+    char item[256];
+    if (n >= sizeof item)
+      return set_error(e->error, KVDIFF_INVALID_INPUT, "option too long: %.40s...", p);
+    memcpy(item, p, n);
+    item[n] = '\0';
+    p += n + (p[n] != '\0');
+    if (n == 0) continue;
+    char* eq = strchr(item, '=');
+    if (!eq)
+      return set_error(e->error, KVDIFF_INVALID_INPUT, "option '%s': expected key=value", item);
+    *eq = '\0';
+    if (strcmp(item, "max_length") == 0) {
+      char* end = NULL;
+      long long v = strtoll(eq + 1, &end, 10);
+      if (*end != '\0' || v < 1 || v > e->config.max_pos)
+        return set_error(
+            e->error, KVDIFF_INVALID_INPUT,
+            "option max_length=%s: expected an integer in [1, %lld] (max_position_embeddings)",
+            eq + 1, (long long)e->config.max_pos);
+      e->max_length = v;
+    } else {
+      return set_error(e->error, KVDIFF_INVALID_INPUT,
+                       "unknown option '%s' (the example engine knows: max_length)", item);
+    }
+  }
+  return KVDIFF_OK;
+}
+
+static void engine_close(kvdiff_engine* e) {
+  if (!e) return;
+  if (e->loaded) hf_free(&e->config, &e->weights);
+  float* bufs[] = {e->run.x,    e->run.xn,   e->run.q,    e->run.scores,
+                   e->run.attn, e->run.proj, e->run.gate, e->run.up};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+  free(e->inv_freq);
+  free(e);
+}
+
+static kvdiff_status engine_open(const char* model_dir, const char* options, kvdiff_engine** out) {
+  kvdiff_engine* e = calloc(1, sizeof *e);
+  *out = e;
+  if (!e) return KVDIFF_ENGINE_FAILURE;
+  if (!model_dir) return set_error(e->error, KVDIFF_INVALID_INPUT, "model_dir is NULL");
+  if (hf_load(model_dir, &e->config, &e->weights, e->error, sizeof e->error) != 0)
+    return KVDIFF_INVALID_INPUT;
+  e->loaded = 1;
+  const Config* c = &e->config;
+  e->max_length = c->max_pos;
+  kvdiff_status st = parse_options(e, options);
+  if (st != KVDIFF_OK) return st;
+  const int64_t q_dim = c->heads * c->head_dim;
+  RunState* r = &e->run;
+  r->x = malloc((size_t)c->hidden * sizeof(float));
+  r->xn = malloc((size_t)c->hidden * sizeof(float));
+  r->q = malloc((size_t)q_dim * sizeof(float));
+  r->scores = malloc((size_t)e->max_length * sizeof(float));
+  r->attn = malloc((size_t)q_dim * sizeof(float));
+  r->proj = malloc((size_t)c->hidden * sizeof(float));
+  r->gate = malloc((size_t)c->inter * sizeof(float));
+  r->up = malloc((size_t)c->inter * sizeof(float));
+  e->inv_freq = malloc((size_t)(c->head_dim / 2) * sizeof(double));
+  if (!r->x || !r->xn || !r->q || !r->scores || !r->attn || !r->proj || !r->gate || !r->up ||
+      !e->inv_freq)
+    return set_error(e->error, KVDIFF_ENGINE_FAILURE, "out of memory allocating the run state");
+  for (int64_t i = 0; i < c->head_dim / 2; i++)
+    e->inv_freq[i] = 1.0 / pow(c->rope_theta, (double)(2 * i) / (double)c->head_dim);
+  return KVDIFF_OK;
+}
+
+static const char* engine_error(const kvdiff_engine* e) { return e ? e->error : "engine is NULL"; }
+
+static kvdiff_status engine_info(kvdiff_engine* e, kvdiff_engine_info* out) {
+  out->vocab_size = e->config.vocab;
+  out->max_length = e->max_length;
+  out->cache_dtype = "f32";
+  out->sizes = NULL; /* one token at a time: no tiles, pages or thresholds */
+  out->num_sizes = 0;
+  return KVDIFF_OK;
+}
+
+/* ---- sessions ---- */
+
+static void session_free(kvdiff_session* s) {
+  if (!s) return;
+  for (int64_t l = 0; s->key && l < s->engine->config.layers; l++) free(s->key[l]);
+  for (int64_t l = 0; s->value && l < s->engine->config.layers; l++) free(s->value[l]);
+  free(s->key);
+  free(s->value);
+  free(s);
+}
+
+static kvdiff_status session_new(kvdiff_engine* e, kvdiff_session** out) {
+  kvdiff_session* s = calloc(1, sizeof *s);
+  *out = NULL;
+  if (s) {
+    s->engine = e;
+    s->key = calloc((size_t)e->config.layers, sizeof(float*));
+    s->value = calloc((size_t)e->config.layers, sizeof(float*));
+  }
+  if (!s || !s->key || !s->value) {
+    session_free(s);
+    return set_error(e->error, KVDIFF_ENGINE_FAILURE, "out of memory creating a session");
+  }
+  *out = s;
+  return KVDIFF_OK;
+}
+
+/* Grows every layer's cache to hold `need` positions; on failure the capacity is unchanged. */
+static int reserve(kvdiff_session* s, int64_t need) {
+  if (need <= s->capacity) return 0;
+  int64_t cap = s->capacity * 2 > need ? s->capacity * 2 : need;
+  if (cap > s->engine->max_length) cap = s->engine->max_length;
+  const size_t row =
+      (size_t)(s->engine->config.kv_heads * s->engine->config.head_dim) * sizeof(float);
+  for (int64_t l = 0; l < s->engine->config.layers; l++) {
+    float* k = realloc(s->key[l], (size_t)cap * row);
+    if (k) s->key[l] = k;
+    float* v = realloc(s->value[l], (size_t)cap * row);
+    if (v) s->value[l] = v;
+    if (!k || !v) return -1;
+  }
+  s->capacity = cap;
+  return 0;
+}
+
+static kvdiff_status append(kvdiff_session* s, const int32_t* tokens, int64_t n, float* logits,
+                            int64_t logits_capacity) {
+  const int64_t vocab = s->engine->config.vocab;
+  if (n < 1 || !tokens)
+    return set_error(s->error, KVDIFF_INVALID_INPUT,
+                     "tokens is empty (expected at least one token)");
+  for (int64_t i = 0; i < n; i++)
+    if (tokens[i] < 0 || tokens[i] >= vocab)
+      return set_error(s->error, KVDIFF_INVALID_INPUT,
+                       "token id %d at index %lld is out of range for vocab_size %lld", tokens[i],
+                       (long long)i, (long long)vocab);
+  if (!logits || logits_capacity < n * vocab)
+    return set_error(s->error, KVDIFF_INVALID_INPUT,
+                     "logits buffer holds %lld floats, %lld tokens x vocab %lld need %lld",
+                     (long long)logits_capacity, (long long)n, (long long)vocab,
+                     (long long)(n * vocab));
+  if (s->length + n > s->engine->max_length)
+    return set_error(s->error, KVDIFF_INVALID_INPUT,
+                     "session holds %lld positions of max_length %lld: %lld more tokens do not fit",
+                     (long long)s->length, (long long)s->engine->max_length, (long long)n);
+  if (reserve(s, s->length + n) != 0)
+    return set_error(s->error, KVDIFF_ENGINE_FAILURE,
+                     "out of memory growing the KV cache to %lld positions",
+                     (long long)(s->length + n));
+  for (int64_t i = 0; i < n; i++)
+    forward(s->engine, s, tokens[i], s->length + i, logits + i * vocab);
+  s->length += n;
+  return KVDIFF_OK;
+}
+
+static int64_t length(const kvdiff_session* s) { return s->length; }
+
+static kvdiff_status truncate_to(kvdiff_session* s, int64_t n) {
+  if (n < 0 || n > s->length)
+    return set_error(s->error, KVDIFF_INVALID_INPUT,
+                     "truncate to %lld: expected 0 <= length <= %lld (the session's length)",
+                     (long long)n, (long long)s->length);
+  s->length = n; /* rows >= n are overwritten by the next append */
+  return KVDIFF_OK;
+}
+
+static kvdiff_status fork_session(kvdiff_session* s, kvdiff_session** out) {
+  kvdiff_session* f = NULL;
+  *out = NULL;
+  if (session_new(s->engine, &f) != KVDIFF_OK || reserve(f, s->length > 0 ? s->length : 1) != 0) {
+    session_free(f);
+    return set_error(s->error, KVDIFF_ENGINE_FAILURE,
+                     "out of memory forking a session of %lld positions", (long long)s->length);
+  }
+  const size_t bytes =
+      (size_t)(s->length * s->engine->config.kv_heads * s->engine->config.head_dim) * sizeof(float);
+  for (int64_t l = 0; l < s->engine->config.layers; l++) {
+    if (bytes) memcpy(f->key[l], s->key[l], bytes);
+    if (bytes) memcpy(f->value[l], s->value[l], bytes);
+  }
+  f->length = s->length;
+  *out = f;
+  return KVDIFF_OK;
+}
+
+static kvdiff_status reset(kvdiff_session* s) {
+  s->length = 0;
+  return KVDIFF_OK;
+}
+
+static const char* session_error(const kvdiff_session* s) {
+  return s ? s->error : "session is NULL";
+}
+
+static const kvdiff_engine_api kApi = {
+    .abi_version = KVDIFF_ENGINE_ABI_VERSION, /* always first: the loader checks it */
+    .name = "example",
+    .version = "1.0",
+    .open = engine_open,
+    .engine_error = engine_error,
+    .engine_info = engine_info,
+    .close = engine_close,
+    .session_new = session_new,
+    .append = append,
+    .length = length,
+    .truncate = truncate_to,
+    .fork = fork_session,
+    .reset = reset,
+    .session_error = session_error,
+    .session_free = session_free,
+};
+
+KVDIFF_ENGINE_EXPORT const kvdiff_engine_api* kvdiff_engine_entry(void) { return &kApi; }

@@ -1,0 +1,444 @@
+// llama.cpp as a kvdiff engine (include/kvdiff/engine.h), over llama.cpp's C API. One llama_context
+// per engine; a session is a sequence id in its KV memory:
+//   append   -> llama_decode with explicit positions length..length+n-1, logits for every token
+//   truncate -> llama_memory_seq_rm(seq, n, -1)
+//   fork     -> llama_memory_seq_cp(seq, free_seq) (cells are shared until either side appends)
+//   reset    -> llama_memory_seq_rm(seq, -1, -1)
+// A model directory in HF layout is converted to GGUF by kvdiff's own writer (format/gguf.h) into a
+// cache keyed by a hash of its files; a path to a .gguf file is loaded as it is.
+//
+// Options (key=value, ',' or newline separated):
+//   kv=f32|f16|q8_0     KV cache type (default f32: the only one held to the 1e-4 gate)
+//   flash_attn=on|off   default off: llama.cpp's flash attention casts K/V to F16 even with an f32
+//                       cache, which moves logits by ~1e-3
+//   threads=N           default 1
+//   max_length=N        positions one session may hold (default min(context_length, 2048))
+//   sessions=N          sequences alive at once, forks included (default 8)
+//   ubatch=N            llama.cpp's physical batch (default min(max_length, 512)): an append longer
+//                       than this runs in several passes
+#include <fmt/format.h>
+#include <llama.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "format/error.h"
+#include "format/gguf.h"
+#include "kvdiff/engine.h"
+
+namespace {
+
+// llama.cpp logs through one global callback: keep the last error line for our messages and drop
+// the chatter (KVDIFF_LLAMACPP_LOG=1 prints everything).
+std::mutex g_log_mutex;
+std::string g_last_log_error;
+
+void LogCallback(ggml_log_level level, const char* text, void*) {
+  static const bool verbose = std::getenv("KVDIFF_LLAMACPP_LOG") != nullptr;
+  if (verbose) std::fputs(text, stderr);
+  if (level == GGML_LOG_LEVEL_ERROR) {
+    std::lock_guard<std::mutex> lock(g_log_mutex);
+    g_last_log_error = text;
+    while (!g_last_log_error.empty() && g_last_log_error.back() == '\n')
+      g_last_log_error.pop_back();
+  }
+}
+
+std::string LastLogError() {
+  std::lock_guard<std::mutex> lock(g_log_mutex);
+  return g_last_log_error.empty() ? "" : " (" + g_last_log_error + ")";
+}
+
+void InitOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    llama_log_set(LogCallback, nullptr);
+    llama_backend_init();
+  });
+}
+
+struct Options {
+  std::string kv = "f32";
+  bool flash_attn = false;
+  int threads = 1;
+  int64_t max_length = 0;  // 0: from the model
+  int64_t sessions = 8;
+  int64_t ubatch = 0;  // 0: min(max_length, 512)
+};
+
+int64_t ParseInt(const std::string& key, const std::string& value, int64_t lo, int64_t hi) {
+  char* end = nullptr;
+  const long long v = std::strtoll(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || v < lo || v > hi) {
+    throw kvdiff::InputError(
+        fmt::format("option {}={}: expected an integer in [{}, {}]", key, value, lo, hi));
+  }
+  return v;
+}
+
+Options ParseOptions(const char* text) {
+  Options o;
+  std::string all = text ? text : "";
+  for (char& c : all) {
+    if (c == '\n') c = ',';
+  }
+  size_t start = 0;
+  while (start <= all.size()) {
+    const size_t comma = std::min(all.find(',', start), all.size());
+    const std::string item = all.substr(start, comma - start);
+    start = comma + 1;
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos)
+      throw kvdiff::InputError(fmt::format("option '{}': expected key=value", item));
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (key == "kv") {
+      if (value != "f32" && value != "f16" && value != "q8_0") {
+        throw kvdiff::InputError(fmt::format("option kv={}: expected f32, f16 or q8_0", value));
+      }
+      o.kv = value;
+    } else if (key == "flash_attn") {
+      if (value != "on" && value != "off") {
+        throw kvdiff::InputError(fmt::format("option flash_attn={}: expected on or off", value));
+      }
+      o.flash_attn = value == "on";
+    } else if (key == "threads") {
+      o.threads = static_cast<int>(ParseInt(key, value, 1, 512));
+    } else if (key == "max_length") {
+      o.max_length = ParseInt(key, value, 1, 1 << 20);
+    } else if (key == "sessions") {
+      o.sessions = ParseInt(key, value, 1, 64);
+    } else if (key == "ubatch") {
+      o.ubatch = ParseInt(key, value, 1, 1 << 20);
+    } else {
+      throw kvdiff::InputError(
+          fmt::format("unknown option '{}' (llama.cpp knows: kv, flash_attn, threads, max_length, "
+                      "sessions, ubatch)",
+                      key));
+    }
+  }
+  if (o.kv == "q8_0" && !o.flash_attn) {
+    throw kvdiff::InputError(
+        "option kv=q8_0 needs flash_attn=on (llama.cpp quantizes the V cache only inside flash "
+        "attention)");
+  }
+  return o;
+}
+
+// FNV-1a 64 over a file's bytes: the cache key of a converted model (not a security boundary).
+uint64_t HashFile(const std::filesystem::path& path, uint64_t h) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw kvdiff::InputError(fmt::format("cannot read {}", path.string()));
+  std::vector<char> buf(1 << 20);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    for (std::streamsize i = 0; i < in.gcount(); ++i) {
+      h = (h ^ static_cast<unsigned char>(buf[i])) * 0x100000001b3ull;
+    }
+  }
+  return h;
+}
+
+// model_dir itself when it is a .gguf file; otherwise its GGUF conversion, made once into
+// $KVDIFF_GGUF_CACHE (default ~/.cache/kvdiff/gguf) under a name hashed from its files.
+std::filesystem::path GgufFor(const std::filesystem::path& model) {
+  if (std::filesystem::is_regular_file(model)) return model;
+  if (!std::filesystem::is_directory(model)) {
+    throw kvdiff::InputError(
+        fmt::format("model {}: neither a directory nor a .gguf file", model.string()));
+  }
+  uint64_t h = 0xcbf29ce484222325ull;
+  h = HashFile(model / "config.json", h);
+  h = HashFile(model / "model.safetensors", h);
+  if (std::filesystem::exists(model / "tokenizer.kvdiff.json"))
+    h = HashFile(model / "tokenizer.kvdiff.json", h);
+  const char* env = std::getenv("KVDIFF_GGUF_CACHE");
+  const char* home = std::getenv("HOME");
+  const std::filesystem::path dir =
+      env ? env : std::filesystem::path(home ? home : "/tmp") / ".cache" / "kvdiff" / "gguf";
+  // v1: the converter's version; bump when the writer's output changes.
+  const std::filesystem::path out = dir / fmt::format("{:016x}-v1-f32.gguf", h);
+  if (!std::filesystem::exists(out)) {
+    std::filesystem::create_directories(dir);
+    kvdiff::format::ConvertHfToGguf(model, out, kvdiff::format::DType::kF32);
+  }
+  return out;
+}
+
+}  // namespace
+
+struct kvdiff_engine {
+  llama_model* model = nullptr;
+  llama_context* ctx = nullptr;
+  Options options;
+  int64_t vocab = 0;
+  int64_t max_length = 0;
+  std::vector<bool> seq_used;  // [sessions]
+  std::vector<kvdiff_size> sizes;
+  std::string cache_dtype;
+  std::string error;
+  ~kvdiff_engine() {
+    if (ctx) llama_free(ctx);
+    if (model) llama_model_free(model);
+  }
+};
+
+struct kvdiff_session {
+  kvdiff_engine* engine = nullptr;
+  llama_seq_id seq = -1;
+  int64_t length = 0;
+  std::string error;
+};
+
+namespace {
+
+// Runs f; turns an exception into a status and the object's error string.
+template <typename F>
+kvdiff_status Guard(std::string& error, F&& f) {
+  try {
+    f();
+    return KVDIFF_OK;
+  } catch (const kvdiff::InputError& e) {
+    error = e.what();
+    return KVDIFF_INVALID_INPUT;
+  } catch (const std::exception& e) {
+    error = e.what();
+    return KVDIFF_ENGINE_FAILURE;
+  }
+}
+
+llama_memory_t Memory(const kvdiff_engine* e) { return llama_get_memory(e->ctx); }
+
+void Open(kvdiff_engine* e, const char* model_dir) {
+  InitOnce();
+  if (!model_dir) throw kvdiff::InputError("model_dir is NULL");
+  const std::filesystem::path gguf = GgufFor(model_dir);
+  llama_model_params mp = llama_model_default_params();
+  mp.n_gpu_layers = 0;
+  e->model = llama_model_load_from_file(gguf.c_str(), mp);
+  if (!e->model)
+    throw kvdiff::InputError(fmt::format("cannot load {}{}", gguf.string(), LastLogError()));
+  e->vocab = llama_vocab_n_tokens(llama_model_get_vocab(e->model));
+  const int64_t n_ctx_train = llama_model_n_ctx_train(e->model);
+  const Options& o = e->options;
+  e->max_length = o.max_length ? o.max_length : std::min<int64_t>(n_ctx_train, 2048);
+  if (e->max_length > n_ctx_train) {
+    throw kvdiff::InputError(
+        fmt::format("option max_length={} is more than the model's context_length {}",
+                    e->max_length, n_ctx_train));
+  }
+  const int64_t ubatch =
+      o.ubatch ? std::min(o.ubatch, e->max_length) : std::min<int64_t>(e->max_length, 512);
+
+  if (o.kv == "q8_0") {
+    // q8_0 packs rows in blocks of 32: llama.cpp refuses a cache whose head_dim it does not
+    // divide. A bad option for this model is the caller's to fix, so it is bad input here.
+    char text[32] = {};
+    const int64_t head_dim =
+        llama_model_meta_val_str(e->model, "llama.attention.key_length", text, sizeof text) > 0
+            ? std::atoll(text)
+            : llama_model_n_embd(e->model) / llama_model_n_head(e->model);
+    if (head_dim % 32 != 0) {
+      throw kvdiff::InputError(fmt::format(
+          "option kv=q8_0: the model's head_dim {} is not a multiple of q8_0's block of 32",
+          head_dim));
+    }
+  }
+
+  llama_context_params cp = llama_context_default_params();
+  cp.n_ctx = static_cast<uint32_t>(e->max_length * o.sessions);  // cells, shared by the sequences
+  cp.n_batch = static_cast<uint32_t>(e->max_length);             // the longest append
+  cp.n_ubatch = static_cast<uint32_t>(ubatch);
+  cp.n_seq_max = static_cast<uint32_t>(o.sessions);
+  cp.n_threads = cp.n_threads_batch = o.threads;
+  cp.flash_attn_type =
+      o.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  const ggml_type kv = o.kv == "f32"   ? GGML_TYPE_F32
+                       : o.kv == "f16" ? GGML_TYPE_F16
+                                       : GGML_TYPE_Q8_0;
+  cp.type_k = cp.type_v = kv;
+  cp.kv_unified = true;  // one pool of cells, so a fork shares its prefix's cells
+  cp.no_perf = true;
+  e->ctx = llama_init_from_model(e->model, cp);
+  if (!e->ctx)
+    throw kvdiff::EngineError(fmt::format("cannot create a llama.cpp context{}", LastLogError()));
+  e->seq_used.assign(o.sessions, false);
+  e->cache_dtype = o.kv;
+  e->sizes = {{"n_ubatch", static_cast<int64_t>(llama_n_ubatch(e->ctx))},
+              {"n_batch", static_cast<int64_t>(llama_n_batch(e->ctx))},
+              {"n_ctx", static_cast<int64_t>(llama_n_ctx(e->ctx))}};
+}
+
+llama_seq_id TakeSeq(kvdiff_engine* e) {
+  for (size_t i = 0; i < e->seq_used.size(); ++i) {
+    if (!e->seq_used[i]) {
+      e->seq_used[i] = true;
+      return static_cast<llama_seq_id>(i);
+    }
+  }
+  throw kvdiff::InputError(fmt::format(
+      "all {} sequences are in use (sessions and forks alive at once); open the engine with a "
+      "larger sessions=N",
+      e->seq_used.size()));
+}
+
+void Append(kvdiff_session* s, const int32_t* tokens, int64_t n, float* logits, int64_t capacity) {
+  kvdiff_engine* e = s->engine;
+  if (n < 1 || !tokens) throw kvdiff::InputError("tokens is empty (expected at least one token)");
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= e->vocab) {
+      throw kvdiff::InputError(fmt::format(
+          "token id {} at index {} is out of range for vocab_size {}", tokens[i], i, e->vocab));
+    }
+  }
+  if (!logits || capacity < n * e->vocab) {
+    throw kvdiff::InputError(
+        fmt::format("logits buffer holds {} floats, {} tokens x vocab {} need {}", capacity, n,
+                    e->vocab, n * e->vocab));
+  }
+  if (s->length + n > e->max_length) {
+    throw kvdiff::InputError(
+        fmt::format("session holds {} positions of max_length {}: {} more tokens do not fit",
+                    s->length, e->max_length, n));
+  }
+  llama_batch batch = llama_batch_init(static_cast<int32_t>(n), 0, 1);
+  for (int64_t i = 0; i < n; ++i) {
+    batch.token[i] = tokens[i];
+    batch.pos[i] = static_cast<llama_pos>(s->length + i);
+    batch.n_seq_id[i] = 1;
+    batch.seq_id[i][0] = s->seq;
+    batch.logits[i] = 1;  // logits for every new position
+  }
+  batch.n_tokens = static_cast<int32_t>(n);
+  const int32_t status = llama_decode(e->ctx, batch);
+  llama_batch_free(batch);
+  if (status != 0) {
+    // Whatever ubatches were processed stay in memory on some failures: drop them.
+    llama_memory_seq_rm(Memory(e), s->seq, static_cast<llama_pos>(s->length), -1);
+    throw kvdiff::EngineError(fmt::format("llama_decode of {} tokens at position {} returned {}{}",
+                                          n, s->length, status, LastLogError()));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = llama_get_logits_ith(e->ctx, static_cast<int32_t>(i));
+    if (!row) throw kvdiff::EngineError(fmt::format("llama.cpp returned no logits for row {}", i));
+    std::memcpy(logits + i * e->vocab, row, static_cast<size_t>(e->vocab) * sizeof(float));
+  }
+  s->length += n;
+}
+
+// ---- the C ABI ----
+
+kvdiff_status EngineOpen(const char* model_dir, const char* options, kvdiff_engine** out) {
+  kvdiff_engine* e = new (std::nothrow) kvdiff_engine();
+  *out = e;
+  if (!e) return KVDIFF_ENGINE_FAILURE;
+  return Guard(e->error, [&] {
+    e->options = ParseOptions(options);
+    Open(e, model_dir);
+  });
+}
+
+const char* EngineErrorText(const kvdiff_engine* e) {
+  return e ? e->error.c_str() : "engine is NULL";
+}
+
+kvdiff_status EngineInfo(kvdiff_engine* e, kvdiff_engine_info* out) {
+  out->vocab_size = e->vocab;
+  out->max_length = e->max_length;
+  out->cache_dtype = e->cache_dtype.c_str();
+  out->sizes = e->sizes.data();
+  out->num_sizes = e->sizes.size();
+  return KVDIFF_OK;
+}
+
+void EngineClose(kvdiff_engine* e) { delete e; }
+
+kvdiff_status SessionNew(kvdiff_engine* e, kvdiff_session** out) {
+  *out = nullptr;
+  return Guard(e->error, [&] {
+    const llama_seq_id seq = TakeSeq(e);
+    llama_memory_seq_rm(Memory(e), seq, -1, -1);
+    *out = new kvdiff_session{e, seq, 0, {}};
+  });
+}
+
+kvdiff_status SessionAppend(kvdiff_session* s, const int32_t* tokens, int64_t n, float* logits,
+                            int64_t capacity) {
+  return Guard(s->error, [&] { Append(s, tokens, n, logits, capacity); });
+}
+
+int64_t SessionLength(const kvdiff_session* s) { return s->length; }
+
+kvdiff_status SessionTruncate(kvdiff_session* s, int64_t length) {
+  return Guard(s->error, [&] {
+    if (length < 0 || length > s->length) {
+      throw kvdiff::InputError(fmt::format(
+          "truncate to {}: expected 0 <= length <= {} (the session's length)", length, s->length));
+    }
+    if (!llama_memory_seq_rm(Memory(s->engine), s->seq, static_cast<llama_pos>(length), -1)) {
+      throw kvdiff::EngineError(
+          fmt::format("llama_memory_seq_rm(seq {}, {}, -1) failed", s->seq, length));
+    }
+    s->length = length;
+  });
+}
+
+kvdiff_status SessionFork(kvdiff_session* s, kvdiff_session** out) {
+  *out = nullptr;
+  return Guard(s->error, [&] {
+    const llama_seq_id seq = TakeSeq(s->engine);
+    llama_memory_seq_rm(Memory(s->engine), seq, -1, -1);
+    llama_memory_seq_cp(Memory(s->engine), s->seq, seq, -1, -1);
+    *out = new kvdiff_session{s->engine, seq, s->length, {}};
+  });
+}
+
+kvdiff_status SessionReset(kvdiff_session* s) {
+  return Guard(s->error, [&] {
+    llama_memory_seq_rm(Memory(s->engine), s->seq, -1, -1);
+    s->length = 0;
+  });
+}
+
+const char* SessionErrorText(const kvdiff_session* s) {
+  return s ? s->error.c_str() : "session is NULL";
+}
+
+void SessionFree(kvdiff_session* s) {
+  if (!s) return;
+  llama_memory_seq_rm(Memory(s->engine), s->seq, -1, -1);
+  s->engine->seq_used[s->seq] = false;
+  delete s;
+}
+
+const std::string kVersion = fmt::format("llama.cpp {} (node-llama-cpp {})", KVDIFF_LLAMACPP_COMMIT,
+                                         KVDIFF_LLAMACPP_VERSION);
+
+const kvdiff_engine_api kApi = {
+    KVDIFF_ENGINE_ABI_VERSION,
+    "llama.cpp",
+    kVersion.c_str(),
+    EngineOpen,
+    EngineErrorText,
+    EngineInfo,
+    EngineClose,
+    SessionNew,
+    SessionAppend,
+    SessionLength,
+    SessionTruncate,
+    SessionFork,
+    SessionReset,
+    SessionErrorText,
+    SessionFree,
+};
+
+}  // namespace
+
+extern "C" KVDIFF_ENGINE_EXPORT const kvdiff_engine_api* kvdiff_engine_entry(void) { return &kApi; }
