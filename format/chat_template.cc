@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "format/error.h"
+#include "format/tokenizer.h"
 
 namespace kvdiff::format {
 namespace {
@@ -1202,6 +1203,18 @@ std::optional<ModelChatTemplate> LoadChatTemplate(const std::filesystem::path& d
   } catch (const InputError& e) {
     throw InputError(fmt::format("{}: chat_template: {}", path.string(), e.what()));
   }
+}
+
+Tokens EncodeChat(const std::filesystem::path& dir, const Tokenizer& tokenizer,
+                  const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                  std::string* prompt) {
+  const std::optional<ModelChatTemplate> chat = LoadChatTemplate(dir);
+  KVDIFF_CHECK(chat, "{} has no chat template (tokenizer_config.json with a \"chat_template\")",
+               dir.string());
+  const std::string text = chat->chat_template.Render(messages, add_generation_prompt,
+                                                      chat->bos_token, chat->eos_token);
+  if (prompt != nullptr) *prompt = text;
+  return tokenizer.Encode(text, /*add_bos=*/false);
 }
 
 }  // namespace kvdiff::format

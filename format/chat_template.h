@@ -17,7 +17,11 @@
 #include <string>
 #include <vector>
 
+#include "format/tensor.h"
+
 namespace kvdiff::format {
+
+class Tokenizer;
 
 struct ChatMessage {
   std::string role;
@@ -55,5 +59,12 @@ struct ModelChatTemplate {
 // DIR/tokenizer_config.json's "chat_template" (a string) and bos_token/eos_token; std::nullopt
 // when the file or the field is absent. A list of named templates is refused (InputError).
 std::optional<ModelChatTemplate> LoadChatTemplate(const std::filesystem::path& dir);
+
+// The ids of DIR's chat template rendered for the messages, encoded without adding special tokens
+// (the template writes BOS itself), as apply_chat_template(tokenize=True) does. The rendered text
+// goes to *prompt when given. InputError when DIR has no chat template.
+Tokens EncodeChat(const std::filesystem::path& dir, const Tokenizer& tokenizer,
+                  const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                  std::string* prompt = nullptr);
 
 }  // namespace kvdiff::format
