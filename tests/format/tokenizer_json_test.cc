@@ -305,8 +305,10 @@ TEST(TokenizerJson, ModelDirPrefersOurFileThenTokenizerJson) {
   EXPECT_EQ(t->DecodeAll({1, 263, 263}, -1), "<s>hi hi");
   EXPECT_THROW(t->Save(dir / "x.json"), InputError);
 
-  Tokenizer ours({{"<unk>", 0}, {"<s>", 0}, {"</s>", 0}, {" hi", 1}}, 5);
-  ours.Save(dir / kTokenizerFileName);
+  std::vector<Tokenizer::Entry> pieces = {{"<unk>", 0}, {"<s>", 0}, {"</s>", 0}};
+  for (int byte = 0; byte < 256; ++byte) pieces.push_back({fmt::format("<0x{:02X}>", byte), 0});
+  pieces.push_back({" hi", 1});
+  Tokenizer(pieces, 6).Save(dir / kTokenizerFileName);
   t = Tokenizer::LoadFromModelDir(dir);
   ASSERT_TRUE(t);
   EXPECT_EQ(t->Hf(), nullptr);

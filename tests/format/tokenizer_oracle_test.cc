@@ -101,11 +101,15 @@ TEST_P(TokenizerOracle, CorpusIdsAndTextMatchTransformersJs) {
       ADD_FAILURE() << label << ": decoded " << Quote(decoded) << ", transformers.js "
                     << (*expected)[i]["text"].dump();
     }
-    // Without special tokens in the ids, decoding must give the text back exactly.
+    // Without special tokens in the ids, decoding must give the text back exactly. Except: in a
+    // SentencePiece-style tokenizer (Llama 2) a "▁" typed in the text is the word-boundary mark
+    // and decodes as a space, in transformers too; that text is checked against the oracle above.
     const Tokens plain = tokenizer.Encode(text, /*add_special_tokens=*/false);
     const bool has_special =
         std::any_of(plain.begin(), plain.end(), [&](Token t) { return tokenizer.IsSpecial(t); });
-    if (!has_special && tokenizer.Decode(plain, false) != text) {
+    const bool metaspace_in_text =
+        GetParam() == "llama2" && text.find("\u2581") != std::string::npos;
+    if (!has_special && !metaspace_in_text && tokenizer.Decode(plain, false) != text) {
       ++lossy;
       ADD_FAILURE() << label << ": decodes to " << Quote(tokenizer.Decode(plain, false));
     }
