@@ -1,5 +1,6 @@
 // `kvdiff tokenize` through the built binary on a hand-written tokenizer.json: ids, --decode,
 // --json, --chat, and exit code 2 with a message for bad files.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
