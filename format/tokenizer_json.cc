@@ -210,6 +210,9 @@ std::string TypeOf(const json& j, const std::string& where) {
   KVDIFF_CHECK(j.is_object(), "{}: expected an object with a \"type\", got {}", where, j.dump());
   return String(j, "type", where);
 }
+// "pre_tokenizer.pretokenizers[1]" -> "pre_tokenizer".
+std::string Role(const std::string& where) { return where.substr(0, where.find('.')); }
+
 [[noreturn]] void Unsupported(const std::string& where, const std::string& type,
                               const char* supported) {
   throw InputError(fmt::format("{}: type \"{}\" is not implemented by kvdiff (supported: {})",
@@ -269,7 +272,7 @@ struct HfTokenizer::Impl {
   std::vector<PreTokenizer> pre_tokenizers;
   std::vector<Decoder> decoders;
   Tokens prefix, suffix;  // TemplateProcessing's special tokens around a single sequence
-  std::vector<std::string> names;  // component names, for Describe()
+  std::map<std::string, std::vector<std::string>> names;  // role -> component types, for Describe()
 
   static uint64_t PairKey(Token a, Token b) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
@@ -537,7 +540,7 @@ using Impl = HfTokenizer::Impl;
 void ReadNormalizer(const json& j, const std::string& where, Impl& impl) {
   if (j.is_null()) return;
   const std::string type = TypeOf(j, where);
-  impl.names.push_back(type);
+  impl.names[Role(where)].push_back(type);
   if (type == "Sequence") {
     const json& list = Field(j, "normalizers", where);
     KVDIFF_CHECK(list.is_array(), "{}.normalizers: expected an array", where);
@@ -559,7 +562,7 @@ void ReadNormalizer(const json& j, const std::string& where, Impl& impl) {
 void ReadPreTokenizer(const json& j, const std::string& where, Impl& impl) {
   if (j.is_null()) return;
   const std::string type = TypeOf(j, where);
-  impl.names.push_back(type);
+  impl.names[Role(where)].push_back(type);
   Impl::PreTokenizer p{};
   if (type == "Sequence") {
     const json& list = Field(j, "pretokenizers", where);
@@ -608,7 +611,7 @@ void ReadPreTokenizer(const json& j, const std::string& where, Impl& impl) {
 void ReadDecoder(const json& j, const std::string& where, Impl& impl) {
   if (j.is_null()) return;
   const std::string type = TypeOf(j, where);
-  impl.names.push_back(type);
+  impl.names[Role(where)].push_back(type);
   Impl::Decoder d{};
   if (type == "Sequence") {
     const json& list = Field(j, "decoders", where);
@@ -653,7 +656,7 @@ void ReadDecoder(const json& j, const std::string& where, Impl& impl) {
 void ReadPostProcessor(const json& j, const std::string& where, Impl& impl, bool& has_template) {
   if (j.is_null()) return;
   const std::string type = TypeOf(j, where);
-  impl.names.push_back(type);
+  impl.names[Role(where)].push_back(type);
   if (type == "Sequence") {
     const json& list = Field(j, "processors", where);
     KVDIFF_CHECK(list.is_array(), "{}.processors: expected an array", where);
@@ -711,7 +714,7 @@ void ReadModel(const json& m, Impl& impl) {
   std::string type = m.is_object() && m.contains("type") ? String(m, "type", where) : "BPE";
   KVDIFF_CHECK(type == "BPE",
                "model: type \"{}\" is not implemented by kvdiff (supported: BPE)", type);
-  impl.names.push_back("BPE");
+  impl.names["model"].push_back("BPE");
   KVDIFF_CHECK(!m.contains("dropout") || m["dropout"].is_null() ||
                    (m["dropout"].is_number() && m["dropout"].get<double>() == 0.0),
                "model.dropout: BPE dropout is random; kvdiff implements only null or 0");
@@ -959,10 +962,15 @@ const Tokens& HfTokenizer::PrefixIds() const { return impl_->prefix; }
 const Tokens& HfTokenizer::SuffixIds() const { return impl_->suffix; }
 
 std::string HfTokenizer::Describe() const {
-  return fmt::format("tokenizer.json: {} ids, {} merges{}, {} added tokens; {}",
-                     VocabSize(), impl_->merges.size(),
-                     impl_->byte_fallback ? " with byte fallback" : "", impl_->added.size(),
-                     fmt::join(impl_->names, ", "));
+  std::vector<std::string> parts;
+  for (const char* role : {"normalizer", "pre_tokenizer", "post_processor", "decoder"}) {
+    auto it = impl_->names.find(role);
+    parts.push_back(fmt::format("{} {}", role,
+                                it == impl_->names.end() ? "none" : fmt::format("{}", fmt::join(it->second, " "))));
+  }
+  return fmt::format("tokenizer.json: BPE, {} ids, {} merges{}, {} added tokens; {}", VocabSize(),
+                     impl_->merges.size(), impl_->byte_fallback ? " with byte fallback" : "",
+                     impl_->added.size(), fmt::join(parts, "; "));
 }
 
 }  // namespace kvdiff::format
