@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 
 #include "tests/test_support.h"
 
@@ -136,6 +137,76 @@ TEST_F(TokenizeCli, BadFilesExitTwoWithTheReason) {
   r = Run("--chat '" + (dir_ / "chat.txt").string() + "'");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("{% macro %} is not implemented"));
+}
+
+// GPT-2's byte map for one byte (the test's own copy), as UTF-8.
+std::string ByteChar(int b) {
+  auto printable = [](int k) { return (k >= 33 && k <= 126) || (k >= 161 && k <= 172) || k >= 174; };
+  int cp = b;
+  if (!printable(b)) {
+    cp = 256;
+    for (int k = 0; k < b; ++k) cp += printable(k) ? 0 : 1;
+  }
+  std::string s;
+  if (cp < 0x80) return std::string(1, static_cast<char>(cp));
+  s += static_cast<char>(0xC0 | (cp >> 6));
+  s += static_cast<char>(0x80 | (cp & 0x3F));
+  return s;
+}
+
+// A random tiny model (vocab 256) with a byte-level tokenizer.json of exactly 256 ids (SmolLM2's
+// pipeline: Digits, then ByteLevel with the GPT-2 regex) and a chat template: every command that
+// takes text must go through it.
+TEST_F(TokenizeCli, GenerateInfoAndScenarioTextUseTokenizerJson) {
+  const std::string model = (dir_ / "m").string();
+  const std::string make = std::string("'") + KVDIFF_BINARY + "' make-model --preset tiny --seed 3 --out '" +
+                           model + "' >/dev/null";
+  ASSERT_EQ(std::system(make.c_str()), 0);
+  json vocab;
+  for (int b = 0; b < 256; ++b) vocab[ByteChar(b)] = b;
+  const json bytes = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  std::ofstream(dir_ / "m" / "tokenizer.json")
+      << json({{"added_tokens", json::array()},
+               {"pre_tokenizer",
+                {{"type", "Sequence"},
+                 {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, bytes}}}},
+               {"post_processor", {{"type", "ByteLevel"}}},
+               {"decoder", {{"type", "ByteLevel"}}},
+               {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}})
+             .dump();
+  std::ofstream(dir_ / "m" / "tokenizer_config.json")
+      << json({{"chat_template",
+                "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"}})
+             .dump();
+  std::ofstream(dir_ / "chat.txt") << "user: Hi\n";
+  std::ofstream(dir_ / "scenario.json")
+      << json({{"model", {{"path", model}}},
+               {"steps",
+                {{{"op", "prefill"}, {"text", "Hi 12"}, {"chunks", {2, 3}}},
+                 {{"op", "decode"}, {"n", 2}}}}})
+             .dump();
+  auto run = [&](const std::string& args) {
+    const auto out = dir_ / "out.txt";
+    const std::string command =
+        std::string("'") + KVDIFF_BINARY + "' " + args + " >'" + out.string() + "' 2>&1";
+    const int status = std::system(command.c_str());
+    return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : -1, Slurp(out));
+  };
+  auto [code, out] = run("generate --model '" + model + "' --prompt 'Hi 12' -n 2 --ids");
+  EXPECT_EQ(code, 0) << out;
+  std::tie(code, out) = run("generate --model '" + model + "' --chat '" + (dir_ / "chat.txt").string() + "' -n 2 --ids");
+  EXPECT_EQ(code, 0) << out;
+  std::tie(code, out) = run("info --model '" + model + "'");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("tokenizer     tokenizer.json: BPE, 256 ids"));
+  EXPECT_THAT(out, HasSubstr("pre_tokenizer Sequence Digits ByteLevel"));
+  EXPECT_THAT(out, HasSubstr("chat template tokenizer_config.json (parsed)"));
+  // "Hi 12": "Hi", " ", "1", "2" (Digits isolates each digit) = 5 byte tokens, split 2+3.
+  std::tie(code, out) = run("run '" + (dir_ / "scenario.json").string() + "'");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("prefill(main,n=5,chunks=2+3)"));
+  std::tie(code, out) = run("tokenize --model '" + model + "' --text 'Hi 12'");
+  EXPECT_EQ(out, "72 105 32 49 50\n");
 }
 
 }  // namespace
