@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -32,10 +32,29 @@ struct Value {
   std::shared_ptr<List> list;
   std::shared_ptr<Dict> dict;
 
-  static Value Bool(bool v) { Value x; x.kind = kBool; x.b = v; return x; }
-  static Value Int(int64_t v) { Value x; x.kind = kInt; x.i = v; return x; }
-  static Value Str(std::string v) { Value x; x.kind = kString; x.s = std::move(v); return x; }
-  static Value None() { Value x; x.kind = kNone; return x; }
+  static Value Bool(bool v) {
+    Value x;
+    x.kind = kBool;
+    x.b = v;
+    return x;
+  }
+  static Value Int(int64_t v) {
+    Value x;
+    x.kind = kInt;
+    x.i = v;
+    return x;
+  }
+  static Value Str(std::string v) {
+    Value x;
+    x.kind = kString;
+    x.s = std::move(v);
+    return x;
+  }
+  static Value None() {
+    Value x;
+    x.kind = kNone;
+    return x;
+  }
   static Value MakeList(List v) {
     Value x;
     x.kind = kList;
@@ -52,13 +71,20 @@ struct Value {
 
 const char* KindName(const Value& v) {
   switch (v.kind) {
-    case Value::kUndefined: return "undefined";
-    case Value::kNone: return "none";
-    case Value::kBool: return "boolean";
-    case Value::kInt: return "integer";
-    case Value::kString: return "string";
-    case Value::kList: return "list";
-    case Value::kDict: return "dict";
+    case Value::kUndefined:
+      return "undefined";
+    case Value::kNone:
+      return "none";
+    case Value::kBool:
+      return "boolean";
+    case Value::kInt:
+      return "integer";
+    case Value::kString:
+      return "string";
+    case Value::kList:
+      return "list";
+    case Value::kDict:
+      return "dict";
   }
   return "?";
 }
@@ -66,12 +92,18 @@ const char* KindName(const Value& v) {
 bool Truthy(const Value& v) {
   switch (v.kind) {
     case Value::kUndefined:
-    case Value::kNone: return false;
-    case Value::kBool: return v.b;
-    case Value::kInt: return v.i != 0;
-    case Value::kString: return !v.s.empty();
-    case Value::kList: return !v.list->empty();
-    case Value::kDict: return !v.dict->empty();
+    case Value::kNone:
+      return false;
+    case Value::kBool:
+      return v.b;
+    case Value::kInt:
+      return v.i != 0;
+    case Value::kString:
+      return !v.s.empty();
+    case Value::kList:
+      return !v.list->empty();
+    case Value::kDict:
+      return !v.dict->empty();
   }
   return false;
 }
@@ -80,10 +112,14 @@ bool Equal(const Value& a, const Value& b) {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
     case Value::kUndefined:
-    case Value::kNone: return true;
-    case Value::kBool: return a.b == b.b;
-    case Value::kInt: return a.i == b.i;
-    case Value::kString: return a.s == b.s;
+    case Value::kNone:
+      return true;
+    case Value::kBool:
+      return a.b == b.b;
+    case Value::kInt:
+      return a.i == b.i;
+    case Value::kString:
+      return a.s == b.s;
     case Value::kList:
       if (a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k) {
@@ -119,9 +155,10 @@ std::vector<std::string> CodePoints(const std::string& s) {
 
 bool IsPySpace(const std::string& ch) {
   static const std::vector<std::string> kSpaces = {
-      " ", "\t", "\n", "\v", "\f", "\r", "\x1c", "\x1d", "\x1e", "\x1f", "\u0085", "\u00a0",
-      "\u1680", "\u2000", "\u2001", "\u2002", "\u2003", "\u2004", "\u2005", "\u2006", "\u2007",
-      "\u2008", "\u2009", "\u200a", "\u2028", "\u2029", "\u202f", "\u205f", "\u3000"};
+      " ",      "\t",     "\n",     "\v",     "\f",     "\r",     "\x1c",   "\x1d",
+      "\x1e",   "\x1f",   "\u0085", "\u00a0", "\u1680", "\u2000", "\u2001", "\u2002",
+      "\u2003", "\u2004", "\u2005", "\u2006", "\u2007", "\u2008", "\u2009", "\u200a",
+      "\u2028", "\u2029", "\u202f", "\u205f", "\u3000"};
   for (const auto& sp : kSpaces) {
     if (ch == sp) return true;
   }
@@ -148,13 +185,26 @@ bool IsAscii(const std::string& s) {
 // ---- lexer ------------------------------------------------------------------------------------
 
 struct Tok {
-  enum Kind { kText, kOpenExpr, kOpenStmt, kCloseExpr, kCloseStmt, kName, kString, kInt, kOp, kEnd };
+  enum Kind {
+    kText,
+    kOpenExpr,
+    kOpenStmt,
+    kCloseExpr,
+    kCloseStmt,
+    kName,
+    kString,
+    kInt,
+    kOp,
+    kEnd
+  };
   Kind kind;
   std::string text;
   int line;
 };
 
-bool IsWs(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool IsWs(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 
 // @huggingface/jinja's preprocess (transformers renders with trim_blocks and lstrip_blocks): drop
 // one trailing newline; remove spaces/tabs from a line's start up to "{%" "{#" "{-"; remove the
@@ -215,8 +265,9 @@ std::vector<Tok> Lex(const std::string& source) {
     if (!in_tag) {
       const int text_line = line;
       std::string text;
-      while (pos < src.size() && !(src[pos] == '{' && pos + 1 < src.size() &&
-                                   (src[pos + 1] == '%' || src[pos + 1] == '{' || src[pos + 1] == '#'))) {
+      while (pos < src.size() &&
+             !(src[pos] == '{' && pos + 1 < src.size() &&
+               (src[pos + 1] == '%' || src[pos + 1] == '{' || src[pos + 1] == '#'))) {
         text += src[pos];
         advance(1);
       }
@@ -253,8 +304,9 @@ std::vector<Tok> Lex(const std::string& source) {
     if (starts("-%}") || starts("-}}") || starts("%}") || starts("}}")) {
       const bool dash = src[pos] == '-';
       const bool stmt = src[pos + (dash ? 1 : 0)] == '%';
-      KVDIFF_CHECK(stmt == open_is_stmt, "chat template line {}: \"{}\" closes a tag opened by \"{}\"",
-                   tok_line, stmt ? "%}" : "}}", open_is_stmt ? "{%" : "{{");
+      KVDIFF_CHECK(stmt == open_is_stmt,
+                   "chat template line {}: \"{}\" closes a tag opened by \"{}\"", tok_line,
+                   stmt ? "%}" : "}}", open_is_stmt ? "{%" : "{{");
       advance(dash ? 3 : 2);
       toks.push_back({stmt ? Tok::kCloseStmt : Tok::kCloseExpr, stmt ? "%}" : "}}", tok_line});
       if (dash) skip_ws();
@@ -273,9 +325,9 @@ std::vector<Tok> Lex(const std::string& source) {
           KVDIFF_CHECK(pos + 1 < src.size(), "chat template line {}: a string is not closed",
                        tok_line);
           const char e = src[pos + 1];
-          static const std::map<char, char> kEscapes = {{'n', '\n'}, {'t', '\t'}, {'r', '\r'},
-                                                        {'b', '\b'}, {'f', '\f'}, {'v', '\v'},
-                                                        {'\'', '\''}, {'"', '"'}, {'\\', '\\'}};
+          static const std::map<char, char> kEscapes = {{'n', '\n'},  {'t', '\t'}, {'r', '\r'},
+                                                        {'b', '\b'},  {'f', '\f'}, {'v', '\v'},
+                                                        {'\'', '\''}, {'"', '"'},  {'\\', '\\'}};
           auto it = kEscapes.find(e);
           KVDIFF_CHECK(it != kEscapes.end(),
                        "chat template line {}: the escape \\{} is not implemented", tok_line, e);
@@ -309,9 +361,9 @@ std::vector<Tok> Lex(const std::string& source) {
       }
       toks.push_back({Tok::kName, name, tok_line});
     } else {
-      static const char* kOps[] = {"**", "//", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%",
-                                   "~", "<", ">", "=", "(", ")", "[", "]", "{", "}", ",", ".",
-                                   ":", "|"};
+      static const char* kOps[] = {"**", "//", "==", "!=", "<=", ">=", "+", "-", "*",
+                                   "/",  "%",  "~",  "<",  ">",  "=",  "(", ")", "[",
+                                   "]",  "{",  "}",  ",",  ".",  ":",  "|"};
       bool found = false;
       for (const char* op : kOps) {
         if (starts(op)) {
@@ -333,12 +385,23 @@ std::vector<Tok> Lex(const std::string& source) {
 
 struct Expr {
   enum Kind {
-    kLiteral, kVar, kMember, kSlice, kCall, kFilter, kTest, kUnary, kBinary, kTernary, kListLit
+    kLiteral,
+    kVar,
+    kMember,
+    kSlice,
+    kCall,
+    kFilter,
+    kTest,
+    kUnary,
+    kBinary,
+    kTernary,
+    kListLit
   } kind;
-  Value literal;        // kLiteral
-  std::string name;     // kVar, kFilter, kTest; kMember: "." for .attr, "[]" for [key]
-  std::string op;       // kUnary, kBinary; kTest: "not" when negated
-  std::vector<std::shared_ptr<Expr>> kids;  // operands; kSlice: object, start, stop, step (null = none)
+  Value literal;     // kLiteral
+  std::string name;  // kVar, kFilter, kTest; kMember: "." for .attr, "[]" for [key]
+  std::string op;    // kUnary, kBinary; kTest: "not" when negated
+  std::vector<std::shared_ptr<Expr>>
+      kids;  // operands; kSlice: object, start, stop, step (null = none)
   int line = 0;
 };
 using ExprPtr = std::shared_ptr<Expr>;
@@ -384,8 +447,8 @@ class Parser {
     ++at_;
   }
   void Expect(Tok::Kind kind, const char* what) {
-    KVDIFF_CHECK(Peek().kind == kind, "chat template line {}: expected {}, found '{}'",
-                 Peek().line, what, Peek().text);
+    KVDIFF_CHECK(Peek().kind == kind, "chat template line {}: expected {}, found '{}'", Peek().line,
+                 what, Peek().text);
     ++at_;
   }
   std::string ExpectName(const char* what) {
@@ -466,18 +529,22 @@ class Parser {
     } else if (keyword == "for") {
       n->kind = Node::kFor;
       n->text = ExpectName("a loop variable");
-      KVDIFF_CHECK(!IsOp(","), "chat template line {}: for with several loop variables is not implemented", line);
-      KVDIFF_CHECK(IsName("in"), "chat template line {}: expected 'in' after the loop variable", line);
+      KVDIFF_CHECK(!IsOp(","),
+                   "chat template line {}: for with several loop variables is not implemented",
+                   line);
+      KVDIFF_CHECK(IsName("in"), "chat template line {}: expected 'in' after the loop variable",
+                   line);
       ++at_;
       n->expr = ParseOr();  // not ParseExpr: "for x in xs if cond" must not read as a ternary
       KVDIFF_CHECK(!IsName("if") && !IsName("recursive"),
                    "chat template line {}: for ... {} is not implemented", line, Peek().text);
       Expect(Tok::kCloseStmt, "'%}'");
       n->body = ParseBody({"endfor", "else"});
-      KVDIFF_CHECK(IsName("endfor", 1),
-                   "chat template line {}: {{% for %}} is not closed by {{% endfor %}} ({{% else %}} "
-                   "in a for loop is not implemented)",
-                   line);
+      KVDIFF_CHECK(
+          IsName("endfor", 1),
+          "chat template line {}: {{% for %}} is not closed by {{% endfor %}} ({{% else %}} "
+          "in a for loop is not implemented)",
+          line);
       at_ += 2;
       Expect(Tok::kCloseStmt, "'%}'");
     } else {
@@ -545,9 +612,9 @@ class Parser {
     ExprPtr e = ParseAdd();
     while (true) {
       const int line = Peek().line;
-      if (Peek().kind == Tok::kOp && (Peek().text == "==" || Peek().text == "!=" ||
-                                      Peek().text == "<" || Peek().text == ">" ||
-                                      Peek().text == "<=" || Peek().text == ">=")) {
+      if (Peek().kind == Tok::kOp &&
+          (Peek().text == "==" || Peek().text == "!=" || Peek().text == "<" || Peek().text == ">" ||
+           Peek().text == "<=" || Peek().text == ">=")) {
         const std::string op = Next().text;
         e = Binary(op, line, e, ParseAdd());
       } else if (IsName("in")) {
@@ -680,9 +747,12 @@ class Parser {
         e->literal = Value::Str(t.text);
         return e;
       case Tok::kName:
-        if (t.text == "true" || t.text == "True") e->literal = Value::Bool(true);
-        else if (t.text == "false" || t.text == "False") e->literal = Value::Bool(false);
-        else if (t.text == "none" || t.text == "None") e->literal = Value::None();
+        if (t.text == "true" || t.text == "True")
+          e->literal = Value::Bool(true);
+        else if (t.text == "false" || t.text == "False")
+          e->literal = Value::Bool(false);
+        else if (t.text == "none" || t.text == "None")
+          e->literal = Value::None();
         else {
           e->kind = Expr::kVar;
           e->name = t.text;
@@ -710,8 +780,8 @@ class Parser {
       default:
         break;
     }
-    throw InputError(fmt::format("chat template line {}: expected an expression, found '{}'",
-                                 t.line, t.text));
+    throw InputError(
+        fmt::format("chat template line {}: expected an expression, found '{}'", t.line, t.text));
   }
 
   std::vector<Tok> toks_;
@@ -751,8 +821,8 @@ class Renderer {
       case Node::kFor: {
         const Value items = Eval(*n.expr);
         if (items.kind != Value::kList) {
-          Fail(n.line, fmt::format("for over a {} is not implemented (only lists)",
-                                   KindName(items)));
+          Fail(n.line,
+               fmt::format("for over a {} is not implemented (only lists)", KindName(items)));
         }
         const auto length = static_cast<int64_t>(items.list->size());
         for (int64_t k = 0; k < length; ++k) {
@@ -779,9 +849,12 @@ class Renderer {
   // ("True", "None") and transformers.js' ("true", "null"), so they are refused, not guessed.
   static std::string Print(const Value& v, int line) {
     switch (v.kind) {
-      case Value::kUndefined: return "";
-      case Value::kString: return v.s;
-      case Value::kInt: return std::to_string(v.i);
+      case Value::kUndefined:
+        return "";
+      case Value::kString:
+        return v.s;
+      case Value::kInt:
+        return std::to_string(v.i);
       default:
         Fail(line, fmt::format("printing a {} is not implemented (Python and JavaScript Jinja "
                                "print it differently)",
@@ -859,8 +932,10 @@ class Renderer {
     List list;
     std::string str;
     for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
-      if (obj.kind == Value::kList) list.push_back((*obj.list)[k]);
-      else str += cps[k];
+      if (obj.kind == Value::kList)
+        list.push_back((*obj.list)[k]);
+      else
+        str += cps[k];
     }
     return obj.kind == Value::kList ? Value::MakeList(std::move(list)) : Value::Str(str);
   }
@@ -880,8 +955,8 @@ class Renderer {
       const std::string& method = callee.kids[1]->literal.s;
       auto want = [&](size_t n) {
         if (args.size() != n) {
-          Fail(e.line, fmt::format("{}() takes {} argument(s) here, got {}", method, n,
-                                   args.size()));
+          Fail(e.line,
+               fmt::format("{}() takes {} argument(s) here, got {}", method, n, args.size()));
         }
       };
       if (obj.kind == Value::kString) {
@@ -898,9 +973,10 @@ class Renderer {
           if (args[0].kind != Value::kString) Fail(e.line, method + "() takes a string");
           const std::string& s = obj.s;
           const std::string& p = args[0].s;
-          const bool ok = p.size() <= s.size() &&
-                          (method == "startswith" ? s.compare(0, p.size(), p) == 0
-                                                  : s.compare(s.size() - p.size(), p.size(), p) == 0);
+          const bool ok =
+              p.size() <= s.size() &&
+              (method == "startswith" ? s.compare(0, p.size(), p) == 0
+                                      : s.compare(s.size() - p.size(), p.size(), p) == 0);
           return Value::Bool(ok);
         }
       }
@@ -914,8 +990,10 @@ class Renderer {
           want(0);
           List list;
           for (const auto& [k, v] : *obj.dict) {
-            if (method == "items") list.push_back(Value::MakeList({Value::Str(k), v}));
-            else list.push_back(method == "keys" ? Value::Str(k) : v);
+            if (method == "items")
+              list.push_back(Value::MakeList({Value::Str(k), v}));
+            else
+              list.push_back(method == "keys" ? Value::Str(k) : v);
           }
           return Value::MakeList(std::move(list));
         }
@@ -945,8 +1023,8 @@ class Renderer {
     const std::string& f = e.name;
     auto want = [&](size_t n) {
       if (args.size() != n) {
-        Fail(e.line, fmt::format("the filter {} takes {} argument(s) here, got {}", f, n,
-                                 args.size()));
+        Fail(e.line,
+             fmt::format("the filter {} takes {} argument(s) here, got {}", f, n, args.size()));
       }
     };
     if (f == "trim") {
@@ -968,7 +1046,8 @@ class Renderer {
     }
     if (f == "first" || f == "last") {
       want(0);
-      if (v.kind != Value::kList) Fail(e.line, fmt::format("{} of a {} is not implemented", f, KindName(v)));
+      if (v.kind != Value::kList)
+        Fail(e.line, fmt::format("{} of a {} is not implemented", f, KindName(v)));
       if (v.list->empty()) return Value();
       return f == "first" ? v.list->front() : v.list->back();
     }
@@ -990,15 +1069,24 @@ class Renderer {
     const Value v = Eval(*e.kids[0]);
     bool r = false;
     const std::string& t = e.name;
-    if (t == "defined") r = v.kind != Value::kUndefined;
-    else if (t == "undefined") r = v.kind == Value::kUndefined;
-    else if (t == "none") r = v.kind == Value::kNone;
-    else if (t == "string") r = v.kind == Value::kString;
-    else if (t == "number" || t == "integer") r = v.kind == Value::kInt;
-    else if (t == "boolean") r = v.kind == Value::kBool;
-    else if (t == "true") r = v.kind == Value::kBool && v.b;
-    else if (t == "false") r = v.kind == Value::kBool && !v.b;
-    else if (t == "mapping") r = v.kind == Value::kDict;
+    if (t == "defined")
+      r = v.kind != Value::kUndefined;
+    else if (t == "undefined")
+      r = v.kind == Value::kUndefined;
+    else if (t == "none")
+      r = v.kind == Value::kNone;
+    else if (t == "string")
+      r = v.kind == Value::kString;
+    else if (t == "number" || t == "integer")
+      r = v.kind == Value::kInt;
+    else if (t == "boolean")
+      r = v.kind == Value::kBool;
+    else if (t == "true")
+      r = v.kind == Value::kBool && v.b;
+    else if (t == "false")
+      r = v.kind == Value::kBool && !v.b;
+    else if (t == "mapping")
+      r = v.kind == Value::kDict;
     else {
       Fail(e.line, fmt::format("the test \"is {}\" is not implemented (supported: defined, "
                                "undefined, none, string, number, integer, boolean, true, false, "
@@ -1066,20 +1154,28 @@ class Renderer {
 
   Value Eval(const Expr& e) {
     switch (e.kind) {
-      case Expr::kLiteral: return e.literal;
-      case Expr::kVar: return Lookup(e.name);
-      case Expr::kMember: return Index(Eval(*e.kids[0]), Eval(*e.kids[1]), e);
-      case Expr::kSlice: return Slice(e);
-      case Expr::kCall: return Call(e);
-      case Expr::kFilter: return Filter(e);
-      case Expr::kTest: return Test(e);
+      case Expr::kLiteral:
+        return e.literal;
+      case Expr::kVar:
+        return Lookup(e.name);
+      case Expr::kMember:
+        return Index(Eval(*e.kids[0]), Eval(*e.kids[1]), e);
+      case Expr::kSlice:
+        return Slice(e);
+      case Expr::kCall:
+        return Call(e);
+      case Expr::kFilter:
+        return Filter(e);
+      case Expr::kTest:
+        return Test(e);
       case Expr::kUnary: {
         const Value v = Eval(*e.kids[0]);
         if (e.op == "not") return Value::Bool(!Truthy(v));
         if (v.kind != Value::kInt) Fail(e.line, fmt::format("-{} is not implemented", KindName(v)));
         return Value::Int(-v.i);
       }
-      case Expr::kBinary: return BinaryOp(e);
+      case Expr::kBinary:
+        return BinaryOp(e);
       case Expr::kTernary:
         if (Truthy(Eval(*e.kids[1]))) return Eval(*e.kids[0]);
         return e.kids[2] ? Eval(*e.kids[2]) : Value();
@@ -1115,7 +1211,8 @@ std::string ChatTemplate::Render(const std::vector<ChatMessage>& messages,
                                  const std::string& eos_token) const {
   List list;
   for (const ChatMessage& m : messages) {
-    list.push_back(Value::MakeDict({{"role", Value::Str(m.role)}, {"content", Value::Str(m.content)}}));
+    list.push_back(
+        Value::MakeDict({{"role", Value::Str(m.role)}, {"content", Value::Str(m.content)}}));
   }
   Renderer renderer({{"messages", Value::MakeList(std::move(list))},
                      {"add_generation_prompt", Value::Bool(add_generation_prompt)},
@@ -1153,7 +1250,9 @@ std::vector<ChatMessage> ParseChatMessages(const std::string& text) {
       ++line_no;
       if (!line.empty() && line.back() == '\r') line.pop_back();
       size_t k = 0;
-      while (k < line.size() && (std::isalnum(static_cast<unsigned char>(line[k])) || line[k] == '_')) ++k;
+      while (k < line.size() &&
+             (std::isalnum(static_cast<unsigned char>(line[k])) || line[k] == '_'))
+        ++k;
       if (k > 0 && k < line.size() && line[k] == ':') {
         std::string content = line.substr(k + 1);
         if (!content.empty() && content[0] == ' ') content.erase(0, 1);
@@ -1181,7 +1280,8 @@ std::optional<ModelChatTemplate> LoadChatTemplate(const std::filesystem::path& d
   } catch (const nlohmann::json::parse_error& e) {
     throw InputError(fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
   }
-  if (!config.is_object() || !config.contains("chat_template") || config["chat_template"].is_null()) {
+  if (!config.is_object() || !config.contains("chat_template") ||
+      config["chat_template"].is_null()) {
     return std::nullopt;
   }
   KVDIFF_CHECK(config["chat_template"].is_string(),
@@ -1211,8 +1311,8 @@ Tokens EncodeChat(const std::filesystem::path& dir, const Tokenizer& tokenizer,
   const std::optional<ModelChatTemplate> chat = LoadChatTemplate(dir);
   KVDIFF_CHECK(chat, "{} has no chat template (tokenizer_config.json with a \"chat_template\")",
                dir.string());
-  const std::string text = chat->chat_template.Render(messages, add_generation_prompt,
-                                                      chat->bos_token, chat->eos_token);
+  const std::string text =
+      chat->chat_template.Render(messages, add_generation_prompt, chat->bos_token, chat->eos_token);
   if (prompt != nullptr) *prompt = text;
   return tokenizer.Encode(text, /*add_bos=*/false);
 }

@@ -28,7 +28,11 @@ using nlohmann::json;
 // The length of the UTF-8 character starting at s[i], or 0 when the bytes there are not one.
 size_t Utf8CharLength(const std::string& s, size_t i) {
   const auto c = static_cast<unsigned char>(s[i]);
-  const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+  const size_t n = c < 0x80           ? 1
+                   : (c >> 5) == 0x6  ? 2
+                   : (c >> 4) == 0xE  ? 3
+                   : (c >> 3) == 0x1E ? 4
+                                      : 0;
   if (n == 0 || i + n > s.size()) return 0;
   for (size_t k = 1; k < n; ++k) {
     if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return 0;
@@ -81,7 +85,7 @@ std::string Nfc(const std::string& s) {
 // GPT-2's bytes_to_unicode: printable bytes stand for themselves, the other 68 are moved to
 // U+0100.. in byte order, so every byte string is a printable string.
 struct ByteMap {
-  std::string to_char[256];                       // byte -> UTF-8 of its stand-in character
+  std::string to_char[256];  // byte -> UTF-8 of its stand-in character
   std::unordered_map<std::string, unsigned char> to_byte;
   ByteMap() {
     int next = 256;
@@ -170,7 +174,8 @@ struct Pattern {
   std::vector<std::pair<size_t, size_t>> FindAll(const std::string& s) const {
     if (regex) return regex->FindAll(s);
     std::vector<std::pair<size_t, size_t>> found;
-    for (size_t at = s.find(literal); at != std::string::npos; at = s.find(literal, at + literal.size())) {
+    for (size_t at = s.find(literal); at != std::string::npos;
+         at = s.find(literal, at + literal.size())) {
       found.emplace_back(at, at + literal.size());
     }
     return found;
@@ -231,20 +236,20 @@ struct HfTokenizer::Impl {
   };
   struct PreTokenizer {
     enum Kind { kByteLevel, kSplit, kMetaspace, kDigits } kind;
-    bool add_prefix_space = false;  // ByteLevel
-    bool use_regex = true;          // ByteLevel: split with GPT-2's pattern first
-    Pattern pattern;                // Split
-    bool removed = false;           // Split: behavior "Removed" (else "Isolated")
-    bool invert = false;            // Split
-    std::string replacement;        // Metaspace
-    std::string prepend_scheme;     // Metaspace: always, first, never
-    bool split = true;              // Metaspace
+    bool add_prefix_space = false;   // ByteLevel
+    bool use_regex = true;           // ByteLevel: split with GPT-2's pattern first
+    Pattern pattern;                 // Split
+    bool removed = false;            // Split: behavior "Removed" (else "Isolated")
+    bool invert = false;             // Split
+    std::string replacement;         // Metaspace
+    std::string prepend_scheme;      // Metaspace: always, first, never
+    bool split = true;               // Metaspace
     bool individual_digits = false;  // Digits
   };
   struct Decoder {
     enum Kind { kByteLevel, kReplace, kByteFallback, kFuse, kStrip, kMetaspace } kind;
-    Pattern pattern;          // Replace
-    std::string content;      // Replace's content, Strip's character, Metaspace's replacement
+    Pattern pattern;             // Replace
+    std::string content;         // Replace's content, Strip's character, Metaspace's replacement
     size_t start = 0, stop = 0;  // Strip
     bool prefix_space = true;    // Metaspace: drop the first token's leading space
   };
@@ -258,7 +263,8 @@ struct HfTokenizer::Impl {
   std::unordered_map<std::string, Token> vocab;  // model vocabulary and added tokens
   std::vector<std::string> id_to_token;          // "" where no token has the id
   std::vector<bool> has_id;
-  std::unordered_map<uint64_t, std::pair<int32_t, Token>> merges;  // (left, right) -> (rank, merged)
+  std::unordered_map<uint64_t, std::pair<int32_t, Token>>
+      merges;  // (left, right) -> (rank, merged)
   Token unk_id = -1;
   bool byte_fallback = false;
   bool fuse_unk = false;
@@ -352,8 +358,8 @@ struct HfTokenizer::Impl {
         break;
       case PreTokenizer::kMetaspace: {
         std::string r = Pattern{" ", nullptr}.ReplaceAll(s, p.replacement);
-        const bool prepend = p.prepend_scheme == "always" ||
-                             (p.prepend_scheme == "first" && section_index == 0);
+        const bool prepend =
+            p.prepend_scheme == "always" || (p.prepend_scheme == "first" && section_index == 0);
         if (prepend && r.compare(0, p.replacement.size(), p.replacement) != 0) {
           r = p.replacement + r;
         }
@@ -403,9 +409,9 @@ struct HfTokenizer::Impl {
       auto it = vocab.find(ch);
       if (it != vocab.end()) {
         symbols.push_back(it->second);
-      } else if (byte_fallback &&
-                 std::all_of(ch.begin(), ch.end(),
-                             [&](char c) { return byte_ids[static_cast<unsigned char>(c)] >= 0; })) {
+      } else if (byte_fallback && std::all_of(ch.begin(), ch.end(), [&](char c) {
+                   return byte_ids[static_cast<unsigned char>(c)] >= 0;
+                 })) {
         for (char c : ch) symbols.push_back(byte_ids[static_cast<unsigned char>(c)]);
       } else {
         KVDIFF_CHECK(unk_id >= 0,
@@ -495,12 +501,14 @@ struct HfTokenizer::Impl {
           for (size_t i = 0; i < tokens.size(); ++i) {
             std::string t = tokens[i];
             if (at_start) {
-              for (size_t k = 0; k < d.start && t.compare(0, d.content.size(), d.content) == 0; ++k) {
+              for (size_t k = 0; k < d.start && t.compare(0, d.content.size(), d.content) == 0;
+                   ++k) {
                 t.erase(0, d.content.size());
               }
             }
-            for (size_t k = 0; k < d.stop && t.size() >= d.content.size() &&
-                               t.compare(t.size() - d.content.size(), d.content.size(), d.content) == 0;
+            for (size_t k = 0;
+                 k < d.stop && t.size() >= d.content.size() &&
+                 t.compare(t.size() - d.content.size(), d.content.size(), d.content) == 0;
                  ++k) {
               t.erase(t.size() - d.content.size());
             }
@@ -684,13 +692,17 @@ void ReadPostProcessor(const json& j, const std::string& where, Impl& impl, bool
         KVDIFF_CHECK(specials.is_object() && specials.contains(name),
                      "{}: special token \"{}\" is not in special_tokens", w, name);
         const json& ids = Field(specials[name], "ids", w);
-        KVDIFF_CHECK(ids.is_array() && !ids.empty(), "{}: special_tokens[\"{}\"].ids must be a non-empty array", w, name);
+        KVDIFF_CHECK(ids.is_array() && !ids.empty(),
+                     "{}: special_tokens[\"{}\"].ids must be a non-empty array", w, name);
         for (const json& id : ids) {
-          KVDIFF_CHECK(id.is_number_integer(), "{}: special_tokens[\"{}\"].ids: expected integers", w, name);
+          KVDIFF_CHECK(id.is_number_integer(), "{}: special_tokens[\"{}\"].ids: expected integers",
+                       w, name);
           (seen_sequence ? impl.suffix : impl.prefix).push_back(id.get<Token>());
         }
       } else {
-        throw InputError(fmt::format("{}: expected {{\"SpecialToken\": ...}} or {{\"Sequence\": ...}}, got {}", w, item.dump()));
+        throw InputError(
+            fmt::format("{}: expected {{\"SpecialToken\": ...}} or {{\"Sequence\": ...}}, got {}",
+                        w, item.dump()));
       }
     }
     KVDIFF_CHECK(seen_sequence, "{}.single: has no Sequence \"A\"", where);
@@ -712,8 +724,8 @@ void SetToken(Impl& impl, Token id, const std::string& token, const std::string&
 void ReadModel(const json& m, Impl& impl) {
   const std::string where = "model";
   std::string type = m.is_object() && m.contains("type") ? String(m, "type", where) : "BPE";
-  KVDIFF_CHECK(type == "BPE",
-               "model: type \"{}\" is not implemented by kvdiff (supported: BPE)", type);
+  KVDIFF_CHECK(type == "BPE", "model: type \"{}\" is not implemented by kvdiff (supported: BPE)",
+               type);
   impl.names["model"].push_back("BPE");
   KVDIFF_CHECK(!m.contains("dropout") || m["dropout"].is_null() ||
                    (m["dropout"].is_number() && m["dropout"].get<double>() == 0.0),
@@ -775,15 +787,18 @@ void ReadModel(const json& m, Impl& impl) {
       a = item[0].get<std::string>();
       b = item[1].get<std::string>();
     } else {
-      throw InputError(fmt::format(
-          "model.merges[{}]: expected \"left right\" or [\"left\", \"right\"], got {}", i,
-          item.dump()));
+      throw InputError(
+          fmt::format("model.merges[{}]: expected \"left right\" or [\"left\", \"right\"], got {}",
+                      i, item.dump()));
     }
     auto ia = impl.vocab.find(a), ib = impl.vocab.find(b), iab = impl.vocab.find(a + b);
     KVDIFF_CHECK(ia != impl.vocab.end() && ib != impl.vocab.end() && iab != impl.vocab.end(),
                  "model.merges[{}]: {} + {} -> {}: {} is not in model.vocab", i, json(a).dump(),
                  json(b).dump(), json(a + b).dump(),
-                 json(ia == impl.vocab.end() ? a : ib == impl.vocab.end() ? b : a + b).dump());
+                 json(ia == impl.vocab.end()   ? a
+                      : ib == impl.vocab.end() ? b
+                                               : a + b)
+                     .dump());
     // The first occurrence of a pair is its rank, as in tokenizers.
     impl.merges.emplace(Impl::PairKey(ia->second, ib->second),
                         std::make_pair(static_cast<int32_t>(i), iab->second));
@@ -812,20 +827,21 @@ void ReadAddedTokens(const json& list, Impl& impl) {
     KVDIFF_CHECK(it == impl.vocab.end() || it->second == added.id,
                  "{}: {} has id {} here and {} in the vocabulary", where,
                  json(added.content).dump(), added.id, it == impl.vocab.end() ? -1 : it->second);
-    KVDIFF_CHECK(added.id >= 0 && (static_cast<size_t>(added.id) >= impl.has_id.size() ||
-                                   !impl.has_id[added.id] ||
-                                   impl.id_to_token[added.id] == added.content),
-                 "{}: id {} is negative or already the token {}", where, added.id,
-                 added.id >= 0 && static_cast<size_t>(added.id) < impl.has_id.size()
-                     ? json(impl.id_to_token[added.id]).dump()
-                     : "-");
+    KVDIFF_CHECK(
+        added.id >= 0 && (static_cast<size_t>(added.id) >= impl.has_id.size() ||
+                          !impl.has_id[added.id] || impl.id_to_token[added.id] == added.content),
+        "{}: id {} is negative or already the token {}", where, added.id,
+        added.id >= 0 && static_cast<size_t>(added.id) < impl.has_id.size()
+            ? json(impl.id_to_token[added.id]).dump()
+            : "-");
     impl.vocab[added.content] = added.id;
     SetToken(impl, added.id, added.content, where);
     impl.added.push_back(added);
   }
   // Longest first, so at a position the longest token wins.
-  std::stable_sort(impl.added.begin(), impl.added.end(),
-                   [](const auto& a, const auto& b) { return a.content.size() > b.content.size(); });
+  std::stable_sort(impl.added.begin(), impl.added.end(), [](const auto& a, const auto& b) {
+    return a.content.size() > b.content.size();
+  });
 }
 
 std::string ReadWholeFile(const std::filesystem::path& path) {
@@ -965,8 +981,9 @@ std::string HfTokenizer::Describe() const {
   std::vector<std::string> parts;
   for (const char* role : {"normalizer", "pre_tokenizer", "post_processor", "decoder"}) {
     auto it = impl_->names.find(role);
-    parts.push_back(fmt::format("{} {}", role,
-                                it == impl_->names.end() ? "none" : fmt::format("{}", fmt::join(it->second, " "))));
+    parts.push_back(fmt::format(
+        "{} {}", role,
+        it == impl_->names.end() ? "none" : fmt::format("{}", fmt::join(it->second, " "))));
   }
   return fmt::format("tokenizer.json: BPE, {} ids, {} merges{}, {} added tokens; {}", VocabSize(),
                      impl_->merges.size(), impl_->byte_fallback ? " with byte fallback" : "",

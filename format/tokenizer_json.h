@@ -1,5 +1,5 @@
-// A HuggingFace tokenizers "tokenizer.json" (the file beside a real checkpoint: SmolLM2, Llama 2 and
-// 3, TinyLlama, Mistral, Qwen), read strictly: every component this file names must be one we
+// A HuggingFace tokenizers "tokenizer.json" (the file beside a real checkpoint: SmolLM2, Llama 2
+// and 3, TinyLlama, Mistral, Qwen), read strictly: every component this file names must be one we
 // implement, or loading throws InputError naming it. Encoding follows tokenizers' pipeline:
 //
 //   text -> added tokens split out (matched first, longest at each position, never normalized)
@@ -39,9 +39,9 @@ class HfTokenizer {
   // is -1 or a special token.
   std::string DecodeNext(Token token, Token prev_token) const;
 
-  int64_t VocabSize() const;       // the highest id (model or added token) + 1
+  int64_t VocabSize() const;                     // the highest id (model or added token) + 1
   Token Lookup(const std::string& token) const;  // the id of a token string, or -1
-  bool IsSpecial(Token id) const;  // an added token marked "special"
+  bool IsSpecial(Token id) const;                // an added token marked "special"
   // The ids TemplateProcessing puts before and after a single sequence (BOS/EOS), for display.
   const Tokens& PrefixIds() const;
   const Tokens& SuffixIds() const;

@@ -90,8 +90,8 @@ void AddTokenizeCommand(CLI::App& app, int& exit_code) {
                                !opts->no_generation_prompt, &*prompt);
     }
     // Whole-sequence decoding where the tokenizer has it (tokenizer.json), else token by token.
-    const std::string decoded = tokenizer->Hf() ? tokenizer->Hf()->Decode(ids, false)
-                                                : tokenizer->DecodeAll(ids, -1);
+    const std::string decoded =
+        tokenizer->Hf() ? tokenizer->Hf()->Decode(ids, false) : tokenizer->DecodeAll(ids, -1);
     if (opts->json) {
       nlohmann::json out = {{"ids", ids}, {"text", JsonText(decoded)}};
       if (prompt) out["prompt"] = *prompt;

@@ -16,7 +16,8 @@ using ::testing::HasSubstr;
 
 const char* kChatMl =
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] "
-    "+ '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' "
+    "+ '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ "
+    "'<|im_start|>assistant\\n' "
     "}}{% endif %}";
 
 TEST(ChatTemplate, ChatMlWithGenerationPrompt) {

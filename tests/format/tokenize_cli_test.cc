@@ -132,7 +132,8 @@ TEST_F(TokenizeCli, BadFilesExitTwoWithTheReason) {
   EXPECT_THAT(r.err, HasSubstr("pre_tokenizer: type \"BertPreTokenizer\" is not implemented"));
 
   std::ofstream(dir_ / "tokenizer.json") << TinyTokenizer().dump();
-  std::ofstream(dir_ / "tokenizer_config.json") << json({{"chat_template", "{% macro x %}"}}).dump();
+  std::ofstream(dir_ / "tokenizer_config.json")
+      << json({{"chat_template", "{% macro x %}"}}).dump();
   std::ofstream(dir_ / "chat.txt") << "user: hi\n";
   r = Run("--chat '" + (dir_ / "chat.txt").string() + "'");
   EXPECT_EQ(r.exit_code, 2);
@@ -141,7 +142,9 @@ TEST_F(TokenizeCli, BadFilesExitTwoWithTheReason) {
 
 // GPT-2's byte map for one byte (the test's own copy), as UTF-8.
 std::string ByteChar(int b) {
-  auto printable = [](int k) { return (k >= 33 && k <= 126) || (k >= 161 && k <= 172) || k >= 174; };
+  auto printable = [](int k) {
+    return (k >= 33 && k <= 126) || (k >= 161 && k <= 172) || k >= 174;
+  };
   int cp = b;
   if (!printable(b)) {
     cp = 256;
@@ -159,8 +162,8 @@ std::string ByteChar(int b) {
 // takes text must go through it.
 TEST_F(TokenizeCli, GenerateInfoAndScenarioTextUseTokenizerJson) {
   const std::string model = (dir_ / "m").string();
-  const std::string make = std::string("'") + KVDIFF_BINARY + "' make-model --preset tiny --seed 3 --out '" +
-                           model + "' >/dev/null";
+  const std::string make = std::string("'") + KVDIFF_BINARY +
+                           "' make-model --preset tiny --seed 3 --out '" + model + "' >/dev/null";
   ASSERT_EQ(std::system(make.c_str()), 0);
   json vocab;
   for (int b = 0; b < 256; ++b) vocab[ByteChar(b)] = b;
@@ -175,8 +178,9 @@ TEST_F(TokenizeCli, GenerateInfoAndScenarioTextUseTokenizerJson) {
                {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}})
              .dump();
   std::ofstream(dir_ / "m" / "tokenizer_config.json")
-      << json({{"chat_template",
-                "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"}})
+      << json(
+             {{"chat_template",
+               "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"}})
              .dump();
   std::ofstream(dir_ / "chat.txt") << "user: Hi\n";
   std::ofstream(dir_ / "scenario.json")
@@ -194,7 +198,8 @@ TEST_F(TokenizeCli, GenerateInfoAndScenarioTextUseTokenizerJson) {
   };
   auto [code, out] = run("generate --model '" + model + "' --prompt 'Hi 12' -n 2 --ids");
   EXPECT_EQ(code, 0) << out;
-  std::tie(code, out) = run("generate --model '" + model + "' --chat '" + (dir_ / "chat.txt").string() + "' -n 2 --ids");
+  std::tie(code, out) = run("generate --model '" + model + "' --chat '" +
+                            (dir_ / "chat.txt").string() + "' -n 2 --ids");
   EXPECT_EQ(code, 0) << out;
   std::tie(code, out) = run("info --model '" + model + "'");
   EXPECT_EQ(code, 0) << out;

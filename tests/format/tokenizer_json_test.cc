@@ -54,14 +54,15 @@ json ByteLevelFile(bool pair_merges = false) {
     vocab[a + b] = id++;
     merge_list.push_back(pair_merges ? json::array({a, b}) : json(a + " " + b));
   }
-  return {{"version", "1.0"},
-          {"added_tokens",
-           {{{"id", 262}, {"content", "<|end|>"}, {"special", true}, {"normalized", false}}}},
-          {"normalizer", nullptr},
-          {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-          {"post_processor", {{"type", "ByteLevel"}}},
-          {"decoder", {{"type", "ByteLevel"}}},
-          {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merge_list}}}};
+  return {
+      {"version", "1.0"},
+      {"added_tokens",
+       {{{"id", 262}, {"content", "<|end|>"}, {"special", true}, {"normalized", false}}}},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"post_processor", {{"type", "ByteLevel"}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merge_list}}}};
 }
 
 // SentencePiece-style: <unk> <s> </s>, the 256 <0xNN> tokens (ids 3..258), then ▁ h i ▁h ▁hi.
@@ -175,7 +176,9 @@ TEST(TokenizerJson, SplitIsolatedRemovedInverted) {
   j["model"]["merges"].push_back("b 1");
   j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}};
   EXPECT_THAT(Make(j).Encode("ab12", true), ElementsAre('a', 263, '2'));  // no split: b1 merges
-  json split = {{"type", "Split"}, {"pattern", {{"Regex", "[0-9]+"}}}, {"behavior", "Isolated"},
+  json split = {{"type", "Split"},
+                {"pattern", {{"Regex", "[0-9]+"}}},
+                {"behavior", "Isolated"},
                 {"invert", false}};
   j["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", {split, j["pre_tokenizer"]}}};
   EXPECT_THAT(Make(j).Encode("ab12", true), ElementsAre('a', 'b', '1', '2'));
@@ -190,8 +193,9 @@ TEST(TokenizerJson, DigitsIndividualOrRuns) {
   j["model"]["vocab"]["12"] = 263;
   j["model"]["merges"].push_back("1 2");
   const json bytes = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}};
-  j["pre_tokenizer"] = {{"type", "Sequence"},
-                        {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, bytes}}};
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, bytes}}};
   EXPECT_THAT(Make(j).Encode("x12", true), ElementsAre('x', '1', '2'));
   j["pre_tokenizer"]["pretokenizers"][0]["individual_digits"] = false;
   EXPECT_THAT(Make(j).Encode("x12", true), ElementsAre('x', 263));
@@ -207,8 +211,8 @@ TEST(TokenizerJson, NfcComposesBeforeTheModel) {
 TEST(TokenizerJson, MetaspacePreTokenizerSplitsBeforeEachReplacement) {
   json j = ByteFallbackFile();
   j["normalizer"] = nullptr;
-  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "▁"}, {"prepend_scheme", "always"},
-                        {"split", true}};
+  j["pre_tokenizer"] = {
+      {"type", "Metaspace"}, {"replacement", "▁"}, {"prepend_scheme", "always"}, {"split", true}};
   j["decoder"] = {{"type", "Metaspace"}, {"replacement", "▁"}, {"prepend_scheme", "always"}};
   const HfTokenizer t = Make(j);
   EXPECT_THAT(t.Encode("hi hi", false), ElementsAre(263, 263));
@@ -252,7 +256,8 @@ TEST(TokenizerJson, RefusesUnknownComponentsByName) {
   j["post_processor"] = {{"type", "RobertaProcessing"}};
   ExpectRefused(j, "post_processor: type \"RobertaProcessing\"");
   j = ByteLevelFile();
-  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "Contiguous"}};
+  j["pre_tokenizer"] = {
+      {"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "Contiguous"}};
   ExpectRefused(j, "behavior: \"Contiguous\" is not implemented");
   j = ByteLevelFile();
   j["added_tokens"][0]["lstrip"] = true;
@@ -276,7 +281,8 @@ TEST(TokenizerJson, RefusesMalformedFiles) {
   j["model"]["merges"].push_back("nospace");
   ExpectRefused(j, "model.merges[6]: expected \"left right\"");
   j = ByteLevelFile();
-  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
+  j["pre_tokenizer"] = {
+      {"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
   ExpectRefused(j, "does not compile");
   j = ByteLevelFile();
   j["model"].erase("vocab");
@@ -292,9 +298,8 @@ TEST(TokenizerJson, ModelDirPrefersOurFileThenTokenizerJson) {
   std::filesystem::create_directories(dir);
   EXPECT_FALSE(Tokenizer::LoadFromModelDir(dir));
   std::ofstream(dir / "tokenizer.json") << ByteFallbackFile().dump();
-  std::ofstream(dir / "tokenizer_config.json") << json({{"bos_token", "<s>"},
-                                                        {"eos_token", {{"content", "</s>"}}}})
-                                                      .dump();
+  std::ofstream(dir / "tokenizer_config.json")
+      << json({{"bos_token", "<s>"}, {"eos_token", {{"content", "</s>"}}}}).dump();
   std::optional<Tokenizer> t = Tokenizer::LoadFromModelDir(dir);
   ASSERT_TRUE(t);
   ASSERT_NE(t->Hf(), nullptr);

@@ -73,7 +73,8 @@ json ReadJson(const fs::path& path) {
 class TokenizerOracle : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TokenizerOracle, CorpusIdsAndTextMatchTransformersJs) {
-  const fs::path dir = NpmDir() / "node_modules" / "@lenml" / ("tokenizer-" + GetParam()) / "models";
+  const fs::path dir =
+      NpmDir() / "node_modules" / "@lenml" / ("tokenizer-" + GetParam()) / "models";
   std::string why;
   const fs::path corpus_path = kOracleDir / "corpus.json";
   const std::optional<json> expected =
@@ -91,8 +92,8 @@ TEST_P(TokenizerOracle, CorpusIdsAndTextMatchTransformersJs) {
     const auto want = (*expected)[i]["ids"].get<Tokens>();
     if (ids != want) {
       ++id_mismatches;
-      ADD_FAILURE() << label << "\n  kvdiff          " << json(ids).dump()
-                    << "\n  transformers.js " << json(want).dump();
+      ADD_FAILURE() << label << "\n  kvdiff          " << json(ids).dump() << "\n  transformers.js "
+                    << json(want).dump();
       continue;
     }
     const std::string decoded = tokenizer.Decode(ids, /*skip_special=*/false);
@@ -134,9 +135,9 @@ TEST(ChatTemplateOracle, PromptsMatchHuggingfaceJinja) {
     const json& c = cases[i];
     std::vector<ChatMessage> messages;
     for (const json& m : c["messages"]) messages.push_back({m["role"], m["content"]});
-    const std::string label =
-        fmt::format("templates[{}] {} ({} messages, add_generation_prompt={})", i,
-                    c["name"].get<std::string>(), messages.size(), c["add_generation_prompt"].dump());
+    const std::string label = fmt::format(
+        "templates[{}] {} ({} messages, add_generation_prompt={})", i, c["name"].get<std::string>(),
+        messages.size(), c["add_generation_prompt"].dump());
     std::optional<std::string> got;
     std::string error;
     try {
@@ -171,9 +172,8 @@ TEST(ChatTemplateOracle, Llama3ConfigTemplateRendersAndEncodes) {
   const std::optional<ModelChatTemplate> chat = LoadChatTemplate(dir);
   ASSERT_TRUE(chat);
   EXPECT_EQ(chat->bos_token, "<|begin_of_text|>");
-  const std::string prompt =
-      chat->chat_template.Render({{"system", "Be brief."}, {"user", " Hi! "}}, true,
-                                 chat->bos_token, chat->eos_token);
+  const std::string prompt = chat->chat_template.Render(
+      {{"system", "Be brief."}, {"user", " Hi! "}}, true, chat->bos_token, chat->eos_token);
   // Its template has no add_generation_prompt test; it always appends the assistant header.
   EXPECT_EQ(prompt,
             "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
