@@ -905,7 +905,7 @@ Tokens HfTokenizer::Encode(const std::string& text, bool add_special_tokens) con
   for (size_t i = 0; i < text.size();) {
     const Impl::AddedToken* hit = nullptr;
     for (const auto& a : impl.added) {
-      if (text.compare(i, a.content.size(), a.content) == 0) {
+      if (a.content[0] == text[i] && text.compare(i, a.content.size(), a.content) == 0) {
         hit = &a;
         break;
       }
