@@ -143,6 +143,7 @@ Tokenizer Tokenizer::ReadLlama2c(const std::filesystem::path& path, int64_t voca
 }
 
 std::string Tokenizer::ToJson() const {
+  KVDIFF_CHECK(!hf_, "a tokenizer.json tokenizer is not written as {}", kTokenizerFileName);
   // One piece per line: the file stays diffable and readable (index in "pieces" = token id).
   nlohmann::ordered_json head;
   head["format"] = kTokenizerFormatName;
@@ -173,6 +174,7 @@ std::string Tokenizer::ToJson() const {
 }
 
 void Tokenizer::Save(const std::filesystem::path& path) const {
+  KVDIFF_CHECK(!hf_, "a tokenizer.json tokenizer is not written as {}", kTokenizerFileName);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   KVDIFF_CHECK(out.good(), "cannot write tokenizer file {}", path.string());
   out << ToJson();
@@ -254,23 +256,59 @@ Tokenizer Tokenizer::Load(const std::filesystem::path& path) {
 }
 
 std::optional<Tokenizer> Tokenizer::LoadFromModelDir(const std::filesystem::path& dir) {
-  const auto path = dir / kTokenizerFileName;
-  if (!std::filesystem::exists(path)) return std::nullopt;
-  return Load(path);
+  const auto ours = dir / kTokenizerFileName;
+  if (std::filesystem::exists(ours)) return Load(ours);
+  const auto hf = dir / kHfTokenizerFileName;
+  if (!std::filesystem::exists(hf)) return std::nullopt;
+  HfTokenizer tokenizer = HfTokenizer::Load(hf);
+  // tokenizer_config.json names BOS/EOS as a string or as {"content": ...} (an AddedToken).
+  Token ids[2] = {-1, -1};
+  const auto config_path = dir / "tokenizer_config.json";
+  if (std::filesystem::exists(config_path)) {
+    nlohmann::json config;
+    try {
+      config = nlohmann::json::parse(ReadWholeFile(config_path));
+    } catch (const nlohmann::json::parse_error& e) {
+      throw InputError(fmt::format("{}: not valid JSON: {}", config_path.string(), e.what()));
+    }
+    const char* keys[2] = {"bos_token", "eos_token"};
+    for (int k = 0; k < 2; ++k) {
+      if (!config.is_object() || !config.contains(keys[k]) || config[keys[k]].is_null()) continue;
+      const nlohmann::json& v = config[keys[k]];
+      const nlohmann::json& content = v.is_object() && v.contains("content") ? v["content"] : v;
+      KVDIFF_CHECK(content.is_string(), "{}: {} must be a string or {{\"content\": ...}}, got {}",
+                   config_path.string(), keys[k], v.dump());
+      ids[k] = tokenizer.Lookup(content.get<std::string>());
+      KVDIFF_CHECK(ids[k] >= 0, "{}: {} {} is not a token of {}", config_path.string(), keys[k],
+                   content.dump(), hf.string());
+    }
+  }
+  return FromHf(std::move(tokenizer), ids[0], ids[1]);
+}
+
+Tokenizer Tokenizer::FromHf(HfTokenizer hf, Token bos_id, Token eos_id) {
+  Tokenizer t;
+  t.bos_id_ = bos_id;
+  t.eos_id_ = eos_id;
+  t.hf_ = std::move(hf);
+  return t;
 }
 
 const Tokenizer::Entry& Tokenizer::At(Token id) const {
+  KVDIFF_CHECK(!hf_, "a tokenizer.json tokenizer has no scored pieces (At({}))", id);
   KVDIFF_CHECK(id >= 0 && id < VocabSize(), "token id {} outside the vocabulary [0, {})", id,
                VocabSize());
   return entries_[id];
 }
 
 Token Tokenizer::Lookup(const std::string& piece) const {
+  if (hf_) return hf_->Lookup(piece);
   auto it = index_.find(piece);
   return it == index_.end() ? -1 : it->second;
 }
 
 Tokens Tokenizer::Encode(const std::string& text, bool add_bos) const {
+  if (hf_) return hf_->Encode(text, /*add_special_tokens=*/add_bos);
   Tokens tokens;
   if (add_bos) tokens.push_back(bos_id_);
 
@@ -323,6 +361,7 @@ Tokens Tokenizer::Encode(const std::string& text, bool add_bos) const {
 }
 
 std::string Tokenizer::Decode(Token token, Token prev_token) const {
+  if (hf_) return hf_->DecodeNext(token, prev_token);
   const std::string& piece = At(token).piece;
   const int byte = ParseBytePiece(piece);
   if (byte >= 0) return std::string(1, static_cast<char>(byte));

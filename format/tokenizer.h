@@ -7,6 +7,10 @@
 //    "pieces": [{"piece": "<unk>", "score": 0.0}, ...]}   // index in "pieces" = token id
 //
 // A piece whose bytes are not valid UTF-8 is written as {"bytes": [b0, b1, ...], "score": s}.
+//
+// A Tokenizer can also stand for a HuggingFace tokenizer.json (format/tokenizer_json.h): a model
+// directory's text goes through LoadFromModelDir, which picks the file, so every caller (generate,
+// scenario "text", repro, tokenize) takes the same text to the same ids.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +21,7 @@
 #include <vector>
 
 #include "format/tensor.h"
+#include "format/tokenizer_json.h"
 
 namespace kvdiff::format {
 
@@ -45,8 +50,15 @@ class Tokenizer {
   void Save(const std::filesystem::path& path) const;
   std::string ToJson() const;  // deterministic text
 
-  // DIR/tokenizer.kvdiff.json when present, std::nullopt otherwise.
+  // DIR/tokenizer.kvdiff.json when present, else DIR/tokenizer.json (HuggingFace; BOS/EOS ids from
+  // DIR/tokenizer_config.json's bos_token/eos_token when it names them, else -1), else nullopt.
   static std::optional<Tokenizer> LoadFromModelDir(const std::filesystem::path& dir);
+  // A tokenizer.json tokenizer. Encode's add_bos means add_special_tokens (its post-processor);
+  // Decode is HfTokenizer::DecodeNext. Save, ToJson and At throw: it has no scored pieces.
+  static Tokenizer FromHf(HfTokenizer hf, Token bos_id, Token eos_id);
+  const HfTokenizer* Hf() const { return hf_ ? &*hf_ : nullptr; }
+  // "tokenizer.kvdiff.json" or "tokenizer.json": the file a model directory's tokenizer came from.
+  const char* FileName() const { return hf_ ? kHfTokenizerFileName : kTokenizerFileName; }
 
   // As llama2.c encodes: optional BOS; a " " dummy prefix when text is non-empty; each UTF-8
   // character (a lead byte and up to 3 continuation bytes) looked up whole, else its bytes as byte
@@ -59,7 +71,9 @@ class Tokenizer {
   // Concatenated Decode of every token, each with its predecessor (the first with prev_token).
   std::string DecodeAll(const Tokens& tokens, Token prev_token) const;
 
-  int64_t VocabSize() const { return static_cast<int64_t>(entries_.size()); }
+  int64_t VocabSize() const {
+    return hf_ ? hf_->VocabSize() : static_cast<int64_t>(entries_.size());
+  }
   int32_t MaxTokenLength() const { return max_token_length_; }
   Token BosId() const { return bos_id_; }
   Token EosId() const { return eos_id_; }
@@ -68,11 +82,13 @@ class Tokenizer {
   Token Lookup(const std::string& piece) const;
 
  private:
+  Tokenizer() = default;  // FromHf
   std::vector<Entry> entries_;
   std::unordered_map<std::string, Token> index_;
   int32_t max_token_length_ = 0;
   Token bos_id_ = 1;
   Token eos_id_ = 2;
+  std::optional<HfTokenizer> hf_;
 };
 
 }  // namespace kvdiff::format

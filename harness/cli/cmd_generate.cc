@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -15,17 +17,28 @@
 #include "harness/replay.h"
 #include "harness/cli/cli_util.h"
 #include "harness/cli/commands.h"
+#include "format/chat_template.h"
 #include "format/error.h"
 #include "format/model_files.h"
 #include "format/tokenizer.h"
 
 namespace kvdiff::cli {
+namespace {
+
+std::string ReadChatFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  KVDIFF_CHECK(in.good(), "--chat: cannot open {}", path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
 
 void AddGenerateCommand(CLI::App& app, int& exit_code) {
   struct Options {
     std::string model;
     std::optional<std::string> prompt;
     std::optional<std::string> tokens;
+    std::optional<std::string> chat;
     int64_t n = 32;
     std::string backend = "impl";
     bool cached = false;
@@ -44,12 +57,18 @@ void AddGenerateCommand(CLI::App& app, int& exit_code) {
       ->required()
       ->check(CLI::ExistingDirectory);
   auto* prompt = cmd->add_option("--prompt", opts->prompt,
-                                 "prompt text, encoded with DIR/tokenizer.kvdiff.json and a BOS "
-                                 "first (\"\" = BOS alone)");
+                                 "prompt text, encoded with DIR/tokenizer.kvdiff.json (else "
+                                 "DIR/tokenizer.json) with a BOS first (\"\" = BOS alone)");
   auto* tokens = cmd->add_option("--tokens", opts->tokens,
                                  "prompt token ids, used as given (e.g. \"1\" or \"1,403,407\")");
-  prompt->excludes(tokens);
-  tokens->excludes(prompt);
+  auto* chat = cmd->add_option("--chat", opts->chat,
+                               "file of chat messages (JSON [{\"role\", \"content\"}] or lines "
+                               "\"role: text\"), rendered with DIR/tokenizer_config.json's "
+                               "chat_template and a generation prompt")
+                   ->check(CLI::ExistingFile);
+  prompt->excludes(tokens)->excludes(chat);
+  tokens->excludes(prompt)->excludes(chat);
+  chat->excludes(prompt)->excludes(tokens);
   cmd->add_option("-n", opts->n, "number of tokens to generate")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
@@ -69,22 +88,28 @@ void AddGenerateCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::NonNegativeNumber);
 
   cmd->callback([opts, &exit_code] {
-    KVDIFF_CHECK(opts->prompt || opts->tokens, "generate: give --prompt TEXT or --tokens IDS");
+    KVDIFF_CHECK(opts->prompt || opts->tokens || opts->chat,
+                 "generate: give --prompt TEXT, --chat FILE or --tokens IDS");
     auto weights = std::make_shared<const format::ModelWeights>(format::LoadModel(opts->model));
     const format::LlamaConfig& config = weights->config;
     std::optional<format::Tokenizer> tokenizer = format::Tokenizer::LoadFromModelDir(opts->model);
     if (tokenizer) {
       KVDIFF_CHECK(tokenizer->VocabSize() == config.vocab_size,
                    "{}/{} has {} tokens, config.json says vocab_size {}", opts->model,
-                   format::kTokenizerFileName, tokenizer->VocabSize(), config.vocab_size);
+                   tokenizer->FileName(), tokenizer->VocabSize(), config.vocab_size);
     }
     KVDIFF_CHECK(tokenizer || (opts->tokens && opts->ids),
-                 "{} has no {}: --prompt and text output need one (convert with --tokenizer), or "
-                 "use --tokens IDS --ids",
-                 opts->model, format::kTokenizerFileName);
+                 "{} has no {} or {}: --prompt, --chat and text output need one (convert with "
+                 "--tokenizer), or use --tokens IDS --ids",
+                 opts->model, format::kTokenizerFileName, format::kHfTokenizerFileName);
 
-    const Tokens prompt_tokens = opts->prompt ? tokenizer->Encode(*opts->prompt, /*add_bos=*/true)
-                                              : ParseTokenIds("--tokens", *opts->tokens, config.vocab_size);
+    const Tokens prompt_tokens =
+        opts->prompt ? tokenizer->Encode(*opts->prompt, /*add_bos=*/true)
+        : opts->chat ? format::EncodeChat(opts->model, *tokenizer,
+                                          format::ParseChatMessages(ReadChatFile(*opts->chat)),
+                                          /*add_generation_prompt=*/true)
+                     : ParseTokenIds("--tokens", *opts->tokens, config.vocab_size);
+    KVDIFF_CHECK(!prompt_tokens.empty(), "generate: the prompt encodes to no tokens");
     const int64_t capacity = config.max_position_embeddings;
     KVDIFF_CHECK(static_cast<int64_t>(prompt_tokens.size()) <= capacity,
                  "generate: the prompt has {} tokens, the model's context is {} "

@@ -2,11 +2,15 @@
 #include <fmt/format.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "harness/cli/commands.h"
+#include "format/chat_template.h"
+#include "format/error.h"
 #include "format/model_files.h"
+#include "format/tokenizer.h"
 
 namespace kvdiff::cli {
 namespace {
@@ -16,6 +20,27 @@ std::string HumanBytes(uint64_t bytes) {
   if (bytes >= (uint64_t{1} << 20)) return fmt::format("{:.1f} MiB", bytes / double(1 << 20));
   if (bytes >= 1024) return fmt::format("{:.1f} KiB", bytes / 1024.0);
   return fmt::format("{} B", bytes);
+}
+
+// The tokenizer LoadFromModelDir picks and the chat template, both parsed in full (so a file
+// kvdiff would refuse at generate time is refused here) and checked against config.json.
+void PrintTokenizer(const std::string& dir, const format::LlamaConfig& c) {
+  const std::optional<format::Tokenizer> tokenizer = format::Tokenizer::LoadFromModelDir(dir);
+  if (!tokenizer) {
+    fmt::print("tokenizer     none ({} or {}): token ids only\n", format::kTokenizerFileName,
+               format::kHfTokenizerFileName);
+    return;
+  }
+  KVDIFF_CHECK(tokenizer->VocabSize() == c.vocab_size,
+               "{}/{} has {} tokens, config.json says vocab_size {}", dir, tokenizer->FileName(),
+               tokenizer->VocabSize(), c.vocab_size);
+  if (tokenizer->Hf()) {
+    fmt::print("tokenizer     {}\n", tokenizer->Hf()->Describe());
+  } else {
+    fmt::print("tokenizer     {}: {} pieces\n", tokenizer->FileName(), tokenizer->VocabSize());
+  }
+  const std::optional<format::ModelChatTemplate> chat = format::LoadChatTemplate(dir);
+  fmt::print("chat template {}\n", chat ? "tokenizer_config.json (parsed)" : "none");
 }
 
 void RunInfo(const std::string& dir) {
@@ -56,6 +81,7 @@ void RunInfo(const std::string& dir) {
   if (!info.ignored_tensors.empty()) {
     fmt::print("ignored       {}\n", fmt::join(info.ignored_tensors, ", "));
   }
+  PrintTokenizer(dir, c);
 }
 
 }  // namespace

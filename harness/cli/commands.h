@@ -17,5 +17,6 @@ void AddGenerateCommand(CLI::App& app, int& exit_code);
 void AddGoldenCommand(CLI::App& app, int& exit_code);
 void AddReproCommand(CLI::App& app, int& exit_code);
 void AddBenchCommand(CLI::App& app, int& exit_code);
+void AddTokenizeCommand(CLI::App& app, int& exit_code);
 
 }  // namespace kvdiff::cli

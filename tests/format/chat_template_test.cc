@@ -1,0 +1,103 @@
+// Chat templates: hand-checked renders of the three families' templates and the refusals. The
+// byte-for-byte comparison with transformers.js' Jinja is in tokenizer_oracle_test.cc.
+#include "format/chat_template.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "format/error.h"
+
+namespace kvdiff::format {
+namespace {
+
+using ::testing::HasSubstr;
+
+const char* kChatMl =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] "
+    "+ '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ "
+    "'<|im_start|>assistant\\n' "
+    "}}{% endif %}";
+
+TEST(ChatTemplate, ChatMlWithGenerationPrompt) {
+  const ChatTemplate t(kChatMl);
+  const std::vector<ChatMessage> m = {{"system", "Be brief."}, {"user", "Hi"}};
+  EXPECT_EQ(t.Render(m, true, "", ""),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  EXPECT_EQ(t.Render(m, false, "", ""),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
+}
+
+TEST(ChatTemplate, LoopVariablesSlicesFiltersAndScoping) {
+  const ChatTemplate t(
+      "{% set x = 'outer' %}{% for m in messages[1:] %}{% set x = 'inner' %}"
+      "{{ loop.index0 }}{{ '<' if loop.first }}{{ m.content | trim }}{% if not loop.last %},"
+      "{% endif %}{% endfor %}|{{ x }}|{{ messages | length }}|{{ messages[-1]['role'] }}");
+  const std::vector<ChatMessage> m = {{"a", "zero"}, {"b", "  one "}, {"c", "two\n"}};
+  // Jinja scoping: the loop's set does not leak out.
+  EXPECT_EQ(t.Render(m, false, "", ""), "0<one,1two|outer|3|c");
+}
+
+TEST(ChatTemplate, WhitespaceControlAndBlockTrimming) {
+  const ChatTemplate t("{%- for m in messages %}\n  {{- m.content }}\n{% endfor -%}\n  end\n");
+  EXPECT_EQ(t.Render({{"u", "a"}, {"u", "b"}}, false, "", ""), "a\nb\nend");
+}
+
+TEST(ChatTemplate, RaiseExceptionIsAnInputError) {
+  const ChatTemplate t(
+      "{% if messages[0]['role'] != 'user' %}{{ raise_exception('roles must alternate') }}"
+      "{% endif %}ok");
+  EXPECT_EQ(t.Render({{"user", "x"}}, false, "", ""), "ok");
+  try {
+    t.Render({{"assistant", "x"}}, false, "", "");
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("chat template raised an exception: roles must alternate"));
+  }
+}
+
+void ExpectRefused(const std::string& source, const std::string& message) {
+  try {
+    ChatTemplate(source).Render({{"user", "hi"}}, true, "<s>", "</s>");
+    FAIL() << "expected InputError containing: " << message;
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(message));
+  }
+}
+
+TEST(ChatTemplate, RefusesWhatItDoesNotImplementByName) {
+  ExpectRefused("{% macro f() %}{% endmacro %}", "line 1: {% macro %} is not implemented");
+  ExpectRefused("{{ messages | tojson }}", "the filter tojson is not implemented");
+  ExpectRefused("{{ range(3) }}", "the function range() is not implemented");
+  ExpectRefused("{{ add_generation_prompt }}", "printing a boolean is not implemented");
+  ExpectRefused("{{ 1.5 }}", "floating-point numbers are not implemented");
+  ExpectRefused("{{ 4 / 2 }}", "the operator / is not implemented");
+  ExpectRefused("{% for k, v in x %}{% endfor %}", "several loop variables");
+  ExpectRefused("{% set ns.x = 1 %}", "only \"{% set name = value %}\" is implemented");
+  ExpectRefused("a\n{% if true %}x", "line 2: {% if %} is not closed by {% endif %}");
+  ExpectRefused("{{ 'abc' }", "line 1");
+  ExpectRefused("{{ x.y }}", "cannot index a undefined");
+  ExpectRefused("{{ 'a\\q' }}", "the escape \\q is not implemented");
+  ExpectRefused("{{ messages[0].content.upper() ~ ('é' | upper) }}", "non-ASCII");
+}
+
+TEST(ChatMessages, JsonOrRoleLines) {
+  std::vector<ChatMessage> m = ParseChatMessages(
+      R"([{"role": "system", "content": "S"}, {"role": "user", "content": "two\nlines"}])");
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[1].role, "user");
+  EXPECT_EQ(m[1].content, "two\nlines");
+  m = ParseChatMessages("system: Be brief.\nuser: Hello\nsecond line\n");
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[0].content, "Be brief.");
+  EXPECT_EQ(m[1].role, "user");
+  EXPECT_EQ(m[1].content, "Hello\nsecond line");
+  EXPECT_THROW(ParseChatMessages("no role here"), InputError);
+  EXPECT_THROW(ParseChatMessages("[{\"role\": \"user\"}]"), InputError);
+  EXPECT_THROW(ParseChatMessages(""), InputError);
+}
+
+}  // namespace
+}  // namespace kvdiff::format
