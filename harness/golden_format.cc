@@ -20,6 +20,7 @@
 #include "harness/replay.h"
 #include "format/error.h"
 #include "format/safetensors.h"
+#include "format/scratch_dir.h"
 #include "harness/report.h"
 #include "harness/sha256.h"
 
@@ -46,31 +47,7 @@ std::string ReadBytes(const fs::path& path) {
   return s.str();
 }
 
-// A folder under the system temporary directory, removed with everything in it at scope exit.
-class ScratchDir {
- public:
-  ScratchDir() {
-    static std::atomic<unsigned> counter{0};
-    for (int attempt = 0; attempt < 100; ++attempt) {
-      path_ = fs::temp_directory_path() /
-              fmt::format("kvdiff-golden-{}-{}", static_cast<long>(getpid()), counter++);
-      std::error_code ec;
-      if (fs::create_directory(path_, ec)) return;
-    }
-    throw InputError(
-        fmt::format("cannot create a temporary folder in {}", fs::temp_directory_path().string()));
-  }
-  ~ScratchDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using format::ScratchDir;
 
 // ---------------------------------------------------------------------------------------------
 // Digests and their tolerances
@@ -238,7 +215,7 @@ std::string RowsFileBytes(const Golden& g) {
     if (r.full.empty()) continue;
     tensors.push_back({r.full, format::DType::kF32, {g.vocab_size}, g.full_rows.at(r.full)});
   }
-  ScratchDir scratch;
+  ScratchDir scratch("golden");
   const fs::path file = scratch.path() / "rows.safetensors";
   format::WriteSafetensors(file, tensors,
                            {{"format", "kvdiff-golden-rows"}, {"scenario", g.scenario}});

@@ -13,6 +13,12 @@ BackendRegistry& BackendRegistry::Global() {
   static BackendRegistry* registry = [] {
     auto* r = new BackendRegistry();
     RegisterImplBackend(*r);
+    r->RegisterFamily(kPluginPrefix, ResolvePluginBackend);
+#ifdef KVDIFF_LLAMACPP_ENGINE_PATH
+    // Flash attention off and an f32 cache: the settings held to the 1e-4 gate (README).
+    RegisterNamedPlugin(*r, "llama.cpp", "llama.cpp through its C API, f32 KV cache",
+                        KVDIFF_LLAMACPP_ENGINE_PATH, "kv=f32,flash_attn=off");
+#endif
 #ifdef KVDIFF_HAVE_TORCH
     RegisterReferenceBackends(*r);
 #else
@@ -40,21 +46,43 @@ void BackendRegistry::RegisterUnavailable(const std::string& name, const std::st
   entries_.push_back(std::move(e));
 }
 
+void BackendRegistry::RegisterFamily(const std::string& prefix, Resolver resolve) {
+  families_.emplace_back(prefix, std::move(resolve));
+}
+
 const BackendRegistry::Entry* BackendRegistry::Find(const std::string& name) const {
   for (const Entry& e : entries_)
     if (e.info.name == name) return &e;
+  for (const auto& e : resolved_)
+    if (e->info.name == name) return e.get();
+  return nullptr;
+}
+
+const BackendRegistry::Entry* BackendRegistry::Resolve(const std::string& name) const {
+  if (const Entry* e = Find(name)) return e;
+  for (const auto& [prefix, resolve] : families_) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    auto [info, make] = resolve(name);
+    resolved_.push_back(std::make_unique<Entry>(Entry{std::move(info), std::move(make), ""}));
+    return resolved_.back().get();
+  }
   return nullptr;
 }
 
 bool BackendRegistry::Has(const std::string& name) const {
-  const Entry* e = Find(name);
+  const Entry* e = Resolve(name);
   return e && e->unavailable.empty();
 }
 
-bool BackendRegistry::Knows(const std::string& name) const { return Find(name) != nullptr; }
+bool BackendRegistry::Knows(const std::string& name) const {
+  if (Find(name)) return true;
+  for (const auto& [prefix, resolve] : families_)
+    if (name.rfind(prefix, 0) == 0) return true;
+  return false;
+}
 
 const BackendInfo& BackendRegistry::Info(const std::string& name) const {
-  const Entry* e = Find(name);
+  const Entry* e = Resolve(name);
   if (!e) {
     throw InputError(fmt::format("unknown backend '{}' (available: {})", name,
                                  NamesText()));
@@ -70,7 +98,7 @@ std::unique_ptr<Backend> BackendRegistry::Make(const std::string& name,
                                                std::shared_ptr<const format::ModelWeights> weights,
                                                const BackendOptions& options) const {
   const BackendInfo& info = Info(name);
-  return Find(name)->make(info, std::move(weights), options);
+  return Resolve(name)->make(info, std::move(weights), options);
 }
 
 std::vector<std::string> BackendRegistry::Names() const {

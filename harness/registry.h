@@ -3,9 +3,11 @@
 // is one class and one Register call (see the README's "Adding a backend").
 #pragma once
 
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "format/model_files.h"
@@ -28,6 +30,10 @@ class BackendRegistry {
 
   // InputError when the name is taken or empty.
   void Register(BackendInfo info, BackendFactory make);
+  // Names that start with `prefix` ("plugin:") are resolved on first use by `resolve`, which
+  // returns the backend's info and factory (or throws InputError).
+  using Resolver = std::function<std::pair<BackendInfo, BackendFactory>(const std::string& name)>;
+  void RegisterFamily(const std::string& prefix, Resolver resolve);
   // A backend this build knows of but cannot build; naming it is an InputError saying `why`.
   void RegisterUnavailable(const std::string& name, const std::string& why);
 
@@ -57,7 +63,11 @@ class BackendRegistry {
     std::string unavailable;  // not empty: why this build cannot make it
   };
   const Entry* Find(const std::string& name) const;
+  // Resolves a family name into an entry, once; nullptr when no family claims the name.
+  const Entry* Resolve(const std::string& name) const;
   std::vector<Entry> entries_;
+  std::vector<std::pair<std::string, Resolver>> families_;
+  mutable std::vector<std::unique_ptr<Entry>> resolved_;  // stable addresses
 };
 
 // Shorthands for the global registry.
@@ -67,8 +77,15 @@ std::unique_ptr<Backend> MakeBackend(const std::string& name,
 std::vector<std::string> AvailableBackends();
 std::vector<std::string> DefaultBackends();
 
-// Each backend family registers itself (impl_backend.cc, reference_backend.cc).
+// Each backend family registers itself (impl_backend.cc, reference_backend.cc, plugin_backend.cc).
 void RegisterImplBackend(BackendRegistry& registry);
 void RegisterReferenceBackends(BackendRegistry& registry);
+// Outside engines: "plugin:PATH[?key=value&...]" names any engine plugin (include/kvdiff/engine.h).
+inline constexpr const char* kPluginPrefix = "plugin:";
+std::pair<BackendInfo, BackendFactory> ResolvePluginBackend(const std::string& spec);
+// A plugin built with kvdiff, registered under a plain name ("llama.cpp").
+void RegisterNamedPlugin(BackendRegistry& registry, const std::string& name,
+                         const std::string& description, const std::filesystem::path& path,
+                         const std::string& options);
 
 }  // namespace kvdiff::harness

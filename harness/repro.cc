@@ -563,17 +563,19 @@ std::string FormatReproTable(const std::vector<ExperimentResult>& results,
   }
 
   out += "\n";
-  // The only reason to skip is a build without LibTorch; the single-experiment form says it whole.
-  const std::string kSkippedShort = "skipped (no LibTorch in this build)";
+  // A skip's reason, short: the part before its first explanation.
+  auto skipped_short = [](const std::string& why) {
+    return "skipped: " + why.substr(0, std::min(why.find(':'), why.find(" (")));
+  };
   size_t w_doc = 21, w_obs = 8;
   for (const auto& r : results) {
     w_doc = std::max(w_doc, Width(ExperimentDocumented(r.experiment)));
-    w_obs = std::max(w_obs, Width(r.skipped.empty() ? r.observed : kSkippedShort));
+    w_obs = std::max(w_obs, Width(r.skipped.empty() ? r.observed : skipped_short(r.skipped)));
   }
   out += Pad("experiment", w_name) + "  " + Pad("source document says", w_doc) + "  " +
          Pad("observed", w_obs) + "  as documented\n";
   for (const auto& r : results) {
-    const std::string observed = r.skipped.empty() ? r.observed : kSkippedShort;
+    const std::string observed = r.skipped.empty() ? r.observed : skipped_short(r.skipped);
     const std::string verdict = !r.skipped.empty() ? "-" : r.as_documented ? "yes" : "NO";
     out += Pad(ExperimentName(r.experiment), w_name) + "  " +
            Pad(ExperimentDocumented(r.experiment), w_doc) + "  " + Pad(observed, w_obs) + "  " +

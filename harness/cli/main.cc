@@ -37,6 +37,10 @@ int main(int argc, char** argv) {
   } catch (const kvdiff::InputError& e) {
     fmt::print(stderr, "kvdiff: error: {}\n", e.what());
     return 2;
+  } catch (const kvdiff::EngineError& e) {
+    // An outside engine failed on input it had accepted: a failing engine, not bad input.
+    fmt::print(stderr, "kvdiff: engine failure: {}\n", e.what());
+    return 1;
   } catch (const std::bad_alloc&) {
     fmt::print(stderr, "kvdiff: error: out of memory\n");
     return 2;

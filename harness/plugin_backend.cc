@@ -1,0 +1,115 @@
+// Outside engines: an engine plugin (include/kvdiff/engine.h, loaded by engines/plugin_loader.h)
+// behind the Backend interface, so every scenario, campaign, golden and repro experiment reaches
+// its cache. A plugin reads a model directory; kvdiff writes the weights it holds (a preset, a
+// converted llama2.c checkpoint, a directory already loaded) into a scratch folder in float32, so
+// every backend of a run sees the same numbers. The plugin's uncached forward is a fresh session's
+// Append of the whole history: its cached rows are held to its own one-shot prefill, and to the
+// other backends' rows by the cross comparison.
+#include <fmt/format.h>
+
+#include <memory>
+#include <utility>
+
+#include "engines/plugin_loader.h"
+#include "format/error.h"
+#include "format/scratch_dir.h"
+#include "harness/registry.h"
+
+namespace kvdiff::harness {
+namespace {
+
+class PluginSession : public BackendSession {
+ public:
+  explicit PluginSession(engines::Session session) : session_(std::move(session)) {}
+  // Plugins record no layer trace: --localize says so.
+  Logits Append(const Tokens& tokens, ForwardTrace* /*trace*/) override {
+    return session_.Append(tokens);
+  }
+  int64_t Length() const override { return session_.Length(); }
+  void Truncate(int64_t length) override { session_.Truncate(length); }
+  std::unique_ptr<BackendSession> Fork() const override {
+    return std::make_unique<PluginSession>(session_.Fork());
+  }
+  void Reset() override { session_.Reset(); }
+
+ private:
+  engines::Session session_;
+};
+
+class PluginBackend : public Backend {
+ public:
+  PluginBackend(BackendInfo info, const engines::Plugin& plugin, const std::string& options,
+                std::shared_ptr<const format::ModelWeights> weights)
+      : info_(std::move(info)), weights_(std::move(weights)), dir_("plugin-model") {
+    format::SaveModel(dir_.path(), *weights_, format::DType::kF32);
+    engine_ = std::make_unique<engines::Engine>(plugin.Open(dir_.path(), options));
+    const engines::EngineInfo& e = engine_->Info();
+    KVDIFF_CHECK(e.vocab_size == weights_->config.vocab_size,
+                 "backend {}: the engine reports vocab_size {}, the model has {}", info_.name,
+                 e.vocab_size, weights_->config.vocab_size);
+    info_.description =
+        fmt::format("engine plugin {} {}, {} cache", e.name, e.version, e.cache_dtype);
+    for (const auto& [what, size] : e.sizes) info_.interesting_sizes.push_back(size);
+  }
+
+  const BackendInfo& Info() const override { return info_; }
+  const format::LlamaConfig& config() const override { return weights_->config; }
+  Logits ForwardFull(const Tokens& tokens, ForwardTrace* /*trace*/) const override {
+    return engine_->NewSession().Append(tokens);
+  }
+  std::unique_ptr<BackendSession> NewSession() const override {
+    return std::make_unique<PluginSession>(engine_->NewSession());
+  }
+
+ private:
+  BackendInfo info_;
+  std::shared_ptr<const format::ModelWeights> weights_;
+  format::ScratchDir dir_;  // the model as the plugin reads it; lives as long as the engine
+  std::unique_ptr<engines::Engine> engine_;
+};
+
+// "key=value&key=value" (URL style, after the '?') as engine.h's "key=value,key=value".
+std::string EngineOptions(std::string query) {
+  for (char& c : query)
+    if (c == '&') c = ',';
+  return query;
+}
+
+BackendFactory PluginFactory(const std::filesystem::path& path, const std::string& options) {
+  return [path, options](const BackendInfo& info,
+                         std::shared_ptr<const format::ModelWeights> weights,
+                         const BackendOptions& /*options*/) -> std::unique_ptr<Backend> {
+    return std::make_unique<PluginBackend>(info, engines::Plugin::Load(path), options,
+                                           std::move(weights));
+  };
+}
+
+}  // namespace
+
+std::pair<BackendInfo, BackendFactory> ResolvePluginBackend(const std::string& spec) {
+  const std::string rest = spec.substr(std::string(kPluginPrefix).size());
+  const size_t q = rest.find('?');
+  const std::filesystem::path path = rest.substr(0, q);
+  KVDIFF_CHECK(!path.empty(), "backend '{}': expected plugin:PATH[?key=value&...]", spec);
+  const std::string options = q == std::string::npos ? "" : EngineOptions(rest.substr(q + 1));
+  const engines::Plugin plugin = engines::Plugin::Load(path);  // InputError when not a plugin
+  BackendInfo info;
+  info.name = spec;
+  info.description = fmt::format("engine plugin {} {}", plugin.Name(), plugin.Version());
+  info.dtype = "float32";  // the logits; the cache's dtype is the engine's to say
+  info.raw_call = RawCall::kNone;
+  return {info, PluginFactory(path, options)};
+}
+
+void RegisterNamedPlugin(BackendRegistry& registry, const std::string& name,
+                         const std::string& description, const std::filesystem::path& path,
+                         const std::string& options) {
+  BackendInfo info;
+  info.name = name;
+  info.description = description;
+  info.dtype = "float32";
+  info.raw_call = RawCall::kNone;
+  registry.Register(std::move(info), PluginFactory(path, options));
+}
+
+}  // namespace kvdiff::harness
