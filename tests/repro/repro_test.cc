@@ -263,6 +263,9 @@ TEST_F(ReproTiny, TheTableShowsEachExperimentsLineAndVerdict) {
   }
   EXPECT_THAT(table, HasSubstr("Error: cannot broadcast [5, 5] to [1, 4, 5, 29]"));
   EXPECT_THAT(table, HasSubstr("departs from fresh1 at token"));
+  // stale-position: the second prompt in a fresh cache at index_pos 24 (5 + 19).
+  EXPECT_THAT(table, HasSubstr("Error: cannot broadcast [5, 29] to [1, 4, 5, 5]"));
+  EXPECT_EQ(repro_.ExpectedStalePositionError(), "cannot broadcast [5, 29] to [1, 4, 5, 5]");
   EXPECT_THAT(table, ::testing::Not(HasSubstr(" NO\n")));
   EXPECT_EQ(harness::ReproExitCode(results), 0);
 }
