@@ -255,6 +255,17 @@ Tokenizer Tokenizer::Load(const std::filesystem::path& path) {
   }
 }
 
+void Tokenizer::CheckFitsVocabulary(int64_t vocab_size, const std::string& dir) const {
+  if (hf_) {
+    KVDIFF_CHECK(VocabSize() <= vocab_size,
+                 "{}/{} has token ids up to {}, but config.json says vocab_size {}", dir,
+                 FileName(), VocabSize() - 1, vocab_size);
+  } else {
+    KVDIFF_CHECK(VocabSize() == vocab_size, "{}/{} has {} tokens, config.json says vocab_size {}",
+                 dir, FileName(), VocabSize(), vocab_size);
+  }
+}
+
 std::optional<Tokenizer> Tokenizer::LoadFromModelDir(const std::filesystem::path& dir) {
   const auto ours = dir / kTokenizerFileName;
   if (std::filesystem::exists(ours)) return Load(ours);

@@ -59,6 +59,10 @@ class Tokenizer {
   const HfTokenizer* Hf() const { return hf_ ? &*hf_ : nullptr; }
   // "tokenizer.kvdiff.json" or "tokenizer.json": the file a model directory's tokenizer came from.
   const char* FileName() const { return hf_ ? kHfTokenizerFileName : kTokenizerFileName; }
+  // Whether this tokenizer fits a model of vocab_size rows (throws InputError naming dir, the file
+  // and both sizes): our files and llama2.c's cover the vocabulary exactly; a tokenizer.json may
+  // cover less, as checkpoints pad their embedding matrix past the last token.
+  void CheckFitsVocabulary(int64_t vocab_size, const std::string& dir) const;
 
   // As llama2.c encodes: optional BOS; a " " dummy prefix when text is non-empty; each UTF-8
   // character (a lead byte and up to 3 continuation bytes) looked up whole, else its bytes as byte

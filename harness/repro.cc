@@ -214,9 +214,9 @@ ReproPrompts MakeReproPrompts(const ReproInput& in, const format::LlamaConfig& c
                in.n);
   const bool any_text = in.prompt || in.second;
   KVDIFF_CHECK(!any_text || tokenizer,
-               "--prompt/--second: text prompts need a tokenizer ({} in the model directory); "
-               "give --tokens and --second-tokens instead",
-               format::kTokenizerFileName);
+               "--prompt/--second: text prompts need a tokenizer ({} or {} in the model "
+               "directory); give --tokens and --second-tokens instead",
+               format::kHfTokenizerFileName, format::kTokenizerFileName);
   // Defaults: text when the model has a tokenizer and no ids were given, else ids.
   const bool use_text = tokenizer && !in.tokens && !in.second_tokens;
 

@@ -11,7 +11,9 @@
 
 #include "harness/drivers.h"
 #include "harness/registry.h"
+#include "format/chat_template.h"
 #include "format/error.h"
+#include "format/tokenizer_json.h"
 #include "format/llama2c.h"
 #include "format/tokenizer.h"
 
@@ -234,7 +236,11 @@ std::shared_ptr<const format::ModelWeights> LoadModelFor(const ModelSpec& spec) 
 }
 
 std::optional<format::Tokenizer> LoadTokenizerFor(const ModelSpec& spec, int64_t vocab_size) {
-  if (spec.path) return format::Tokenizer::LoadFromModelDir(*spec.path);
+  if (spec.path) {
+    std::optional<format::Tokenizer> tokenizer = format::Tokenizer::LoadFromModelDir(*spec.path);
+    if (tokenizer) tokenizer->CheckFitsVocabulary(vocab_size, spec.path->string());
+    return tokenizer;
+  }
   if (spec.llama2c && spec.llama2c->tokenizer) {
     return format::Tokenizer::ReadLlama2c(*spec.llama2c->tokenizer, vocab_size);
   }
@@ -328,26 +334,37 @@ void PrepareScenario(Scenario& scenario, const format::ModelWeights& weights) {
         empty[s.conversation] = false;
         break;
       case Op::kPrefill:
-        if (s.text && s.tokens.empty()) {
+        if ((s.text || s.messages) && s.tokens.empty()) {
+          const char* field = s.text ? "text" : "messages";
           if (!tokenizer) {
             KVDIFF_CHECK(!scenario.model.preset,
-                         "steps[{}].text: text prompts need a tokenizer, and a preset model has "
-                         "none; give \"tokens\" or a model directory with {}",
-                         i, format::kTokenizerFileName);
+                         "steps[{}].{}: text prompts need a tokenizer, and a preset model has "
+                         "none; give \"tokens\" or a model directory with {} or {}",
+                         i, field, format::kHfTokenizerFileName, format::kTokenizerFileName);
             tokenizer = LoadTokenizerFor(scenario.model, weights.config.vocab_size);
             KVDIFF_CHECK(!scenario.model.llama2c || tokenizer,
-                         "steps[{}].text: text prompts need a tokenizer; add \"tokenizer\": "
+                         "steps[{}].{}: text prompts need a tokenizer; add \"tokenizer\": "
                          "\"FILE.bin\" to model.llama2c, or give \"tokens\" instead",
-                         i);
+                         i, field);
             KVDIFF_CHECK(tokenizer,
-                         "steps[{}].text: the model directory {} has no tokenizer ({}); "
+                         "steps[{}].{}: the model directory {} has no tokenizer ({} or {}); "
                          "give \"tokens\" instead",
-                         i, scenario.model.path ? scenario.model.path->string() : "?",
-                         format::kTokenizerFileName);
+                         i, field, scenario.model.path ? scenario.model.path->string() : "?",
+                         format::kHfTokenizerFileName, format::kTokenizerFileName);
           }
-          s.tokens = tokenizer->Encode(*s.text,
-                                       empty.count(s.conversation) ? empty[s.conversation] : true);
-          KVDIFF_CHECK(!s.tokens.empty(), "steps[{}].text: encodes to no tokens", i);
+          if (s.text) {
+            s.tokens = tokenizer->Encode(
+                *s.text, empty.count(s.conversation) ? empty[s.conversation] : true);
+          } else {
+            // The template writes BOS itself (apply_chat_template(add_generation_prompt=True)).
+            KVDIFF_CHECK(scenario.model.path.has_value(),
+                         "steps[{}].messages: chat messages need a model directory with a chat "
+                         "template (tokenizer_config.json); give \"text\" or \"tokens\" instead",
+                         i);
+            s.tokens = format::EncodeChat(*scenario.model.path, *tokenizer, *s.messages,
+                                          /*add_generation_prompt=*/true);
+          }
+          KVDIFF_CHECK(!s.tokens.empty(), "steps[{}].{}: encodes to no tokens", i, field);
         }
         empty[s.conversation] = false;
         break;

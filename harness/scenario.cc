@@ -74,11 +74,32 @@ Op ParseOp(const std::string& name, const std::string& where) {
   return it->second;
 }
 
-// A prefill's tokens (or text) and chunk sizes.
+// A chat: [{"role": "user", "content": "..."}, ...], each message exactly these two strings.
+std::vector<format::ChatMessage> ParseMessages(const json& m, const std::string& where) {
+  KVDIFF_CHECK(m.is_array() && !m.empty(),
+               "{}: expected a non-empty array of {{\"role\": ..., \"content\": ...}} objects, got "
+               "{}",
+               where, TypeName(m));
+  std::vector<format::ChatMessage> messages;
+  for (size_t i = 0; i < m.size(); ++i) {
+    const std::string at = fmt::format("{}[{}]", where, i);
+    KVDIFF_CHECK(m[i].is_object(), "{}: expected an object with \"role\" and \"content\", got {}",
+                 at, TypeName(m[i]));
+    CheckKeys(m[i], at, {"role", "content"});
+    KVDIFF_CHECK(m[i].contains("role") && m[i].contains("content"),
+                 "{}: a message needs both \"role\" and \"content\"", at);
+    messages.push_back({GetString(m[i], "role", at), GetString(m[i], "content", at)});
+    KVDIFF_CHECK(!messages.back().role.empty(), "{}.role: must not be empty", at);
+  }
+  return messages;
+}
+
+// A prefill's tokens (or text, or chat messages) and chunk sizes.
 Step ParsePrefill(const json& s, const std::string& where, const std::string& conversation) {
   Step step = Step::Prefill(conversation, {});
-    KVDIFF_CHECK(s.contains("tokens") != s.contains("text"),
-                 "{}: \"prefill\" needs exactly one of \"tokens\" or \"text\"", where);
+    KVDIFF_CHECK(s.contains("tokens") + s.contains("text") + s.contains("messages") == 1,
+                 "{}: \"prefill\" needs exactly one of \"tokens\", \"text\" or \"messages\"",
+                 where);
     if (s.contains("tokens")) {
       const json& t = s.at("tokens");
       KVDIFF_CHECK(t.is_array(), "{}.tokens: expected an array of token ids, got {} {}", where,
@@ -91,9 +112,11 @@ Step ParsePrefill(const json& s, const std::string& where, const std::string& co
                      t[i].dump());
         step.tokens.push_back(static_cast<Token>(t[i].get<int64_t>()));
       }
-    } else {
+    } else if (s.contains("text")) {
       step.text = GetString(s, "text", where);
       KVDIFF_CHECK(!step.text->empty(), "{}.text: must not be empty", where);
+    } else {
+      step.messages = ParseMessages(s.at("messages"), where + ".messages");
     }
     if (s.contains("chunks")) {
       const json& c = s.at("chunks");
@@ -108,7 +131,7 @@ Step ParsePrefill(const json& s, const std::string& where, const std::string& co
         step.chunks.push_back(c[i].get<int64_t>());
         sum += step.chunks.back();
       }
-      if (!step.text) {
+      if (!step.text && !step.messages) {
         KVDIFF_CHECK(sum == static_cast<int64_t>(step.tokens.size()),
                      "{}.chunks: sizes sum to {} but tokens has {}", where, sum,
                      step.tokens.size());
@@ -133,7 +156,7 @@ Step ParseStep(const json& s, size_t index) {
       Require(s, "name", where, op);
       return Step::NewConversation(GetName(s, "name", where));
     case Op::kPrefill:
-      CheckKeys(s, where, {"op", "conversation", "tokens", "text", "chunks"});
+      CheckKeys(s, where, {"op", "conversation", "tokens", "text", "messages", "chunks"});
       return ParsePrefill(s, where, conversation());
     case Op::kDecode:
       CheckKeys(s, where, {"op", "conversation", "n"});
@@ -248,6 +271,13 @@ Step Step::PrefillText(const std::string& conversation, std::string text,
   return s;
 }
 
+Step Step::PrefillChat(const std::string& conversation, std::vector<format::ChatMessage> messages,
+                       std::vector<int64_t> chunks) {
+  Step s = Prefill(conversation, {}, std::move(chunks));
+  s.messages = std::move(messages);
+  return s;
+}
+
 Step Step::Decode(const std::string& conversation, int64_t n) {
   Step s;
   s.op = Op::kDecode;
@@ -286,6 +316,7 @@ std::string Step::ParamString() const {
     case Op::kPrefill: {
       std::string s = fmt::format("prefill({},n={}", conversation, tokens.size());
       if (text && tokens.empty()) s = fmt::format("prefill({},text", conversation);
+      if (messages && tokens.empty()) s = fmt::format("prefill({},messages", conversation);
       if (chunks.size() > 1) {
         s += ",chunks=";
         for (size_t i = 0; i < chunks.size(); ++i) s += (i ? "+" : "") + std::to_string(chunks[i]);
@@ -334,9 +365,13 @@ nlohmann::json Scenario::ToJson() const {
         break;
       case Op::kPrefill:
         j["conversation"] = s.conversation;
-        if (s.text)
+        if (s.text) {
           j["text"] = *s.text;
-        else
+        } else if (s.messages) {
+          j["messages"] = json::array();
+          for (const format::ChatMessage& m : *s.messages)
+            j["messages"].push_back({{"role", m.role}, {"content", m.content}});
+        } else
           j["tokens"] = s.tokens;
         if (!s.chunks.empty()) j["chunks"] = s.chunks;
         break;

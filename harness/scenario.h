@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "format/chat_template.h"
 #include "format/config.h"
 #include "format/tensor.h"
 #include "harness/compare.h"
@@ -28,6 +29,9 @@ struct Step {
                                       // new_conversation (= name) and fork (= to)
   Tokens tokens;                      // prefill (after tokenizing text, if text was given)
   std::optional<std::string> text;    // prefill, as written in the file
+  // prefill: chat messages, rendered with the model directory's chat template (and a generation
+  // prompt) and tokenized when the scenario is loaded, as written in the file
+  std::optional<std::vector<format::ChatMessage>> messages;
   std::vector<int64_t> chunks;        // prefill: sizes summing to tokens.size()
   int64_t n = 0;                      // decode
   int64_t length = 0;                 // truncate
@@ -38,6 +42,8 @@ struct Step {
   static Step Prefill(const std::string& conversation, Tokens tokens,
                       std::vector<int64_t> chunks = {});
   static Step PrefillText(const std::string& conversation, std::string text,
+                          std::vector<int64_t> chunks = {});
+  static Step PrefillChat(const std::string& conversation, std::vector<format::ChatMessage> messages,
                           std::vector<int64_t> chunks = {});
   static Step Decode(const std::string& conversation, int64_t n);
   static Step Truncate(const std::string& conversation, int64_t length);

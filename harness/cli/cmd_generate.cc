@@ -93,11 +93,7 @@ void AddGenerateCommand(CLI::App& app, int& exit_code) {
     auto weights = std::make_shared<const format::ModelWeights>(format::LoadModel(opts->model));
     const format::LlamaConfig& config = weights->config;
     std::optional<format::Tokenizer> tokenizer = format::Tokenizer::LoadFromModelDir(opts->model);
-    if (tokenizer) {
-      KVDIFF_CHECK(tokenizer->VocabSize() == config.vocab_size,
-                   "{}/{} has {} tokens, config.json says vocab_size {}", opts->model,
-                   tokenizer->FileName(), tokenizer->VocabSize(), config.vocab_size);
-    }
+    if (tokenizer) tokenizer->CheckFitsVocabulary(config.vocab_size, opts->model);
     KVDIFF_CHECK(tokenizer || (opts->tokens && opts->ids),
                  "{} has no {} or {}: --prompt, --chat and text output need one (convert with "
                  "--tokenizer), or use --tokens IDS --ids",

@@ -31,9 +31,7 @@ void PrintTokenizer(const std::string& dir, const format::LlamaConfig& c) {
                format::kHfTokenizerFileName);
     return;
   }
-  KVDIFF_CHECK(tokenizer->VocabSize() == c.vocab_size,
-               "{}/{} has {} tokens, config.json says vocab_size {}", dir, tokenizer->FileName(),
-               tokenizer->VocabSize(), c.vocab_size);
+  tokenizer->CheckFitsVocabulary(c.vocab_size, dir);
   if (tokenizer->Hf()) {
     fmt::print("tokenizer     {}\n", tokenizer->Hf()->Describe());
   } else {

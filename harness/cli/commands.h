@@ -18,5 +18,6 @@ void AddGoldenCommand(CLI::App& app, int& exit_code);
 void AddReproCommand(CLI::App& app, int& exit_code);
 void AddBenchCommand(CLI::App& app, int& exit_code);
 void AddTokenizeCommand(CLI::App& app, int& exit_code);
+void AddConformCommand(CLI::App& app, int& exit_code);
 
 }  // namespace kvdiff::cli

@@ -31,11 +31,7 @@ namespace fs = std::filesystem;
 
 const fs::path kOracleDir = fs::path(KVDIFF_SOURCE_DIR) / "tests" / "format" / "oracle";
 
-fs::path NpmDir() {
-  if (const char* env = std::getenv("KVDIFF_NPM_CACHE")) return env;
-  const char* home = std::getenv("HOME");
-  return fs::path(home ? home : "/nonexistent") / ".cache" / "kvdiff" / "npm";
-}
+fs::path NpmDir() { return testing::NpmOracleDir(); }
 
 // Runs the oracle script; its stdout as JSON. Empty optional with `why` set when it cannot run.
 std::optional<json> RunOracle(const std::string& args, std::string& why) {

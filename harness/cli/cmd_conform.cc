@@ -1,0 +1,112 @@
+// `kvdiff conform ENGINE`: the conformance suite for an engine (a plugin path, plugin:PATH?k=v, or
+// any backend name): every op against an oracle backend, the error paths, fork, reset,
+// determinism, capacity, then a campaign. Exit 0 when every check passes, 1 when one fails, 2 on
+// bad input (an engine that cannot be loaded, an unknown backend).
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "format/error.h"
+#include "harness/cli/cli_util.h"
+#include "harness/cli/commands.h"
+#include "harness/conform.h"
+#include "harness/registry.h"
+#include "harness/report.h"
+#include "harness/runner.h"
+
+namespace kvdiff::cli {
+namespace {
+
+struct ConformArgs {
+  std::string engine;
+  std::string model;
+  std::string preset;
+  uint64_t model_seed = 7;
+  std::string against = "impl";
+  int64_t cases = 100;
+  uint64_t seed = 0;
+  std::optional<double> tolerance;
+  std::string json, junit;
+  std::string out_dir = "kvdiff-failures";
+};
+
+// A backend name, or the path of a plugin (the engine author's usual first argument).
+std::string EngineBackendName(const std::string& engine) {
+  if (harness::BackendRegistry::Global().Knows(engine)) return engine;
+  const std::string path = engine.substr(0, engine.find('?'));
+  KVDIFF_CHECK(std::filesystem::is_regular_file(path),
+               "conform: '{}' is neither a backend ({}) nor a plugin file", engine,
+               harness::BackendRegistry::Global().NamesText());
+  return std::string(harness::kPluginPrefix) + engine;
+}
+
+int Conform(const ConformArgs& args, bool model_seed_given) {
+  KVDIFF_CHECK(args.model.empty() || (args.preset.empty() && !model_seed_given),
+               "--model cannot be combined with --preset/--model-seed (a model directory has its "
+               "own weights)");
+  harness::ModelSpec model;
+  if (!args.model.empty()) {
+    model.path = std::filesystem::absolute(args.model).lexically_normal();
+  } else {
+    model.preset = args.preset.empty() ? "tiny" : args.preset;
+    model.seed = args.model_seed;
+  }
+  const std::string engine_name = EngineBackendName(args.engine);
+  auto weights = harness::LoadModelFor(model);
+  const BackendSet backends = MakeBackends({engine_name, args.against}, weights, 1);
+
+  harness::ConformOptions options;
+  options.tolerance = harness::ResolveTolerance(args.tolerance, std::nullopt);
+  options.campaign_cases = args.cases;
+  options.seed = args.seed;
+  options.out_dir = args.out_dir;
+  fmt::print("kvdiff conform: {} ({}) against {}, model {} ({})\n", engine_name,
+             backends.all[0]->Info().description, args.against, model.Describe(),
+             harness::DescribeModel(weights->config));
+  std::fflush(stdout);
+  const harness::ConformReport report =
+      harness::RunConformance(model, *backends.all[0], *backends.all[1], options);
+  fmt::print("{}", report.Table());
+  if (!args.json.empty()) harness::WriteTextFile(args.json, report.ToJson().dump(2) + "\n");
+  if (!args.junit.empty()) harness::WriteTextFile(args.junit, report.ToJUnit());
+  return report.ExitCode();
+}
+
+}  // namespace
+
+void AddConformCommand(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<ConformArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "conform",
+      "Put an engine through the conformance suite: every session op held to an oracle backend, "
+      "the error paths, fork, reset, determinism, capacity, then a check campaign");
+  cmd->add_option("engine", args->engine,
+                  "The engine: a plugin file (PATH[?key=value&...]), plugin:PATH, or a backend name")
+      ->required();
+  cmd->add_option("--model", args->model, "Model directory (default: the tiny preset, seed 7)");
+  cmd->add_option("--preset", args->preset, "Random model preset (tiny, smollm2-135m)");
+  CLI::Option* model_seed =
+      cmd->add_option("--model-seed", args->model_seed, "Seed of the preset's random weights")
+          ->default_val(7);
+  cmd->add_option("--against", args->against,
+                  "The oracle backend every row is held to (impl; ref64 with LibTorch)")
+      ->default_val("impl");
+  cmd->add_option("--cases", args->cases, "Cases of the closing campaign (0: none)")
+      ->default_val(100)
+      ->check(CLI::Range(int64_t{0}, int64_t{1000000}));
+  cmd->add_option("--seed", args->seed, "Seed of the checks' tokens and of the campaign")
+      ->default_val(0);
+  cmd->add_option("--tolerance", args->tolerance,
+                  fmt::format("Gate on max |a-b| of logits (default {})", harness::kDefaultTolerance));
+  cmd->add_option("--json", args->json, "Write the report as JSON to this file");
+  cmd->add_option("--junit", args->junit, "Write a JUnit XML report (one testcase per check)");
+  cmd->add_option("--out-dir", args->out_dir, "Where the campaign's failing cases are written")
+      ->default_val("kvdiff-failures");
+  cmd->callback(
+      [args, model_seed, &exit_code] { exit_code = Conform(*args, model_seed->count() > 0); });
+}
+
+}  // namespace kvdiff::cli

@@ -1,0 +1,59 @@
+// The conformance suite an engine author runs (`kvdiff conform`): every op of the checked session
+// on one backend, each row held to an oracle backend's uncached forward of the same history (impl
+// by default: an engine that reads its weights wrong agrees with itself, so self-consistency is
+// not enough), then the error paths (each refused as bad input, changing nothing), fork
+// independence, reset, determinism and the capacity, and finally a `check` campaign of the engine
+// beside the oracle. Written for engine plugins; any Backend can be put through it.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "harness/backend.h"
+#include "harness/compare.h"
+#include "harness/scenario.h"
+
+namespace kvdiff::harness {
+
+struct ConformOptions {
+  double tolerance = kDefaultTolerance;
+  int64_t campaign_cases = 100;  // 0 leaves the campaign out
+  uint64_t seed = 0;             // the tokens of every check and the campaign's seed
+  std::filesystem::path out_dir = "kvdiff-failures";  // the campaign's failing cases
+  // The capacity check fills a session to max_position_embeddings; above this it is skipped.
+  int64_t max_capacity_fill = 4096;
+};
+
+struct ConformCheck {
+  std::string name;  // "prefill", "fork", "token-out-of-range", ...
+  std::string what;  // what it asks of the engine, one line
+  enum class Result { kPass, kFail, kSkip } result = Result::kPass;
+  std::string detail;  // the figures when it passed, what went wrong when not, why when skipped
+  double seconds = 0;
+};
+
+struct ConformReport {
+  std::string backend, oracle;
+  std::string model;  // ModelSpec::Describe() and the shape
+  double tolerance = kDefaultTolerance;
+  std::vector<ConformCheck> checks;
+  double seconds = 0;
+
+  int64_t Failures() const;
+  bool Passed() const { return Failures() == 0; }
+  int ExitCode() const { return Passed() ? 0 : 1; }
+  std::string Table() const;  // the terminal table and the closing line
+  nlohmann::json ToJson() const;
+  std::string ToJUnit() const;  // one testcase per check
+};
+
+// Runs every check on `engine`, holding its rows to `oracle`'s ForwardFull. Never throws for what
+// the engine does (a throw where none is expected, or none where one is, fails that check); the
+// other checks still run. Both backends must be built over the model `model` describes.
+ConformReport RunConformance(const ModelSpec& model, const Backend& engine, const Backend& oracle,
+                             const ConformOptions& options);
+
+}  // namespace kvdiff::harness

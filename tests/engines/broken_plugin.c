@@ -1,0 +1,189 @@
+/* A deliberately broken engine, for kvdiff's own tests: the example engine (dlopened from
+ * KVDIFF_EXAMPLE_ENGINE) behind one injected bug, chosen with the option bug=NAME (the other
+ * options go to the example):
+ *
+ *   bug=truncate  truncate() records the new length and leaves the cache as it was, as a
+ *                 llama.cpp plugin that forgets llama_memory_seq_rm: the next append runs at the
+ *                 old position, after positions the caller meant to forget.
+ *   bug=fork      fork() returns a fresh, empty session that claims the parent's length, as a
+ *                 fork without llama_memory_seq_cp: the child's appends see no history.
+ *   bug=none      no bug (the wrapper itself must conform).
+ *
+ * `kvdiff conform` and `kvdiff check` must catch both bugs (tests/harness/conform_test.cc). */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvdiff/engine.h"
+
+enum bug { BUG_NONE, BUG_TRUNCATE, BUG_FORK };
+
+struct kvdiff_engine {
+  const kvdiff_engine_api* api; /* the example's */
+  kvdiff_engine* inner;
+  enum bug bug;
+  char error[512];
+};
+
+struct kvdiff_session {
+  struct kvdiff_engine* engine;
+  kvdiff_session* inner;
+  int64_t claimed; /* the length this session reports when it differs from the inner one; -1 */
+  char error[256];
+};
+
+static const kvdiff_engine_api* ExampleApi(char* error, size_t size) {
+  void* library = dlopen(KVDIFF_EXAMPLE_ENGINE, RTLD_NOW | RTLD_LOCAL);
+  if (!library) {
+    snprintf(error, size, "broken: cannot load the example engine: %s", dlerror());
+    return NULL;
+  }
+  kvdiff_engine_entry_fn entry = (kvdiff_engine_entry_fn)dlsym(library, KVDIFF_ENGINE_ENTRY_SYMBOL);
+  return entry ? entry() : NULL;
+}
+
+/* Splits bug=NAME out of the options; the rest, in order, goes to `rest`. 0 on an unknown bug. */
+static int ParseOptions(const char* options, enum bug* bug, char* rest, size_t size) {
+  *bug = BUG_NONE;
+  rest[0] = '\0';
+  if (!options) return 1;
+  char copy[1024];
+  snprintf(copy, sizeof copy, "%s", options);
+  for (char* item = strtok(copy, ",\n"); item; item = strtok(NULL, ",\n")) {
+    if (strncmp(item, "bug=", 4) == 0) {
+      const char* name = item + 4;
+      if (strcmp(name, "truncate") == 0) {
+        *bug = BUG_TRUNCATE;
+      } else if (strcmp(name, "fork") == 0) {
+        *bug = BUG_FORK;
+      } else if (strcmp(name, "none") != 0) {
+        return 0;
+      }
+      continue;
+    }
+    if (rest[0]) strncat(rest, ",", size - strlen(rest) - 1);
+    strncat(rest, item, size - strlen(rest) - 1);
+  }
+  return 1;
+}
+
+static kvdiff_status Open(const char* model_dir, const char* options, kvdiff_engine** out) {
+  struct kvdiff_engine* e = calloc(1, sizeof *e);
+  *out = e;
+  if (!e) return KVDIFF_ENGINE_FAILURE;
+  char rest[1024];
+  if (!ParseOptions(options, &e->bug, rest, sizeof rest)) {
+    snprintf(e->error, sizeof e->error, "broken: option bug: expected truncate, fork or none");
+    return KVDIFF_INVALID_INPUT;
+  }
+  e->api = ExampleApi(e->error, sizeof e->error);
+  if (!e->api) return KVDIFF_ENGINE_FAILURE;
+  const kvdiff_status status = e->api->open(model_dir, rest, &e->inner);
+  if (status != KVDIFF_OK && e->inner) {
+    snprintf(e->error, sizeof e->error, "%s", e->api->engine_error(e->inner));
+    e->api->close(e->inner);
+    e->inner = NULL;
+  }
+  return status;
+}
+
+static const char* EngineError(const kvdiff_engine* e) { return e->error; }
+
+static kvdiff_status EngineInfo(kvdiff_engine* e, kvdiff_engine_info* out) {
+  return e->api->engine_info(e->inner, out);
+}
+
+static void Close(kvdiff_engine* e) {
+  if (!e) return;
+  if (e->inner) e->api->close(e->inner);
+  free(e);
+}
+
+static kvdiff_session* Wrap(struct kvdiff_engine* e, kvdiff_session* inner, int64_t claimed) {
+  kvdiff_session* s = calloc(1, sizeof *s);
+  if (!s) {
+    e->api->session_free(inner);
+    return NULL;
+  }
+  s->engine = e;
+  s->inner = inner;
+  s->claimed = claimed;
+  return s;
+}
+
+static kvdiff_status SessionNew(kvdiff_engine* e, kvdiff_session** out) {
+  kvdiff_session* inner = NULL;
+  const kvdiff_status status = e->api->session_new(e->inner, &inner);
+  *out = NULL;
+  if (status != KVDIFF_OK) {
+    snprintf(e->error, sizeof e->error, "%s", e->api->engine_error(e->inner));
+    return status;
+  }
+  *out = Wrap(e, inner, -1);
+  return *out ? KVDIFF_OK : KVDIFF_ENGINE_FAILURE;
+}
+
+static int64_t Length(const kvdiff_session* s) {
+  return s->claimed >= 0 ? s->claimed : s->engine->api->length(s->inner);
+}
+
+static kvdiff_status Append(kvdiff_session* s, const int32_t* tokens, int64_t n, float* logits,
+                            int64_t capacity) {
+  const kvdiff_status status = s->engine->api->append(s->inner, tokens, n, logits, capacity);
+  if (status != KVDIFF_OK) {
+    snprintf(s->error, sizeof s->error, "%s", s->engine->api->session_error(s->inner));
+    return status;
+  }
+  if (s->claimed >= 0) s->claimed += n;
+  return KVDIFF_OK;
+}
+
+static kvdiff_status Truncate(kvdiff_session* s, int64_t length) {
+  if (s->engine->bug != BUG_TRUNCATE) {
+    const kvdiff_status status = s->engine->api->truncate(s->inner, length);
+    if (status != KVDIFF_OK) snprintf(s->error, sizeof s->error, "%s", s->engine->api->session_error(s->inner));
+    return status;
+  }
+  if (length < 0 || length > Length(s)) {
+    snprintf(s->error, sizeof s->error, "truncate to %lld: expected 0..%lld", (long long)length,
+             (long long)Length(s));
+    return KVDIFF_INVALID_INPUT;
+  }
+  s->claimed = length; /* THE BUG: the cache keeps every position */
+  return KVDIFF_OK;
+}
+
+static kvdiff_status Fork(kvdiff_session* s, kvdiff_session** out) {
+  kvdiff_session* inner = NULL;
+  *out = NULL;
+  const kvdiff_status status = s->engine->bug == BUG_FORK
+                                   ? s->engine->api->session_new(s->engine->inner, &inner) /* THE BUG */
+                                   : s->engine->api->fork(s->inner, &inner);
+  if (status != KVDIFF_OK) {
+    snprintf(s->error, sizeof s->error, "fork failed");
+    return status;
+  }
+  const int64_t claimed = s->engine->bug == BUG_FORK ? Length(s) : s->claimed;
+  *out = Wrap(s->engine, inner, claimed);
+  return *out ? KVDIFF_OK : KVDIFF_ENGINE_FAILURE;
+}
+
+static kvdiff_status Reset(kvdiff_session* s) {
+  s->claimed = -1;
+  return s->engine->api->reset(s->inner);
+}
+
+static const char* SessionError(const kvdiff_session* s) { return s->error; }
+
+static void SessionFree(kvdiff_session* s) {
+  if (!s) return;
+  s->engine->api->session_free(s->inner);
+  free(s);
+}
+
+static const kvdiff_engine_api kApi = {
+    KVDIFF_ENGINE_ABI_VERSION, "broken-example", "1", Open, EngineError, EngineInfo, Close,
+    SessionNew, Append, Length, Truncate, Fork, Reset, SessionError, SessionFree};
+
+KVDIFF_ENGINE_EXPORT const kvdiff_engine_api* kvdiff_engine_entry(void) { return &kApi; }

@@ -1,0 +1,139 @@
+// `kvdiff conform`: the example engine passes every check; the same engine behind an injected bug
+// (tests/engines/broken_plugin.c: a truncate that keeps the cache, a fork without the parent's
+// cache) fails the check that names the bug, and `kvdiff check` catches it too with a replay
+// file; what cannot be loaded is bad input (exit 2). The library call on impl and on a wrong
+// in-process backend shows the suite works on any Backend.
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "format/model_files.h"
+#include "harness/conform.h"
+#include "harness/registry.h"
+#include "tests/harness/harness_test_util.h"
+#include "tests/test_support.h"
+
+namespace kvdiff::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// The row of the table for one check: "  name   RESULT  detail".
+std::string RowOf(const std::string& table, const std::string& check) {
+  const size_t at = table.find("\n  " + check + " ");
+  if (at == std::string::npos) return "";
+  const size_t end = table.find('\n', at + 1);
+  return table.substr(at + 1, end - at - 1);
+}
+
+TEST(ConformCli, TheExampleEnginePassesEveryCheck) {
+  TempDir dir;
+  const CommandResult r = RunKvdiff(
+      fmt::format("conform '{}' --cases 30 --junit conform.xml --json conform.json",
+                  KVDIFF_EXAMPLE_ENGINE),
+      dir.path());
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (const char* check : {"prefill", "chunks", "truncate", "fork", "reset", "sessions",
+                            "deterministic", "token-out-of-range", "truncate-beyond",
+                            "empty-append", "capacity", "campaign"}) {
+    EXPECT_THAT(RowOf(r.out, check), HasSubstr("PASS")) << check << "\n" << r.out;
+  }
+  EXPECT_THAT(r.out, HasSubstr("PASS: 12 of 12 checks passed, 0 failed (against impl"));
+  const std::string xml = ReadFile(dir / "conform.xml");
+  EXPECT_EQ(XmlProblem(xml, nullptr), "");
+  EXPECT_THAT(xml, HasSubstr("tests=\"12\""));
+  const auto json = nlohmann::json::parse(ReadFile(dir / "conform.json"));
+  EXPECT_EQ(json["passed"], true);
+  EXPECT_EQ(json["checks"].size(), 12u);
+}
+
+TEST(ConformCli, TheWrapperWithoutABugPassesToo) {
+  TempDir dir;
+  const CommandResult r =
+      RunKvdiff(fmt::format("conform '{}?bug=none' --cases 10", KVDIFF_BROKEN_ENGINE), dir.path());
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+}
+
+TEST(ConformCli, ATruncateThatKeepsTheCacheIsCaughtByConformAndByCheck) {
+  TempDir dir;
+  const CommandResult r =
+      RunKvdiff(fmt::format("conform '{}?bug=truncate' --cases 50", KVDIFF_BROKEN_ENGINE),
+                dir.path());
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_THAT(RowOf(r.out, "truncate"), HasSubstr("FAIL"));
+  EXPECT_THAT(RowOf(r.out, "truncate"), HasSubstr("append of 4 after truncate to 6: position 6 "
+                                                  "differs from impl's uncached forward"));
+  EXPECT_THAT(RowOf(r.out, "prefill"), HasSubstr("PASS"));  // it names the bug, nothing else
+  EXPECT_THAT(RowOf(r.out, "fork"), HasSubstr("PASS"));
+  EXPECT_THAT(RowOf(r.out, "campaign"), HasSubstr("FAIL"));
+  EXPECT_THAT(RowOf(r.out, "campaign"), HasSubstr("replay: kvdiff run"));
+
+  const CommandResult check = RunKvdiff(
+      fmt::format("check --backends 'impl,plugin:{}?bug=truncate' --cases 50", KVDIFF_BROKEN_ENGINE),
+      dir.path());
+  EXPECT_EQ(check.exit_code, 1) << check.out << check.err;
+  EXPECT_THAT(check.out, HasSubstr("kvdiff-failures/"));
+}
+
+TEST(ConformCli, AForkWithoutTheParentsCacheIsCaughtByConformAndByCheck) {
+  TempDir dir;
+  const CommandResult r = RunKvdiff(
+      fmt::format("conform '{}?bug=fork' --cases 50", KVDIFF_BROKEN_ENGINE), dir.path());
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_THAT(RowOf(r.out, "fork"), HasSubstr("FAIL"));
+  EXPECT_THAT(RowOf(r.out, "fork"), HasSubstr("child +2 after the fork: position 8 differs"));
+  EXPECT_THAT(RowOf(r.out, "truncate"), HasSubstr("PASS"));
+
+  const CommandResult check = RunKvdiff(
+      fmt::format("check --backends 'impl,plugin:{}?bug=fork' --cases 100", KVDIFF_BROKEN_ENGINE),
+      dir.path());
+  EXPECT_EQ(check.exit_code, 1) << check.out << check.err;
+}
+
+TEST(ConformCli, WhatCannotBeLoadedIsBadInput) {
+  TempDir dir;
+  const CommandResult missing = RunKvdiff("conform no/such/libengine.so", dir.path());
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_THAT(missing.err, HasSubstr("neither a backend"));
+  const CommandResult bad_option =
+      RunKvdiff(fmt::format("conform '{}?bug=sometimes'", KVDIFF_BROKEN_ENGINE), dir.path());
+  EXPECT_EQ(bad_option.exit_code, 2) << bad_option.out << bad_option.err;
+  EXPECT_THAT(bad_option.err, HasSubstr("option bug"));
+}
+
+// impl through the library call: the suite needs nothing but the Backend interface.
+TEST(Conform, ImplConformsAgainstItself) {
+  using namespace harness;
+  const ModelSpec model{std::string("tiny"), 7, std::nullopt, std::nullopt};
+  auto weights = LoadModelFor(model);
+  auto impl = MakeBackend("impl", weights, 1);
+  ConformOptions options;
+  options.campaign_cases = 10;
+  options.out_dir = TempDir().path() / "failures";
+  const ConformReport report = RunConformance(model, *impl, *impl, options);
+  EXPECT_TRUE(report.Passed()) << report.Table();
+  EXPECT_EQ(report.checks.size(), 12u);
+}
+
+TEST(Conform, TheCapacityCheckIsSkippedAboveItsFillLimitSayingWhy) {
+  using namespace harness;
+  const ModelSpec model{std::string("tiny"), 7, std::nullopt, std::nullopt};
+  auto weights = LoadModelFor(model);
+  auto impl = MakeBackend("impl", weights, 1);
+  ConformOptions options;
+  options.campaign_cases = 0;
+  options.max_capacity_fill = 100;
+  const ConformReport report = RunConformance(model, *impl, *impl, options);
+  EXPECT_TRUE(report.Passed()) << report.Table();
+  EXPECT_EQ(report.checks.size(), 11u);
+  EXPECT_THAT(RowOf("\n" + report.Table(), "capacity"),
+              HasSubstr("skip   max_position_embeddings 512 is above the fill limit 100"));
+}
+
+}  // namespace
+}  // namespace kvdiff::testing
