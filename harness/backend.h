@@ -52,6 +52,13 @@ class RawModel {
                          ForwardTrace* trace = nullptr) const = 0;
 };
 
+// How the registry builds a backend (every command passes the same to every backend it makes).
+struct BackendOptions {
+  int threads = 0;       // 0: every core
+  bool isolate = false;  // plugins: run the engine in a child process (a crash fails a call)
+  double isolate_timeout_seconds = 600;  // with isolate: a call silent this long is killed
+};
+
 // What the registry knows about a backend before building one.
 struct BackendInfo {
   std::string name;         // what --backends names: "impl", "ref", "ref64"

@@ -186,7 +186,8 @@ std::string CompareWithGolden(const GoldenRow& golden, const std::vector<float>*
 // backends: empty means the registry's default set (impl,ref with LibTorch, impl without).
 // tolerance: --tolerance, which wins over each golden's recorded tolerance when given.
 VerifyReport VerifyGoldens(const std::vector<GoldenPaths>& sets,
-                           const std::vector<std::string>& backends, int threads,
+                           const std::vector<std::string>& backends,
+                           const BackendOptions& options,
                            const std::optional<double>& tolerance = std::nullopt);
 
 }  // namespace kvdiff::harness

@@ -117,7 +117,7 @@ std::string CompareWithGolden(const GoldenRow& g, const std::vector<float>* full
 namespace {
 
 GoldenCheck CheckBackend(const GoldenInput& in, const Golden& g, const std::string& name,
-                         int threads) {
+                         const BackendOptions& options) {
   GoldenCheck c;
   c.backend = name;
   Recording rec;
@@ -129,7 +129,7 @@ GoldenCheck CheckBackend(const GoldenInput& in, const Golden& g, const std::stri
       c.message = why;
       return c;
     }
-    const auto backend = registry.Make(name, in.weights, BackendOptions{threads});
+    const auto backend = registry.Make(name, in.weights, options);
     rec = Replay(in.scenario, *backend);
   } catch (const std::exception& e) {
     c.status = PathStatus::kError;
@@ -183,7 +183,7 @@ GoldenCheck CheckBackend(const GoldenInput& in, const Golden& g, const std::stri
 }
 
 GoldenSetReport VerifySet(const GoldenPaths& p, const std::vector<std::string>& backends,
-                          int threads, const std::optional<double>& tolerance) {
+                          const BackendOptions& options, const std::optional<double>& tolerance) {
   GoldenSetReport rep;
   rep.paths = p;
   try {
@@ -224,7 +224,7 @@ GoldenSetReport VerifySet(const GoldenPaths& p, const std::vector<std::string>& 
     if (!rep.stale.empty()) return rep;
     LoadFullRows(g, p.rows);
     for (const std::string& name : backends)
-      rep.checks.push_back(CheckBackend(in, g, name, threads));
+      rep.checks.push_back(CheckBackend(in, g, name, options));
   } catch (const InputError& e) {
     rep.input_error = e.what();
   }
@@ -295,7 +295,8 @@ int VerifyReport::ExitCode() const {
 }
 
 VerifyReport VerifyGoldens(const std::vector<GoldenPaths>& sets,
-                           const std::vector<std::string>& requested, int threads,
+                           const std::vector<std::string>& requested,
+                           const BackendOptions& options,
                            const std::optional<double>& tolerance) {
   const auto start = std::chrono::steady_clock::now();
   VerifyReport report;
@@ -306,7 +307,7 @@ VerifyReport VerifyGoldens(const std::vector<GoldenPaths>& sets,
                  BackendRegistry::Global().NamesText());
   }
   for (const GoldenPaths& p : sets) {
-    report.sets.push_back(VerifySet(p, report.backends, threads, tolerance));
+    report.sets.push_back(VerifySet(p, report.backends, options, tolerance));
   }
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;

@@ -4,12 +4,17 @@
 // converted llama2.c checkpoint, a directory already loaded) into a scratch folder in float32, so
 // every backend of a run sees the same numbers. The plugin's uncached forward is a fresh session's
 // Append of the whole history: its cached rows are held to its own one-shot prefill, and to the
-// other backends' rows by the cross comparison.
+// other backends' rows by the cross comparison. With BackendOptions::isolate the engine runs in a
+// child process (engines/isolated_engine.h): the same adapter over the other engine type.
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <memory>
+#include <type_traits>
 #include <utility>
 
+#include "engines/isolated_engine.h"
 #include "engines/plugin_loader.h"
 #include "format/error.h"
 #include "format/scratch_dir.h"
@@ -18,9 +23,11 @@
 namespace kvdiff::harness {
 namespace {
 
+// SessionT is engines::Session (in this process) or engines::IsolatedSession (in a child).
+template <class SessionT>
 class PluginSession : public BackendSession {
  public:
-  explicit PluginSession(engines::Session session) : session_(std::move(session)) {}
+  explicit PluginSession(SessionT session) : session_(std::move(session)) {}
   // Plugins record no layer trace: --localize says so.
   Logits Append(const Tokens& tokens, ForwardTrace* /*trace*/) override {
     return session_.Append(tokens);
@@ -33,22 +40,25 @@ class PluginSession : public BackendSession {
   void Reset() override { session_.Reset(); }
 
  private:
-  engines::Session session_;
+  SessionT session_;
 };
 
+template <class EngineT>
 class PluginBackend : public Backend {
  public:
-  PluginBackend(BackendInfo info, const engines::Plugin& plugin, const std::string& options,
-                std::shared_ptr<const format::ModelWeights> weights)
+  // `open` opens the engine on the model directory it is given.
+  template <class Open>
+  PluginBackend(BackendInfo info, std::shared_ptr<const format::ModelWeights> weights, Open&& open)
       : info_(std::move(info)), weights_(std::move(weights)), dir_("plugin-model") {
     format::SaveModel(dir_.path(), *weights_, format::DType::kF32);
-    engine_ = std::make_unique<engines::Engine>(plugin.Open(dir_.path(), options));
+    engine_ = std::make_unique<EngineT>(open(dir_.path()));
     const engines::EngineInfo& e = engine_->Info();
     KVDIFF_CHECK(e.vocab_size == weights_->config.vocab_size,
                  "backend {}: the engine reports vocab_size {}, the model has {}", info_.name,
                  e.vocab_size, weights_->config.vocab_size);
     info_.description =
-        fmt::format("engine plugin {} {}, {} cache", e.name, e.version, e.cache_dtype);
+        fmt::format("engine plugin {} {}, {} cache{}", e.name, e.version, e.cache_dtype,
+                    std::is_same_v<EngineT, engines::IsolatedEngine> ? ", isolated" : "");
     for (const auto& [what, size] : e.sizes) info_.interesting_sizes.push_back(size);
   }
 
@@ -58,15 +68,26 @@ class PluginBackend : public Backend {
     return engine_->NewSession().Append(tokens);
   }
   std::unique_ptr<BackendSession> NewSession() const override {
-    return std::make_unique<PluginSession>(engine_->NewSession());
+    return std::make_unique<PluginSession<decltype(engine_->NewSession())>>(engine_->NewSession());
   }
 
  private:
   BackendInfo info_;
   std::shared_ptr<const format::ModelWeights> weights_;
   format::ScratchDir dir_;  // the model as the plugin reads it; lives as long as the engine
-  std::unique_ptr<engines::Engine> engine_;
+  std::unique_ptr<EngineT> engine_;
 };
+
+// The executable that hosts isolated engines: this kvdiff, or $KVDIFF_ENGINE_HOST (for programs
+// other than kvdiff that use the harness, such as its tests).
+std::filesystem::path EngineHost() {
+  if (const char* env = std::getenv("KVDIFF_ENGINE_HOST"); env && *env) return env;
+  std::error_code ec;
+  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  KVDIFF_CHECK(!ec, "--isolate: cannot find this program's executable (/proc/self/exe: {})",
+               ec.message());
+  return self;
+}
 
 // "key=value&key=value" (URL style, after the '?') as engine.h's "key=value,key=value".
 std::string EngineOptions(std::string query) {
@@ -76,12 +97,21 @@ std::string EngineOptions(std::string query) {
 }
 
 BackendFactory PluginFactory(const std::filesystem::path& path, const std::string& options) {
-  return [path, options](const BackendInfo& info,
-                         std::shared_ptr<const format::ModelWeights> weights,
-                         const BackendOptions& /*options*/) -> std::unique_ptr<Backend> {
-    return std::make_unique<PluginBackend>(info, engines::Plugin::Load(path), options,
-                                           std::move(weights));
-  };
+  return
+      [path, options](const BackendInfo& info, std::shared_ptr<const format::ModelWeights> weights,
+                      const BackendOptions& backend_options) -> std::unique_ptr<Backend> {
+        if (backend_options.isolate) {
+          return std::make_unique<PluginBackend<engines::IsolatedEngine>>(
+              info, std::move(weights), [&](const std::filesystem::path& dir) {
+                return engines::IsolatedEngine::Start(
+                    {EngineHost(), path, dir, options, backend_options.isolate_timeout_seconds});
+              });
+        }
+        const engines::Plugin plugin = engines::Plugin::Load(path);
+        return std::make_unique<PluginBackend<engines::Engine>>(
+            info, std::move(weights),
+            [&](const std::filesystem::path& dir) { return plugin.Open(dir, options); });
+      };
 }
 
 }  // namespace

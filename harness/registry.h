@@ -15,10 +15,6 @@
 
 namespace kvdiff::harness {
 
-struct BackendOptions {
-  int threads = 0;  // 0: every core
-};
-
 using BackendFactory = std::function<std::unique_ptr<Backend>(
     const BackendInfo& info, std::shared_ptr<const format::ModelWeights> weights,
     const BackendOptions& options)>;

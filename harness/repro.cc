@@ -353,16 +353,16 @@ Repro::Repro(std::unique_ptr<Backend> backend, ReproPrompts prompts,
 }
 
 Repro Repro::OnModel(std::shared_ptr<const format::ModelWeights> weights, ReproPrompts prompts,
-                     const std::string& backend, int threads) {
+                     const std::string& backend, const BackendOptions& options) {
   const BackendRegistry& registry = BackendRegistry::Global();
   std::function<std::unique_ptr<Backend>()> transformers;
   const std::string name = registry.FirstWithRawCall(RawCall::kPositionFromCache);
   if (!name.empty()) {
-    transformers = [weights, name, threads] {
-      return BackendRegistry::Global().Make(name, weights, BackendOptions{threads});
+    transformers = [weights, name, options] {
+      return BackendRegistry::Global().Make(name, weights, options);
     };
   }
-  return Repro(registry.Make(backend, weights, BackendOptions{threads}), std::move(prompts),
+  return Repro(registry.Make(backend, weights, options), std::move(prompts),
                std::move(transformers));
 }
 

@@ -1,12 +1,12 @@
 #include "harness/cli/cli_util.h"
 
-#include "harness/registry.h"
-
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
 #include <sstream>
 
 #include "format/error.h"
+#include "harness/registry.h"
 
 namespace kvdiff::cli {
 namespace {
@@ -42,11 +42,12 @@ std::vector<std::string> SplitItems(const std::string& text) {
 std::vector<int64_t> ParseIntList(const std::string& flag, const std::string& text) {
   std::vector<int64_t> values;
   for (const std::string& item : SplitItems(text)) {
-    KVDIFF_CHECK(!item.empty() && item.size() <= 18 &&
-                     std::all_of(item.begin(), item.end(), [](char c) { return c >= '0' && c <= '9'; }),
-                 "{}: expected non-negative integers separated by commas or spaces, like 1,2,3; "
-                 "item {} is \"{}\"",
-                 flag, values.size(), item);
+    KVDIFF_CHECK(
+        !item.empty() && item.size() <= 18 &&
+            std::all_of(item.begin(), item.end(), [](char c) { return c >= '0' && c <= '9'; }),
+        "{}: expected non-negative integers separated by commas or spaces, like 1,2,3; "
+        "item {} is \"{}\"",
+        flag, values.size(), item);
     values.push_back(std::stoll(item));
   }
   return values;
@@ -58,26 +59,38 @@ Tokens ParseTokenIds(const std::string& flag, const std::string& text, int64_t v
     KVDIFF_CHECK(vocab_size < 0 || id < vocab_size,
                  "{}: token id {} at index {} is out of range for vocab_size {}", flag, id,
                  tokens.size(), vocab_size);
-    KVDIFF_CHECK(id <= INT32_MAX, "{}: token id {} at index {} does not fit a 32-bit token id", flag,
-                 id, tokens.size());
+    KVDIFF_CHECK(id <= INT32_MAX, "{}: token id {} at index {} does not fit a 32-bit token id",
+                 flag, id, tokens.size());
     tokens.push_back(static_cast<Token>(id));
   }
   return tokens;
 }
 
 BackendSet MakeBackends(const std::vector<std::string>& names,
-                        std::shared_ptr<const format::ModelWeights> weights, int threads) {
+                        std::shared_ptr<const format::ModelWeights> weights,
+                        const harness::BackendOptions& options) {
   BackendSet set;
   for (const std::string& name : names) {
-    set.owned.push_back(harness::BackendRegistry::Global().Make(
-        name, weights, harness::BackendOptions{threads}));
+    set.owned.push_back(harness::BackendRegistry::Global().Make(name, weights, options));
     set.all.push_back(set.owned.back().get());
   }
   return set;
 }
 
+void AddIsolateFlag(CLI::App* cmd, harness::BackendOptions& options) {
+  cmd->add_flag(
+      "--isolate", options.isolate,
+      "Run engine plugins in a child process: a crash or hang fails that case, naming the "
+      "signal, instead of ending the run");
+  cmd->add_option("--isolate-timeout", options.isolate_timeout_seconds,
+                  "With --isolate: seconds one engine call may take before it is killed")
+      ->default_val(600)
+      ->check(CLI::Range(0.001, 86400.0));
+}
+
 std::string BackendsHelp(const std::string& defaults_note) {
-  return fmt::format("Comma-separated backends: {}{}", harness::BackendRegistry::Global().HelpText(),
+  return fmt::format("Comma-separated backends: {}{}",
+                     harness::BackendRegistry::Global().HelpText(),
                      defaults_note.empty() ? "" : " (" + defaults_note + ")");
 }
 

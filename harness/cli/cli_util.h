@@ -2,14 +2,17 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
-
-#include <memory>
 
 #include "format/model_files.h"
 #include "format/tensor.h"
 #include "harness/backend.h"
+
+namespace CLI {
+class App;
+}
 
 namespace kvdiff::cli {
 
@@ -26,7 +29,17 @@ struct BackendSet {
   std::vector<const harness::Backend*> all;  // the same, in order, as RunScenario takes them
 };
 BackendSet MakeBackends(const std::vector<std::string>& names,
-                        std::shared_ptr<const format::ModelWeights> weights, int threads);
+                        std::shared_ptr<const format::ModelWeights> weights,
+                        const harness::BackendOptions& options);
+
+// --isolate: plugin backends run their engine in a child process, so a crash or a hang fails the
+// call it happened in (exit 1, the signal named) instead of killing kvdiff and its report.
+void AddIsolateFlag(CLI::App* cmd, harness::BackendOptions& options);
+// `options` with its thread count set.
+inline harness::BackendOptions WithThreads(harness::BackendOptions options, int threads) {
+  options.threads = threads;
+  return options;
+}
 
 // "Comma-separated backends: impl (Eigen, float32, ...), ref (...)" from the registry.
 std::string BackendsHelp(const std::string& defaults_note);

@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "format/error.h"
 #include "harness/backend.h"
 #include "harness/campaign.h"
 #include "harness/cli/cli_util.h"
 #include "harness/cli/commands.h"
-#include "format/error.h"
 #include "harness/report.h"
 #include "harness/runner.h"
 
@@ -33,6 +33,7 @@ struct CheckArgs {
   std::string out_dir = "kvdiff-failures";
   std::optional<double> tolerance;
   int threads = 1;
+  harness::BackendOptions isolation;  // --isolate, --isolate-timeout
 };
 
 int Check(const CheckArgs& args, bool model_seed_given) {
@@ -55,7 +56,8 @@ int Check(const CheckArgs& args, bool model_seed_given) {
   const std::vector<std::string> names =
       args.backends.empty() ? harness::DefaultBackends() : harness::ParseBackendList(args.backends);
   auto weights = harness::LoadModelFor(model);
-  const BackendSet backends = MakeBackends(names, weights, args.threads);
+  const BackendSet backends =
+      MakeBackends(names, weights, WithThreads(args.isolation, args.threads));
   const bool tty = isatty(fileno(stderr)) != 0;
   if (tty) {
     // At most ten updates a second: a tiny case takes well under a millisecond.
@@ -100,20 +102,22 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--shard", args->shard,
                   "i/n: run only the cases k with k % n == i-1 (n machines together run all)")
       ->default_val("1/1");
-  cmd->add_option("--backends", args->backends,
-                  BackendsHelp("default: " +
-                               fmt::format("{}", fmt::join(harness::DefaultBackends(), ","))));
+  cmd->add_option(
+      "--backends", args->backends,
+      BackendsHelp("default: " + fmt::format("{}", fmt::join(harness::DefaultBackends(), ","))));
   cmd->add_option("--json", args->json, "Write the campaign report as JSON to this file");
   cmd->add_option("--junit", args->junit, "Write a JUnit XML report (one testcase per case)");
   cmd->add_option("--out-dir", args->out_dir, "Where failing cases are written")
       ->default_val("kvdiff-failures");
-  cmd->add_option("--tolerance", args->tolerance,
-                  fmt::format("Gate on max |a-b| of logits (default {})", harness::kDefaultTolerance));
+  cmd->add_option(
+      "--tolerance", args->tolerance,
+      fmt::format("Gate on max |a-b| of logits (default {})", harness::kDefaultTolerance));
   // One thread by default: a case's tensors are tiny, and threads cost more than they give there
   // (spread a campaign over machines or processes with --shard instead).
   cmd->add_option("--threads", args->threads, "Threads per backend (0: every core)")
       ->default_val(1)
       ->check(CLI::NonNegativeNumber);
+  AddIsolateFlag(cmd, args->isolation);
   cmd->callback(
       [args, model_seed, &exit_code] { exit_code = Check(*args, model_seed->count() > 0); });
 }

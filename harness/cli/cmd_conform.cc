@@ -31,6 +31,7 @@ struct ConformArgs {
   std::optional<double> tolerance;
   std::string json, junit;
   std::string out_dir = "kvdiff-failures";
+  harness::BackendOptions isolation;  // --isolate, --isolate-timeout
 };
 
 // A backend name, or the path of a plugin (the engine author's usual first argument).
@@ -56,7 +57,8 @@ int Conform(const ConformArgs& args, bool model_seed_given) {
   }
   const std::string engine_name = EngineBackendName(args.engine);
   auto weights = harness::LoadModelFor(model);
-  const BackendSet backends = MakeBackends({engine_name, args.against}, weights, 1);
+  const BackendSet backends =
+      MakeBackends({engine_name, args.against}, weights, WithThreads(args.isolation, 1));
 
   harness::ConformOptions options;
   options.tolerance = harness::ResolveTolerance(args.tolerance, std::nullopt);
@@ -83,8 +85,9 @@ void AddConformCommand(CLI::App& app, int& exit_code) {
       "conform",
       "Put an engine through the conformance suite: every session op held to an oracle backend, "
       "the error paths, fork, reset, determinism, capacity, then a check campaign");
-  cmd->add_option("engine", args->engine,
-                  "The engine: a plugin file (PATH[?key=value&...]), plugin:PATH, or a backend name")
+  cmd->add_option(
+         "engine", args->engine,
+         "The engine: a plugin file (PATH[?key=value&...]), plugin:PATH, or a backend name")
       ->required();
   cmd->add_option("--model", args->model, "Model directory (default: the tiny preset, seed 7)");
   cmd->add_option("--preset", args->preset, "Random model preset (tiny, smollm2-135m)");
@@ -99,12 +102,14 @@ void AddConformCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(int64_t{0}, int64_t{1000000}));
   cmd->add_option("--seed", args->seed, "Seed of the checks' tokens and of the campaign")
       ->default_val(0);
-  cmd->add_option("--tolerance", args->tolerance,
-                  fmt::format("Gate on max |a-b| of logits (default {})", harness::kDefaultTolerance));
+  cmd->add_option(
+      "--tolerance", args->tolerance,
+      fmt::format("Gate on max |a-b| of logits (default {})", harness::kDefaultTolerance));
   cmd->add_option("--json", args->json, "Write the report as JSON to this file");
   cmd->add_option("--junit", args->junit, "Write a JUnit XML report (one testcase per check)");
   cmd->add_option("--out-dir", args->out_dir, "Where the campaign's failing cases are written")
       ->default_val("kvdiff-failures");
+  AddIsolateFlag(cmd, args->isolation);
   cmd->callback(
       [args, model_seed, &exit_code] { exit_code = Conform(*args, model_seed->count() > 0); });
 }

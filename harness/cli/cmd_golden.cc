@@ -1,18 +1,17 @@
 // kvdiff golden verify|regen: the golden files (golden/README.md) as a correctness gate.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <cstdio>
-#include <fmt/ranges.h>
-
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "format/error.h"
 #include "harness/cli/cli_util.h"
 #include "harness/cli/commands.h"
-#include "format/error.h"
 #include "harness/golden.h"
 #include "harness/report.h"
 #include "harness/scenario.h"
@@ -31,13 +30,15 @@ struct VerifyArgs {
   std::string junit;
   std::optional<double> tolerance;
   int threads = 0;
+  harness::BackendOptions isolation;  // --isolate, --isolate-timeout
 };
 
 int Verify(const VerifyArgs& args) {
   const std::vector<harness::GoldenPaths> sets = harness::FindGoldenSets(ToPaths(args.paths));
   const std::vector<std::string> backends =
       args.backends.empty() ? std::vector<std::string>{} : harness::ParseBackendList(args.backends);
-  const harness::VerifyReport report = harness::VerifyGoldens(sets, backends, args.threads, args.tolerance);
+  const harness::VerifyReport report = harness::VerifyGoldens(
+      sets, backends, WithThreads(args.isolation, args.threads), args.tolerance);
   fmt::print("{}", report.ToTerminal(isatty(fileno(stdout)) != 0));
   if (!args.json.empty()) harness::WriteTextFile(args.json, report.ToJson().dump(2) + "\n");
   if (!args.junit.empty()) harness::WriteTextFile(args.junit, report.ToJUnit());
@@ -111,15 +112,16 @@ void AddGoldenCommand(CLI::App& app, int& exit_code) {
       ->add_option("paths", verify_args->paths,
                    "Golden folders (searched recursively) or files: NAME.json or NAME.golden.json")
       ->required();
-  verify->add_option("--backends", verify_args->backends,
-                     BackendsHelp("default: " +
-                                  fmt::format("{}", fmt::join(harness::DefaultBackends(), ","))));
+  verify->add_option(
+      "--backends", verify_args->backends,
+      BackendsHelp("default: " + fmt::format("{}", fmt::join(harness::DefaultBackends(), ","))));
   verify->add_option("--tolerance", verify_args->tolerance,
                      "Gate on max |a-b| of logits (default: each golden's recorded tolerance)");
   verify->add_option("--json", verify_args->json, "Write the report as JSON to this file");
   verify->add_option("--junit", verify_args->junit, "Write a JUnit XML report to this file");
   verify->add_option("--threads", verify_args->threads, "Threads per backend (0: every core)")
       ->check(CLI::NonNegativeNumber);
+  AddIsolateFlag(verify, verify_args->isolation);
   verify->callback([verify_args, &exit_code] { exit_code = Verify(*verify_args); });
 
   auto regen_args = std::make_shared<RegenArgs>();

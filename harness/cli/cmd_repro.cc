@@ -1,7 +1,7 @@
 // `kvdiff repro NAME`: the source document's experiments (ok, pos0, reuse, reuse1, fresh, fresh1,
-// quantized, stale-position, reference-reuse, or all) on a model directory or a random preset. Exit codes: 0 when every
-// experiment behaves as the document says (the bugs reproduce, the fixes are correct), 1 when one
-// does not, 2 on bad input or usage.
+// quantized, stale-position, reference-reuse, or all) on a model directory or a random preset. Exit
+// codes: 0 when every experiment behaves as the document says (the bugs reproduce, the fixes are
+// correct), 1 when one does not, 2 on bad input or usage.
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "harness/cli/cli_util.h"
-#include "harness/cli/commands.h"
 #include "format/error.h"
 #include "format/model_files.h"
 #include "format/tokenizer.h"
+#include "harness/cli/cli_util.h"
+#include "harness/cli/commands.h"
 #include "harness/report.h"
 #include "harness/repro.h"
 #include "harness/runner.h"
@@ -36,6 +36,7 @@ struct ReproArgs {
   std::string save;
   std::string backend = "impl";
   int threads = 0;
+  harness::BackendOptions isolation;  // --isolate, --isolate-timeout
 };
 
 int Run(const ReproArgs& args) {
@@ -80,7 +81,8 @@ int Run(const ReproArgs& args) {
   input.n = args.n;
   const format::Tokenizer* tok = tokenizer ? &*tokenizer : nullptr;
   harness::ReproPrompts prompts = harness::MakeReproPrompts(input, config, tok);
-  harness::Repro repro = harness::Repro::OnModel(weights, prompts, args.backend, args.threads);
+  harness::Repro repro = harness::Repro::OnModel(weights, prompts, args.backend,
+                                                 WithThreads(args.isolation, args.threads));
   if (!all) {
     const std::string why = repro.Unavailable(experiments[0]);
     KVDIFF_CHECK(why.empty(), "repro {}: {}", args.name, why);
@@ -172,6 +174,7 @@ void AddReproCommand(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--threads", args->threads, "Threads (0: every core)")
       ->check(CLI::NonNegativeNumber);
+  AddIsolateFlag(cmd, args->isolation);
   cmd->callback([args, &exit_code] { exit_code = Run(*args); });
 }
 

@@ -1,10 +1,9 @@
 // kvdiff run SCENARIO.json: replay one scenario on the backends and report every divergence.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <cstdio>
-#include <fmt/ranges.h>
-
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,6 +29,7 @@ struct RunArgs {
   std::optional<double> tolerance;
   bool localize = false;
   int threads = 0;
+  harness::BackendOptions isolation;  // --isolate, --isolate-timeout
 };
 
 int Run(const RunArgs& args) {
@@ -45,7 +45,8 @@ int Run(const RunArgs& args) {
   sc.tolerance_abs = harness::ResolveTolerance(args.tolerance, sc.tolerance_abs);
   auto weights = harness::LoadModelFor(sc.model);
   harness::PrepareScenario(sc, *weights);
-  const BackendSet backends = MakeBackends(names, weights, args.threads);
+  const BackendSet backends =
+      MakeBackends(names, weights, WithThreads(args.isolation, args.threads));
   harness::RunOptions options;
   options.localize = args.localize;
   harness::RunReport report = harness::RunScenario(sc, backends.all, options);
@@ -82,6 +83,7 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
                 "On the first divergence, find the first layer (attention or MLP) that differs");
   cmd->add_option("--threads", args->threads, "Threads per backend (0: every core)")
       ->check(CLI::NonNegativeNumber);
+  AddIsolateFlag(cmd, args->isolation);
   cmd->callback([args, &exit_code] { exit_code = Run(*args); });
 }
 

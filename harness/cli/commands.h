@@ -19,5 +19,6 @@ void AddReproCommand(CLI::App& app, int& exit_code);
 void AddBenchCommand(CLI::App& app, int& exit_code);
 void AddTokenizeCommand(CLI::App& app, int& exit_code);
 void AddConformCommand(CLI::App& app, int& exit_code);
+void AddEngineHostCommand(CLI::App& app, int& exit_code);
 
 }  // namespace kvdiff::cli

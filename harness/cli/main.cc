@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   kvdiff::cli::AddBenchCommand(app, exit_code);
   kvdiff::cli::AddTokenizeCommand(app, exit_code);
   kvdiff::cli::AddConformCommand(app, exit_code);
+  kvdiff::cli::AddEngineHostCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

@@ -1,23 +1,30 @@
-/* A deliberately broken engine, for kvdiff's own tests: the example engine (dlopened from
- * KVDIFF_EXAMPLE_ENGINE) behind one injected bug, chosen with the option bug=NAME (the other
- * options go to the example):
+/* A deliberately broken engine, for kvdiff's own tests: another engine plugin (the example,
+ * dlopened from KVDIFF_EXAMPLE_ENGINE, or the plugin named by the option inner=PATH, such as
+ * llama.cpp's) behind one injected bug, chosen with the option bug=NAME (the other options go to
+ * the inner engine):
  *
  *   bug=truncate  truncate() records the new length and leaves the cache as it was, as a
  *                 llama.cpp plugin that forgets llama_memory_seq_rm: the next append runs at the
  *                 old position, after positions the caller meant to forget.
  *   bug=fork      fork() returns a fresh, empty session that claims the parent's length, as a
  *                 fork without llama_memory_seq_cp: the child's appends see no history.
+ *   bug=crash     append() dies of SIGSEGV once a session would pass 24 positions (--isolate).
+ *   bug=hang      append() never returns once a session would pass 24 positions (--isolate).
  *   bug=none      no bug (the wrapper itself must conform).
  *
  * `kvdiff conform` and `kvdiff check` must catch both bugs (tests/harness/conform_test.cc). */
 #include <dlfcn.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kvdiff/engine.h"
 
-enum bug { BUG_NONE, BUG_TRUNCATE, BUG_FORK };
+enum bug { BUG_NONE, BUG_TRUNCATE, BUG_FORK, BUG_CRASH, BUG_HANG };
+
+enum { kBugLength = 24 }; /* where bug=crash and bug=hang strike */
 
 struct kvdiff_engine {
   const kvdiff_engine_api* api; /* the example's */
@@ -33,30 +40,41 @@ struct kvdiff_session {
   char error[256];
 };
 
-static const kvdiff_engine_api* ExampleApi(char* error, size_t size) {
-  void* library = dlopen(KVDIFF_EXAMPLE_ENGINE, RTLD_NOW | RTLD_LOCAL);
+static const kvdiff_engine_api* InnerApi(const char* path, char* error, size_t size) {
+  void* library = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!library) {
-    snprintf(error, size, "broken: cannot load the example engine: %s", dlerror());
+    snprintf(error, size, "broken: cannot load the inner engine %s: %s", path, dlerror());
     return NULL;
   }
   kvdiff_engine_entry_fn entry = (kvdiff_engine_entry_fn)dlsym(library, KVDIFF_ENGINE_ENTRY_SYMBOL);
   return entry ? entry() : NULL;
 }
 
-/* Splits bug=NAME out of the options; the rest, in order, goes to `rest`. 0 on an unknown bug. */
-static int ParseOptions(const char* options, enum bug* bug, char* rest, size_t size) {
+/* Splits bug=NAME and inner=PATH out of the options; the rest, in order, goes to `rest`. 0 on an
+ * unknown bug. */
+static int ParseOptions(const char* options, enum bug* bug, char* inner, size_t inner_size,
+                        char* rest, size_t size) {
   *bug = BUG_NONE;
+  snprintf(inner, inner_size, "%s", KVDIFF_EXAMPLE_ENGINE);
   rest[0] = '\0';
   if (!options) return 1;
   char copy[1024];
   snprintf(copy, sizeof copy, "%s", options);
   for (char* item = strtok(copy, ",\n"); item; item = strtok(NULL, ",\n")) {
+    if (strncmp(item, "inner=", 6) == 0) {
+      snprintf(inner, inner_size, "%s", item + 6);
+      continue;
+    }
     if (strncmp(item, "bug=", 4) == 0) {
       const char* name = item + 4;
       if (strcmp(name, "truncate") == 0) {
         *bug = BUG_TRUNCATE;
       } else if (strcmp(name, "fork") == 0) {
         *bug = BUG_FORK;
+      } else if (strcmp(name, "crash") == 0) {
+        *bug = BUG_CRASH;
+      } else if (strcmp(name, "hang") == 0) {
+        *bug = BUG_HANG;
       } else if (strcmp(name, "none") != 0) {
         return 0;
       }
@@ -72,12 +90,13 @@ static kvdiff_status Open(const char* model_dir, const char* options, kvdiff_eng
   struct kvdiff_engine* e = calloc(1, sizeof *e);
   *out = e;
   if (!e) return KVDIFF_ENGINE_FAILURE;
-  char rest[1024];
-  if (!ParseOptions(options, &e->bug, rest, sizeof rest)) {
-    snprintf(e->error, sizeof e->error, "broken: option bug: expected truncate, fork or none");
+  char rest[1024], inner[1024];
+  if (!ParseOptions(options, &e->bug, inner, sizeof inner, rest, sizeof rest)) {
+    snprintf(e->error, sizeof e->error,
+             "broken: option bug: expected truncate, fork, crash, hang or none");
     return KVDIFF_INVALID_INPUT;
   }
-  e->api = ExampleApi(e->error, sizeof e->error);
+  e->api = InnerApi(inner, e->error, sizeof e->error);
   if (!e->api) return KVDIFF_ENGINE_FAILURE;
   const kvdiff_status status = e->api->open(model_dir, rest, &e->inner);
   if (status != KVDIFF_OK && e->inner) {
@@ -130,6 +149,11 @@ static int64_t Length(const kvdiff_session* s) {
 
 static kvdiff_status Append(kvdiff_session* s, const int32_t* tokens, int64_t n, float* logits,
                             int64_t capacity) {
+  if (Length(s) + n > kBugLength) {
+    if (s->engine->bug == BUG_CRASH) raise(SIGSEGV); /* THE BUG */
+    if (s->engine->bug == BUG_HANG)
+      for (;;) pause(); /* THE BUG */
+  }
   const kvdiff_status status = s->engine->api->append(s->inner, tokens, n, logits, capacity);
   if (status != KVDIFF_OK) {
     snprintf(s->error, sizeof s->error, "%s", s->engine->api->session_error(s->inner));

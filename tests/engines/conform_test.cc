@@ -14,6 +14,7 @@
 #include "format/model_files.h"
 #include "harness/conform.h"
 #include "harness/registry.h"
+#include "harness/runner.h"
 #include "tests/harness/harness_test_util.h"
 #include "tests/test_support.h"
 

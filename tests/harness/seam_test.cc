@@ -289,7 +289,7 @@ TEST(OneReplay, RunAndGoldenAgreeOnAScenarioThatFailsMidWay) {
   RegenOptions by_impl;
   by_impl.backend = "impl";
   ASSERT_EQ(RegenGoldenSet(paths, by_impl).status, RegenStatus::kWritten);
-  const VerifyReport v = VerifyGoldens({paths}, {"refuses-77"}, 1);
+  const VerifyReport v = VerifyGoldens({paths}, {"refuses-77"}, {1});
   ASSERT_EQ(v.sets.size(), 1u);
   ASSERT_EQ(v.sets[0].checks.size(), 1u);
   const GoldenCheck& c = v.sets[0].checks[0];

@@ -55,7 +55,7 @@ TEST_F(HfTextModel, ReproAllRunsTheDocumentsExperimentsOnText) {
   const CommandResult r = RunKvdiff(fmt::format("repro all --model '{}' -n 6", model_.string()), dir_.path());
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   // The default prompts are text, encoded with BOS by the real tokenizer.
-  const format::Tokens first = tokenizer_->Encode("Once upon a time, Lily", true);
+  const kvdiff::Tokens first = tokenizer_->Encode("Once upon a time, Lily", true);
   EXPECT_EQ(first.front(), 128000);
   EXPECT_THAT(r.out, HasSubstr("Once upon a time, Lily"));
   for (const char* experiment : {"ok", "pos0", "reuse", "reuse1", "fresh", "fresh1"}) {
@@ -82,7 +82,7 @@ TEST_F(HfTextModel, ScenarioTextAndMessagesTokenizeAsTheTokenizerAndTemplateDo) 
 
   EXPECT_EQ(sc.steps[0].tokens, tokenizer_->Encode("What is the capital of France?", true));
   std::string prompt;
-  const format::Tokens chat = format::EncodeChat(
+  const kvdiff::Tokens chat = format::EncodeChat(
       model_, *tokenizer_,
       {{"system", "Be brief."}, {"user", "What is the capital of France?"}}, true, &prompt);
   EXPECT_EQ(sc.steps[3].tokens, chat);

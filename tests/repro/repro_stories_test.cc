@@ -54,7 +54,7 @@ TEST_F(ReproStories, DefaultPromptsAreTheIssuesTextWithBos) {
 }
 
 TEST_F(ReproStories, FixesEqualTheCorrectOutputAndBugsDepartFromIt) {
-  harness::Repro repro = harness::Repro::OnModel(weights_, Prompts(), "impl", 1);
+  harness::Repro repro = harness::Repro::OnModel(weights_, Prompts(), "impl", {1});
   for (Experiment e : {Experiment::kOk, Experiment::kFresh, Experiment::kFresh1}) {
     SCOPED_TRACE(harness::ExperimentName(e));
     const ExperimentResult r = repro.Run(e);
@@ -94,7 +94,7 @@ Tokens GenerateIds(const std::filesystem::path& dir, const std::string& model,
 }
 
 TEST_F(ReproStories, OkAndFreshAreWhatGenerateWrites) {
-  harness::Repro repro = harness::Repro::OnModel(weights_, Prompts(), "impl", 1);
+  harness::Repro repro = harness::Repro::OnModel(weights_, Prompts(), "impl", {1});
   EXPECT_EQ(repro.Run(Experiment::kOk).lines.at(0).generated,
             GenerateIds(dir_.path(), "stories260K", "Once upon a time, Lily"));
   EXPECT_EQ(repro.Run(Experiment::kFresh).lines.at(1).generated,
@@ -108,7 +108,7 @@ TEST_F(ReproStories, AllPrintsTheLinesInWordsAndExitsZero) {
   EXPECT_THAT(r.out, HasSubstr("one-token second prompt: [" + std::to_string(Prompts().second1[0]) +
                                "] = \" The\" (1 token)"));
   // The ok line is the decoded text of the correct tokens.
-  harness::Repro repro = harness::Repro::OnModel(weights_, Prompts(), "impl", 1);
+  harness::Repro repro = harness::Repro::OnModel(weights_, Prompts(), "impl", {1});
   const Tokens& ok = repro.Correct("ok");
   const std::string ok_text = tokenizer_->DecodeAll(ok, Prompts().first.back());
   EXPECT_THAT(r.out, HasSubstr("\nok               first         \"" + ok_text + "\""));

@@ -44,7 +44,7 @@ ReproPrompts Prompts(const format::LlamaConfig& config, ReproInput in = {}) {
 class ReproTiny : public ::testing::Test {
  protected:
   std::shared_ptr<const format::ModelWeights> weights_ = TinyWeights();
-  Repro repro_ = Repro::OnModel(weights_, Prompts(weights_->config), "impl", /*threads=*/1);
+  Repro repro_ = Repro::OnModel(weights_, Prompts(weights_->config), "impl", {/*threads=*/1});
 };
 
 TEST_F(ReproTiny, DefaultPromptsHaveTheSourceDocumentsLengths) {
@@ -117,7 +117,7 @@ TEST(ReproShapes, TheReuseErrorFollowsTheCacheLengthAndThePromptLength) {
   in.tokens = Tokens{5, 17, 3, 99, 42, 7};
   in.second_tokens = Tokens{8, 17, 3};
   in.n = 7;
-  Repro repro = Repro::OnModel(weights, Prompts(weights->config, in), "impl", 1);
+  Repro repro = Repro::OnModel(weights, Prompts(weights->config, in), "impl", {1});
   const ExperimentResult r = repro.Run(Experiment::kReuse);
   // 6 + 7 - 1 = 12 cached, plus 3.
   EXPECT_EQ(r.lines.at(1).error, "cannot broadcast [3, 3] to [1, 4, 3, 15]");
@@ -141,7 +141,7 @@ TEST(ReproBlind, APositionBlindModelDoesNotReproducePos0) {
   // With zero queries and keys the wrong index_pos has no effect: pos0 equals ok, which is not
   // what the document says, so the experiment must say NO and the exit code must be 1.
   auto weights = std::make_shared<const format::ModelWeights>(PositionBlindTiny());
-  Repro repro = Repro::OnModel(weights, Prompts(weights->config), "impl", 1);
+  Repro repro = Repro::OnModel(weights, Prompts(weights->config), "impl", {1});
   const ExperimentResult r = repro.Run(Experiment::kPos0);
   EXPECT_EQ(r.lines.at(0).departs_at, 0);
   EXPECT_FALSE(r.as_documented);

@@ -1,0 +1,78 @@
+// An engine plugin in a child process, so that a crash or a hang in the engine is a failed call,
+// not a dead kvdiff: `--isolate` runs every plugin backend this way. The child is kvdiff itself
+// (`kvdiff engine-host`, a hidden subcommand) serving one engine over a socket; the parent side
+// has the surface of engines::Engine / engines::Session, so the harness adapts both alike.
+//
+//   IsolatedEngine engine = IsolatedEngine::Start({"/path/kvdiff", plugin, model_dir, "kv=f32"});
+//   IsolatedSession s = engine.NewSession();
+//   Logits a = s.Append({1, 2, 3});  // a segfault in the plugin throws EngineError here
+//
+// Errors: the plugin's own InputError/EngineError come back as the same exception types with the
+// same messages. The child dying (a signal, an exit) or not answering within `timeout_seconds`
+// throws EngineError naming the signal or the time-out and the call that was running; the child
+// is then gone, every session of it throws, and the next NewSession() starts a new child — so in
+// a campaign the case that crashed fails and the next case runs on a fresh engine.
+// Threads: as for engines::Engine, one thread at a time per engine and its sessions.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "engines/plugin_loader.h"
+#include "format/tensor.h"
+
+namespace kvdiff::engines {
+
+struct IsolatedEngineSpec {
+  std::filesystem::path host;  // the kvdiff executable that has the engine-host subcommand
+  std::filesystem::path plugin, model_dir;
+  std::string options;           // engine options, "key=value,key=value"
+  double timeout_seconds = 600;  // per call; a child silent for longer is killed
+};
+
+struct HostProcess;  // the child, its socket, the sessions it holds
+
+class IsolatedSession {
+ public:
+  Logits Append(const Tokens& tokens);
+  int64_t Length() const;
+  void Truncate(int64_t length);
+  IsolatedSession Fork() const;
+  void Reset();
+
+  IsolatedSession(IsolatedSession&&) noexcept;
+  IsolatedSession& operator=(IsolatedSession&&) noexcept;
+  ~IsolatedSession();
+
+ private:
+  friend class IsolatedEngine;
+  IsolatedSession(std::shared_ptr<HostProcess> host, int64_t id)
+      : host_(std::move(host)), id_(id) {}
+  std::shared_ptr<HostProcess> host_;  // the child this session lives in (maybe dead since)
+  int64_t id_ = -1;
+};
+
+class IsolatedEngine {
+ public:
+  // Starts the child and opens the engine in it; the engine's own errors are rethrown.
+  static IsolatedEngine Start(IsolatedEngineSpec spec);
+  const EngineInfo& Info() const { return info_; }
+  // A new session; starts a new child first when the last one died.
+  IsolatedSession NewSession() const;
+
+ private:
+  IsolatedEngine(IsolatedEngineSpec spec, std::shared_ptr<HostProcess> host, EngineInfo info)
+      : spec_(std::move(spec)), host_(std::move(host)), info_(std::move(info)) {}
+  IsolatedEngineSpec spec_;
+  mutable std::shared_ptr<HostProcess> host_;
+  EngineInfo info_;
+};
+
+// The child's side: loads the plugin, opens the engine and serves requests on `fd` until the
+// parent closes it. Returns the process's exit code. Used by `kvdiff engine-host` only.
+int ServeIsolatedEngine(int fd, const std::filesystem::path& plugin,
+                        const std::filesystem::path& model_dir, const std::string& options);
+
+}  // namespace kvdiff::engines
