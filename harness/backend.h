@@ -69,6 +69,9 @@ struct BackendInfo {
   // Sizes at which the backend's code changes path (tiles, row thresholds): the campaign's
   // generators draw lengths around them.
   std::vector<int64_t> interesting_sizes;
+  // What K/V are attended in, when narrower than the compute dtype ("f16"): selects a tolerance
+  // profile (harness/tolerance_profile.h). Empty for float32 and float64 caches.
+  std::string cache_dtype;
 };
 
 class Backend {

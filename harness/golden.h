@@ -158,6 +158,8 @@ struct GoldenCheck {  // one golden set on one backend
   int64_t rows_compared = 0;
   double worst_diff = 0;  // largest |a - golden| over compared logits
   std::optional<GoldenMismatch> first;
+  double tolerance = 0;         // what this backend was held to
+  std::string tolerance_note;   // the tolerance profile that applied, if one did
 };
 struct GoldenSetReport {
   GoldenPaths paths;

@@ -19,6 +19,7 @@
 #include "harness/replay.h"
 #include "harness/report.h"
 #include "harness/sha256.h"
+#include "harness/tolerance_profile.h"
 
 namespace kvdiff::harness {
 
@@ -116,8 +117,10 @@ std::string CompareWithGolden(const GoldenRow& g, const std::vector<float>* full
 
 namespace {
 
+// flag: --tolerance (g.tolerance is already resolved with it); without it a backend's tolerance
+// profile may raise the golden's tolerance for that backend.
 GoldenCheck CheckBackend(const GoldenInput& in, const Golden& g, const std::string& name,
-                         const BackendOptions& options) {
+                         const BackendOptions& options, const std::optional<double>& flag) {
   GoldenCheck c;
   c.backend = name;
   Recording rec;
@@ -130,6 +133,7 @@ GoldenCheck CheckBackend(const GoldenInput& in, const Golden& g, const std::stri
       return c;
     }
     const auto backend = registry.Make(name, in.weights, options);
+    c.tolerance = ResolveRunTolerance(flag, g.tolerance, {backend.get()}, &c.tolerance_note);
     rec = Replay(in.scenario, *backend);
   } catch (const std::exception& e) {
     c.status = PathStatus::kError;
@@ -158,7 +162,7 @@ GoldenCheck CheckBackend(const GoldenInput& in, const Golden& g, const std::stri
       diff = INFINITY;
     } else {
       const std::vector<float>* full = gr.full.empty() ? nullptr : &g.full_rows.at(gr.full);
-      detail = CompareWithGolden(gr, full, r, g.tolerance, &diff);
+      detail = CompareWithGolden(gr, full, r, c.tolerance, &diff);
     }
     ++c.rows_compared;
     if (!(diff <= c.worst_diff)) c.worst_diff = diff;
@@ -224,7 +228,7 @@ GoldenSetReport VerifySet(const GoldenPaths& p, const std::vector<std::string>& 
     if (!rep.stale.empty()) return rep;
     LoadFullRows(g, p.rows);
     for (const std::string& name : backends)
-      rep.checks.push_back(CheckBackend(in, g, name, options));
+      rep.checks.push_back(CheckBackend(in, g, name, options, tolerance));
   } catch (const InputError& e) {
     rep.input_error = e.what();
   }
@@ -265,6 +269,8 @@ json CheckToJson(const GoldenCheck& c) {
             {"rows_compared", c.rows_compared},
             {"worst_diff", Number(c.worst_diff)}};
   if (!c.message.empty()) j["message"] = c.message;
+  if (c.tolerance > 0) j["tolerance"] = {{"abs", c.tolerance}};
+  if (!c.tolerance_note.empty()) j["tolerance_profile"] = c.tolerance_note;
   if (c.first) {
     j["first_mismatch"] = {{"step", c.first->step},         {"params", c.first->params},
                            {"row", c.first->row},           {"conversation", c.first->conversation},
@@ -367,6 +373,11 @@ std::string VerifyReport::ToTerminal(bool color) const {
       }
     }
   }
+  std::set<std::string> notes;  // one line per profile and backend, not one per set
+  for (const auto& s : sets)
+    for (const auto& c : s.checks)
+      if (!c.tolerance_note.empty()) notes.insert(c.tolerance_note);
+  for (const auto& note : notes) out += note + "\n";
   for (const auto& s : sets) {
     for (const auto& line : Problems(s)) out += Paint(line, kRed, color) + "\n";
   }

@@ -60,6 +60,7 @@ class PluginBackend : public Backend {
         fmt::format("engine plugin {} {}, {} cache{}", e.name, e.version, e.cache_dtype,
                     std::is_same_v<EngineT, engines::IsolatedEngine> ? ", isolated" : "");
     for (const auto& [what, size] : e.sizes) info_.interesting_sizes.push_back(size);
+    if (e.cache_dtype != "f32") info_.cache_dtype = e.cache_dtype;
   }
 
   const BackendInfo& Info() const override { return info_; }

@@ -270,7 +270,9 @@ void Open(kvdiff_engine* e, const char* model_dir) {
   if (!e->ctx)
     throw kvdiff::EngineError(fmt::format("cannot create a llama.cpp context{}", LastLogError()));
   e->seq_used.assign(o.sessions, false);
-  e->cache_dtype = o.kv;
+  // What K/V are attended in: flash attention casts an f32 cache to F16 (and kvdiff picks its
+  // tolerance profile from this).
+  e->cache_dtype = o.flash_attn && o.kv == "f32" ? "f16" : o.kv;
   e->sizes = {{"n_ubatch", static_cast<int64_t>(llama_n_ubatch(e->ctx))},
               {"n_batch", static_cast<int64_t>(llama_n_batch(e->ctx))},
               {"n_ctx", static_cast<int64_t>(llama_n_ctx(e->ctx))}};

@@ -16,6 +16,7 @@
 #include "harness/cli/commands.h"
 #include "harness/report.h"
 #include "harness/runner.h"
+#include "harness/tolerance_profile.h"
 
 namespace kvdiff::cli {
 namespace {
@@ -52,12 +53,14 @@ int Check(const CheckArgs& args, bool model_seed_given) {
   options.cases = args.cases;
   options.shard = harness::ParseShard(args.shard);
   options.out_dir = args.out_dir;
-  options.tolerance_abs = harness::ResolveTolerance(args.tolerance, std::nullopt);
   const std::vector<std::string> names =
       args.backends.empty() ? harness::DefaultBackends() : harness::ParseBackendList(args.backends);
   auto weights = harness::LoadModelFor(model);
   const BackendSet backends =
       MakeBackends(names, weights, WithThreads(args.isolation, args.threads));
+  std::string profile_note;
+  options.tolerance_abs =
+      harness::ResolveRunTolerance(args.tolerance, std::nullopt, backends.all, &profile_note);
   const bool tty = isatty(fileno(stderr)) != 0;
   if (tty) {
     // At most ten updates a second: a tiny case takes well under a millisecond.
@@ -73,6 +76,7 @@ int Check(const CheckArgs& args, bool model_seed_given) {
   }
   fmt::print("kvdiff check: model {} ({}), backends {}\n", model.Describe(),
              harness::DescribeModel(weights->config), fmt::join(names, ","));
+  if (!profile_note.empty()) fmt::print("{}\n", profile_note);
   std::fflush(stdout);
   const harness::CampaignReport report = harness::RunCampaign(model, backends.all, options);
   fmt::print("{}", report.Summary());

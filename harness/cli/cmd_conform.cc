@@ -16,6 +16,7 @@
 #include "harness/registry.h"
 #include "harness/report.h"
 #include "harness/runner.h"
+#include "harness/tolerance_profile.h"
 
 namespace kvdiff::cli {
 namespace {
@@ -61,13 +62,16 @@ int Conform(const ConformArgs& args, bool model_seed_given) {
       MakeBackends({engine_name, args.against}, weights, WithThreads(args.isolation, 1));
 
   harness::ConformOptions options;
-  options.tolerance = harness::ResolveTolerance(args.tolerance, std::nullopt);
+  std::string profile_note;
+  options.tolerance =
+      harness::ResolveRunTolerance(args.tolerance, std::nullopt, backends.all, &profile_note);
   options.campaign_cases = args.cases;
   options.seed = args.seed;
   options.out_dir = args.out_dir;
   fmt::print("kvdiff conform: {} ({}) against {}, model {} ({})\n", engine_name,
              backends.all[0]->Info().description, args.against, model.Describe(),
              harness::DescribeModel(weights->config));
+  if (!profile_note.empty()) fmt::print("{}\n", profile_note);
   std::fflush(stdout);
   const harness::ConformReport report =
       harness::RunConformance(model, *backends.all[0], *backends.all[1], options);

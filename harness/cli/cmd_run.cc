@@ -15,6 +15,7 @@
 #include "harness/compare.h"
 #include "harness/report.h"
 #include "harness/runner.h"
+#include "harness/tolerance_profile.h"
 #include "harness/scenario.h"
 
 namespace kvdiff::cli {
@@ -42,11 +43,15 @@ int Run(const RunArgs& args) {
   const std::vector<std::string> requested =
       args.backends.empty() ? std::vector<std::string>{} : harness::ParseBackendList(args.backends);
   const std::vector<std::string> names = harness::PlanBackends(requested, sc, &notes);
-  sc.tolerance_abs = harness::ResolveTolerance(args.tolerance, sc.tolerance_abs);
+  const std::optional<double> file_tolerance = sc.tolerance_abs;
   auto weights = harness::LoadModelFor(sc.model);
   harness::PrepareScenario(sc, *weights);
   const BackendSet backends =
       MakeBackends(names, weights, WithThreads(args.isolation, args.threads));
+  std::string profile_note;
+  sc.tolerance_abs =
+      harness::ResolveRunTolerance(args.tolerance, file_tolerance, backends.all, &profile_note);
+  if (!profile_note.empty()) notes.push_back(profile_note);
   harness::RunOptions options;
   options.localize = args.localize;
   harness::RunReport report = harness::RunScenario(sc, backends.all, options);

@@ -145,6 +145,27 @@ TEST(ConformCli, ALlamaCppThatForgetsSeqRmOrSeqCpIsCaughtByConformAndByCheck) {
   }
 }
 
+// kv=f16 cannot meet 1e-4 (2e-2 on tiny): its options select the f16 profile, named in the report;
+// the profile still catches a cache bug, which moves logits by whole units.
+TEST(ConformCli, AnF16CacheIsHeldToItsMeasuredProfileWhichStillCatchesCacheBugs) {
+  TempDir dir;
+  const std::string f16 = fmt::format("plugin:{}?kv=f16", KVDIFF_LLAMACPP_ENGINE);
+  const CommandResult pass =
+      RunKvdiff(fmt::format("check --backends 'impl,{}' --cases 100", f16), dir.path());
+  EXPECT_EQ(pass.exit_code, 0) << pass.out << pass.err;
+  EXPECT_THAT(pass.out, HasSubstr("tolerance profile f16 (max |a-b| <= 1.0e-01) for " + f16));
+  EXPECT_THAT(pass.out, HasSubstr("(tolerance 1.0e-01)"));
+  const CommandResult gate = RunKvdiff(
+      fmt::format("check --backends 'impl,{}' --cases 20 --tolerance 1e-4", f16), dir.path());
+  EXPECT_EQ(gate.exit_code, 1) << gate.out;  // the flag wins over the profile
+  const CommandResult broken = RunKvdiff(
+      fmt::format("check --backends 'impl,plugin:{}?inner={}&kv=f16&bug=truncate' --cases 100",
+                  KVDIFF_BROKEN_ENGINE, KVDIFF_LLAMACPP_ENGINE),
+      dir.path());
+  EXPECT_EQ(broken.exit_code, 1) << broken.out << broken.err;
+  EXPECT_THAT(broken.out, HasSubstr("tolerance profile f16"));
+}
+
 // The source document's experiments on a trained model, run by llama.cpp's own cache through the
 // checked API: the correct runs agree with the document; the raw-call misuses do not apply.
 TEST(ConformCli, ReproAllOnStories260KThroughLlamaCpp) {
