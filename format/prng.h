@@ -18,9 +18,9 @@ inline uint64_t SplitMix64(uint64_t& state) {
   return z ^ (z >> 31);
 }
 
-// 64-bit FNV-1a of the bytes of `text`.
-inline uint64_t Fnv1a64(std::string_view text) {
-  uint64_t h = 0xCBF29CE484222325ull;
+// 64-bit FNV-1a of the bytes of `text`; pass the previous result as `h` to hash in pieces.
+inline constexpr uint64_t kFnv1a64Offset = 0xCBF29CE484222325ull;
+inline uint64_t Fnv1a64(std::string_view text, uint64_t h = kFnv1a64Offset) {
   for (unsigned char c : text) {
     h ^= c;
     h *= 0x100000001B3ull;

@@ -27,10 +27,12 @@
 #include <fstream>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "format/error.h"
 #include "format/gguf.h"
+#include "format/prng.h"
 #include "kvdiff/engine.h"
 
 namespace {
@@ -132,16 +134,15 @@ Options ParseOptions(const char* text) {
   return o;
 }
 
-// FNV-1a 64 over a file's bytes: the cache key of a converted model (not a security boundary).
+// FNV-1a 64 (format/prng.h) over a file's bytes: the cache key of a converted model (not a
+// security boundary).
 uint64_t HashFile(const std::filesystem::path& path, uint64_t h) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw kvdiff::InputError(fmt::format("cannot read {}", path.string()));
   std::vector<char> buf(1 << 20);
   while (in) {
     in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    for (std::streamsize i = 0; i < in.gcount(); ++i) {
-      h = (h ^ static_cast<unsigned char>(buf[i])) * 0x100000001b3ull;
-    }
+    h = kvdiff::format::Fnv1a64(std::string_view(buf.data(), static_cast<size_t>(in.gcount())), h);
   }
   return h;
 }
@@ -154,7 +155,7 @@ std::filesystem::path GgufFor(const std::filesystem::path& model) {
     throw kvdiff::InputError(
         fmt::format("model {}: neither a directory nor a .gguf file", model.string()));
   }
-  uint64_t h = 0xcbf29ce484222325ull;
+  uint64_t h = kvdiff::format::kFnv1a64Offset;
   h = HashFile(model / "config.json", h);
   h = HashFile(model / "model.safetensors", h);
   if (std::filesystem::exists(model / "tokenizer.kvdiff.json"))
