@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -249,9 +250,16 @@ std::shared_ptr<HostProcess> Spawn(const IsolatedEngineSpec& spec) {
   return host;
 }
 
+// Opening starts a process (kvdiff, LibTorch and all) and loads a model: it gets the longer of the
+// call time-out and kOpenTimeoutSeconds.
+constexpr double kOpenTimeoutSeconds = 600;
+
 EngineInfo OpenIn(HostProcess& host) {
   std::string payload;
+  const double call_timeout = host.timeout_seconds;
+  host.timeout_seconds = std::max(call_timeout, kOpenTimeoutSeconds);
   host.Call(Request{Op::kInfo}, nullptr, payload);
+  host.timeout_seconds = call_timeout;
   EngineInfo info = DecodeInfo(payload);
   host.name = info.name;
   return info;

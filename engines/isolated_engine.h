@@ -29,7 +29,8 @@ struct IsolatedEngineSpec {
   std::filesystem::path host;  // the kvdiff executable that has the engine-host subcommand
   std::filesystem::path plugin, model_dir;
   std::string options;           // engine options, "key=value,key=value"
-  double timeout_seconds = 600;  // per call; a child silent for longer is killed
+  double timeout_seconds = 600;  // per call; a child silent for longer is killed (opening the
+                                 // engine gets at least 600 s: it starts a process, loads a model)
 };
 
 struct HostProcess;  // the child, its socket, the sessions it holds

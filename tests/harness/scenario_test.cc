@@ -219,7 +219,7 @@ TEST(ScenarioParse, StepErrorsNameTheIndexAndField) {
   EXPECT_THAT(StepsError(R"([{"op": "prefill", "tokens": []}])"),
               HasSubstr("steps[0].tokens: must not be empty"));
   EXPECT_THAT(StepsError(R"([{"op": "prefill", "tokens": [1], "text": "hi"}])"),
-              HasSubstr("steps[0]: \"prefill\" needs exactly one of \"tokens\" or \"text\""));
+              HasSubstr("steps[0]: \"prefill\" needs exactly one of \"tokens\", \"text\" or \"messages\""));
   EXPECT_THAT(StepsError(R"([{"op": "fork", "from": "main"}])"),
               HasSubstr("steps[0]: \"fork\" needs the field \"to\""));
   EXPECT_THAT(StepsError(R"([{"op": "truncate", "length": -1}])"),
