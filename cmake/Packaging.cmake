@@ -31,4 +31,5 @@ set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 # the package's Depends, read by dpkg-shlibdeps.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_DEBIAN_PACKAGE_RECOMMENDS libopenblas0-pthread)  # a fast libblas.so.3 for ref
 include(CPack)
