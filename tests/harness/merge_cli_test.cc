@@ -4,7 +4,6 @@
 // rounding), so failures are compared too, not only passes.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <nlohmann/json.hpp>
 #include <string>
@@ -22,19 +21,7 @@ using ::testing::HasSubstr;
 constexpr const char* kCampaign =
     "check --cases 23 --seed 5 --backends impl --tolerance 1e-5 --out-dir fails";
 
-// Sets environment variables for the child processes of one test, and unsets them after.
-class ScopedEnv {
- public:
-  ScopedEnv(std::vector<std::pair<std::string, std::string>> vars) : vars_(std::move(vars)) {
-    for (const auto& [name, value] : vars_) setenv(name.c_str(), value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    for (const auto& [name, value] : vars_) unsetenv(name.c_str());
-  }
-
- private:
-  std::vector<std::pair<std::string, std::string>> vars_;
-};
+using Env = std::vector<std::pair<std::string, std::string>>;
 
 json ReadJson(const std::filesystem::path& p) { return json::parse(ReadFile(p)); }
 
@@ -69,16 +56,13 @@ TEST(CheckJobs, AnyNumberOfJobsGivesTheSameReport) {
   }
 }
 
-// Runs the campaign as shards under `env` (one set of variables per shard) and merges them.
-json MergeOfShards(const TempDir& dir,
-                   const std::vector<std::vector<std::pair<std::string, std::string>>>& env,
-                   const std::string& extra = "") {
+// Runs the campaign as shards, shard i with the environment variables env[i], and merges them.
+json MergeOfShards(const TempDir& dir, const std::vector<Env>& env, const std::string& extra = "") {
   std::string files;
   for (size_t i = 0; i < env.size(); ++i) {
-    ScopedEnv scoped(env[i]);
     const std::string file = "shard" + std::to_string(i) + ".json";
     const auto r =
-        RunKvdiff(std::string(kCampaign) + " --jobs 2 --json " + file + extra, dir.path());
+        RunKvdiff(std::string(kCampaign) + " --jobs 2 --json " + file + extra, dir.path(), env[i]);
     EXPECT_LE(r.exit_code, 1) << r.out << r.err;
     files += " " + file;
   }
@@ -99,7 +83,7 @@ void ExpectMergeIsTheWhole(json merged, const json& whole) {
 TEST(MergeShards, BazelShardsMergeIntoTheWholeCampaign) {
   TempDir dir;
   const json whole = Whole(dir);
-  std::vector<std::vector<std::pair<std::string, std::string>>> env;
+  std::vector<Env> env;
   for (int i = 0; i < 3; ++i) {
     env.push_back({{"TEST_SHARD_INDEX", std::to_string(i)},
                    {"TEST_TOTAL_SHARDS", "3"},
@@ -118,7 +102,7 @@ TEST(MergeShards, BazelShardsMergeIntoTheWholeCampaign) {
 TEST(MergeShards, GoogleTestShardsMergeIntoTheWholeCampaign) {
   TempDir dir;
   const json whole = Whole(dir);
-  std::vector<std::vector<std::pair<std::string, std::string>>> env;
+  std::vector<Env> env;
   for (int i = 0; i < 4; ++i) {
     env.push_back({{"GTEST_SHARD_INDEX", std::to_string(i)}, {"GTEST_TOTAL_SHARDS", "4"}});
   }
@@ -128,7 +112,7 @@ TEST(MergeShards, GoogleTestShardsMergeIntoTheWholeCampaign) {
 TEST(MergeShards, KubernetesIndexedJobShardsMergeIntoTheWholeCampaign) {
   TempDir dir;
   const json whole = Whole(dir);
-  std::vector<std::vector<std::pair<std::string, std::string>>> env;
+  std::vector<Env> env;
   for (int i = 0; i < 2; ++i) {
     env.push_back({{"JOB_COMPLETION_INDEX", std::to_string(i)}, {"KVDIFF_SHARD_COUNT", "2"}});
   }
@@ -142,11 +126,11 @@ TEST(MergeShards, ExplicitShardFlagsMergeIntoTheWholeCampaignAndWinOverTheEnviro
   TempDir dir;
   const json whole = Whole(dir);
   std::vector<std::string> files;
-  ScopedEnv bazel({{"TEST_SHARD_INDEX", "0"}, {"TEST_TOTAL_SHARDS", "2"}});
+  const Env bazel = {{"TEST_SHARD_INDEX", "0"}, {"TEST_TOTAL_SHARDS", "2"}};
   for (int i = 1; i <= 5; ++i) {
     const std::string file = "s" + std::to_string(i) + ".json";
     RunKvdiff(std::string(kCampaign) + " --shard " + std::to_string(i) + "/5 --json " + file,
-              dir.path());
+              dir.path(), bazel);
     files.push_back(file);
   }
   // Given out of order: the merge sorts cases, not files.
@@ -220,8 +204,8 @@ TEST(MergeShards, ReportsOfDifferentCampaignsOrNotReportsAreBadInput) {
 
 TEST(CheckShardEnvironment, AMalformedVariableIsBadInputNamingIt) {
   TempDir dir;
-  ScopedEnv env({{"GTEST_SHARD_INDEX", "one"}, {"GTEST_TOTAL_SHARDS", "2"}});
-  const auto r = RunKvdiff("check --cases 4 --backends impl", dir.path());
+  const auto r = RunKvdiff("check --cases 4 --backends impl", dir.path(),
+                           {{"GTEST_SHARD_INDEX", "one"}, {"GTEST_TOTAL_SHARDS", "2"}});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("GTEST_SHARD_INDEX: expected a whole number >= 0, got \"one\""));
 }
