@@ -204,6 +204,11 @@ MergedCampaign MergeCampaignReportFiles(const std::vector<std::string>& files) {
 std::string MergedCampaign::Summary() const {
   const int64_t count = report.at("merge").at("shards").get<int64_t>();
   std::string out = campaign.Summary();
+  if (!missing.empty() || !duplicated.empty()) {
+    // The cases present may all pass; the campaign still did not run as a whole.
+    const size_t last = out.rfind('\n', out.size() - 2) + 1;
+    if (out.compare(last, 5, "PASS:") == 0) out.replace(last, 4, "INCOMPLETE");
+  }
   for (int64_t i : missing) {
     out += fmt::format("FAIL shard {}/{}: missing (no report): its {} cases did not run\n", i,
                        count, ShardCases(campaign.cases, Shard{i, count}).size());
