@@ -82,17 +82,25 @@ ShardReport ReadShard(const std::string& file, const json& root) {
 
 }  // namespace
 
-json MergeCoverage(const json& a, const json& b) {
+json MergeCoverage(const json& a, const json& b) { return MergeCoverageField("", a, b); }
+
+json MergeCoverageField(const std::string& key, const json& a, const json& b) {
   if (a.is_object() && b.is_object()) {
     json out = a;
     for (auto it = b.begin(); it != b.end(); ++it) {
-      out[it.key()] =
-          out.contains(it.key()) ? MergeCoverage(out[it.key()], it.value()) : it.value();
+      out[it.key()] = out.contains(it.key())
+                          ? MergeCoverageField(it.key(), out[it.key()], it.value())
+                          : it.value();
     }
     return out;
   }
-  if (a.is_number_integer() && b.is_number_integer()) {
-    return a.get<int64_t>() + b.get<int64_t>();
+  if (a.is_number() && b.is_number()) {
+    if (key.rfind("max", 0) == 0)
+      return std::max(a.get<double>(), b.get<double>()) == a.get<double>() ? a : b;
+    if (key.rfind("min", 0) == 0)
+      return std::min(a.get<double>(), b.get<double>()) == a.get<double>() ? a : b;
+    if (a.is_number_integer() && b.is_number_integer()) return a.get<int64_t>() + b.get<int64_t>();
+    return a;
   }
   if (a.is_boolean() && b.is_boolean()) return a.get<bool>() || b.get<bool>();
   return a;

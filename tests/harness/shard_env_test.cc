@@ -14,6 +14,7 @@
 
 #include "format/error.h"
 #include "harness/jobs.h"
+#include "harness/merge.h"
 
 namespace kvdiff::harness {
 namespace {
@@ -167,6 +168,20 @@ TEST(ResolveJobs, ZeroIsEveryCoreAndNeverMoreThanTheItems) {
   EXPECT_EQ(ResolveJobs(8, 3), 3);
   EXPECT_EQ(ResolveJobs(2, 0), 1);
   EXPECT_EQ(ResolveJobs(1, 100), 1);
+}
+
+TEST(MergeCoverage, CountersAddFlagsOrMaximaStayMaxima) {
+  const auto a = nlohmann::json::parse(
+      R"({"ops": {"fork": 3, "decode": 5}, "crossed": {"128": false}, "max_length": 48,
+          "boundaries": [8, 128]})");
+  const auto b = nlohmann::json::parse(
+      R"({"ops": {"fork": 1, "reset": 2}, "crossed": {"128": true}, "max_length": 40,
+          "boundaries": [8, 128]})");
+  const auto m = MergeCoverage(a, b);
+  EXPECT_EQ(m.at("ops"), nlohmann::json::parse(R"({"fork": 4, "decode": 5, "reset": 2})"));
+  EXPECT_EQ(m.at("crossed").at("128"), true);
+  EXPECT_EQ(m.at("boundaries"), nlohmann::json::parse("[8, 128]"));
+  EXPECT_EQ(m.at("max_length"), 48) << "a maximum is not a counter";
 }
 
 }  // namespace
