@@ -1,6 +1,7 @@
 #include "harness/campaign.h"
 
 #include "format/prng.h"
+#include "harness/jobs.h"
 #include "harness/junit.h"
 
 #include <fmt/format.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <mutex>
 
 #include "format/error.h"
 #include "harness/report.h"
@@ -237,6 +239,10 @@ nlohmann::json CampaignReport::ToJson() const {
 }
 
 std::string CampaignReport::ToJUnit() const {
+  return ToJUnitXml("kvdiff", seconds, {ToJUnitSuite()});
+}
+
+JUnitSuite CampaignReport::ToJUnitSuite() const {
   JUnitSuite suite;
   suite.name = suite.classname =
       fmt::format("kvdiff.check.seed{}.shard{}of{}", seed, shard.index, shard.count);
@@ -252,12 +258,62 @@ std::string CampaignReport::ToJUnit() const {
     }
     suite.cases.push_back(std::move(c));
   }
-  return ToJUnitXml("kvdiff", seconds, {suite});
+  return suite;
 }
 
 CampaignReport RunCampaign(const ModelSpec& model, const std::vector<const Backend*>& backends,
                            const CampaignOptions& options) {
-  KVDIFF_CHECK(!backends.empty(), "check: no backend to run");
+  return RunCampaignOnJobs(model, {backends}, options);
+}
+
+namespace {
+
+// Case k of the campaign on one job's backends.
+CaseResult RunCase(const format::LlamaConfig& config, const ModelSpec& model,
+                   const std::vector<std::string>& backend_names,
+                   const std::vector<const Backend*>& backends, const CampaignOptions& options,
+                   int64_t k) {
+  Scenario sc = GenerateCase(config, model, options.seed, k);
+  sc.backends = backend_names;
+  sc.tolerance_abs = options.tolerance_abs;
+  ValidateScenario(sc, config);  // a generator bug must not pass as a backend bug
+  const RunReport run = RunScenario(sc, backends, options.run);
+  CaseResult result;
+  result.index = k;
+  result.passed = run.Passed();
+  result.steps = static_cast<int64_t>(sc.steps.size());
+  result.rows_compared = run.rows_compared;
+  result.worst_diff = run.worst_diff;
+  if (!run.Passed()) {
+    if (run.first_divergence) {
+      const Divergence& d = *run.first_divergence;
+      result.failure = fmt::format(
+          "step {} {}: {} vs {} at conversation {}, position {}: max |a-b| {}", d.step, d.params,
+          d.a, d.b, d.row.conversation, d.row.position, FormatDiff(d.row.cmp.max_abs_diff));
+    } else {
+      const BackendFailure& e = *run.first_error;
+      result.failure =
+          fmt::format("step {} {}: {} threw: {}", e.step, e.params, e.backend, e.message);
+    }
+    const auto file = options.out_dir / fmt::format("check-seed{}-case{}.json", options.seed, k);
+    static std::mutex write_mutex;  // jobs share the out-dir, which the first write creates
+    std::lock_guard<std::mutex> lock(write_mutex);
+    WriteTextFile(file, sc.ToText());
+    result.scenario_file = file.string();
+  }
+  return result;
+}
+
+}  // namespace
+
+CampaignReport RunCampaignOnJobs(const ModelSpec& model,
+                                 const std::vector<std::vector<const Backend*>>& jobs,
+                                 const CampaignOptions& options) {
+  KVDIFF_CHECK(!jobs.empty() && !jobs[0].empty(), "check: no backend to run");
+  const std::vector<const Backend*>& backends = jobs[0];
+  for (const auto& job : jobs) {
+    KVDIFF_CHECK(job.size() == backends.size(), "check: every job needs the same backends");
+  }
   const format::LlamaConfig& config = backends[0]->config();
   KVDIFF_CHECK(options.cases >= 0, "--cases: expected a count >= 0, got {}", options.cases);
   KVDIFF_CHECK(options.tolerance_abs >= 0 && std::isfinite(options.tolerance_abs),
@@ -272,40 +328,25 @@ CampaignReport RunCampaign(const ModelSpec& model, const std::vector<const Backe
   report.shard = options.shard;
   report.tolerance = options.tolerance_abs;
   const std::vector<int64_t> indices = ShardCases(options.cases, options.shard);
-  for (int64_t k : indices) {
-    Scenario sc = GenerateCase(config, model, options.seed, k);
-    sc.backends = report.backends;
-    sc.tolerance_abs = options.tolerance_abs;
-    ValidateScenario(sc, config);  // a generator bug must not pass as a backend bug
-    const RunReport run = RunScenario(sc, backends, options.run);
-    CaseResult result;
-    result.index = k;
-    result.passed = run.Passed();
-    result.steps = static_cast<int64_t>(sc.steps.size());
-    result.rows_compared = run.rows_compared;
-    result.worst_diff = run.worst_diff;
-    if (!run.Passed()) {
-      if (run.first_divergence) {
-        const Divergence& d = *run.first_divergence;
-        result.failure = fmt::format(
-            "step {} {}: {} vs {} at conversation {}, position {}: max |a-b| {}", d.step, d.params,
-            d.a, d.b, d.row.conversation, d.row.position, FormatDiff(d.row.cmp.max_abs_diff));
-      } else {
-        const BackendFailure& e = *run.first_error;
-        result.failure =
-            fmt::format("step {} {}: {} threw: {}", e.step, e.params, e.backend, e.message);
-      }
-      const auto file = options.out_dir / fmt::format("check-seed{}-case{}.json", options.seed, k);
-      WriteTextFile(file, sc.ToText());
-      result.scenario_file = file.string();
-    }
-    report.rows_compared += run.rows_compared;
-    if (!(run.worst_diff <= report.worst_diff)) report.worst_diff = run.worst_diff;
-    report.results.push_back(result);
-    if (options.progress) {
-      options.progress(static_cast<int64_t>(report.results.size()),
-                       static_cast<int64_t>(indices.size()), report.Failures());
-    }
+  // Results land in case order whichever job ran them; the report is folded from them after.
+  std::vector<CaseResult> results(indices.size());
+  int64_t done = 0, failures = 0;
+  RunJobs(
+      static_cast<int64_t>(indices.size()), static_cast<int>(jobs.size()),
+      [&](int job, int64_t i) {
+        results[i] = RunCase(config, model, report.backends, jobs[job], options, indices[i]);
+      },
+      [&](int64_t i) {
+        ++done;
+        failures += results[i].passed ? 0 : 1;
+        if (options.progress) {
+          options.progress(done, static_cast<int64_t>(indices.size()), failures);
+        }
+      });
+  for (CaseResult& result : results) {
+    report.rows_compared += result.rows_compared;
+    if (!(result.worst_diff <= report.worst_diff)) report.worst_diff = result.worst_diff;
+    report.results.push_back(std::move(result));
   }
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "harness/backend.h"
+#include "harness/junit.h"
 #include "harness/runner.h"
 #include "harness/scenario.h"
 
@@ -70,10 +71,16 @@ struct CampaignReport {
   std::string Summary() const;  // the closing lines for the terminal
   nlohmann::json ToJson() const;
   std::string ToJUnit() const;
+  JUnitSuite ToJUnitSuite() const;  // the suite ToJUnit writes (merge adds to it)
 };
 
 // The backends are built over the model `model` describes (it is recorded in failing cases).
 CampaignReport RunCampaign(const ModelSpec& model, const std::vector<const Backend*>& backends,
                            const CampaignOptions& options);
+// The same campaign on jobs.size() threads, job j running its cases on jobs[j] only (each its own
+// backend instances, built alike): the report is the one a single job gives, case for case.
+CampaignReport RunCampaignOnJobs(const ModelSpec& model,
+                                 const std::vector<std::vector<const Backend*>>& jobs,
+                                 const CampaignOptions& options);
 
 }  // namespace kvdiff::harness

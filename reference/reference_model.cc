@@ -12,11 +12,13 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
+#include <dlfcn.h>
 #include <fmt/format.h>
 
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -27,6 +29,24 @@
 
 namespace kvdiff::ref {
 namespace {
+
+// LibTorch's GEMMs run in whatever BLAS libblas.so.3 resolves to. OpenBLAS keeps a thread pool of
+// its own, sized to every core when it loads, whose workers spin after each call: it is held to
+// the reference's own thread count, so a reference on one thread (kvdiff check, any --jobs) never
+// wakes them to spin against kvdiff's other threads. Looked up at run time: other BLAS have no
+// such call, and LibTorch is not linked against OpenBLAS, only against libblas.so.3.
+void HoldBlasThreads(int threads) {
+  using SetThreads = void (*)(int);
+  using GetThreads = int (*)();
+  static const auto set =
+      reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  static const auto get =
+      reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  if (set == nullptr || get == nullptr || get() == threads) return;
+  static std::mutex mutex;  // a process-wide setting: one writer at a time
+  std::lock_guard<std::mutex> lock(mutex);
+  if (get() != threads) set(threads);
+}
 
 using at::Tensor;
 
@@ -393,6 +413,7 @@ struct ReferenceModel::Impl {
     if (past_key_values != nullptr) CheckCacheBelongs(*past_key_values);
     CheckTokens(tokens, past_seen_tokens);
     if (at::get_num_threads() != threads) at::set_num_threads(threads);
+    HoldBlasThreads(threads);
     if (trace != nullptr) trace->layers.assign(config.num_hidden_layers, LayerTrace{});
 
     c10::InferenceMode guard;
@@ -462,6 +483,7 @@ ReferenceModel::ReferenceModel(std::shared_ptr<const format::ModelWeights> weigh
   m.upcast = UpcastDtype(precision);
   const unsigned cores = std::thread::hardware_concurrency();
   m.threads = threads > 0 ? threads : static_cast<int>(cores > 0 ? cores : 1);
+  HoldBlasThreads(m.threads);
   m.CheckShapes();
 
   c10::InferenceMode guard;

@@ -226,6 +226,12 @@ void RunFigures(const BenchArgs& args, const bench::ModelSource& source,
         continue;  // libopenblas.so.0 behind libblas.so.3, or liblapack: the BLAS is named below
       }
       fmt::print("{}'s BLAS (LibTorch's GEMMs): {}: {}\n", name, path, bench::BlasKind(path));
+      if (bench::BlasKind(path).rfind("netlib", 0) == 0) {
+        fmt::print(stderr,
+                   "warning: {}'s GEMMs run on netlib's unoptimised reference BLAS; install "
+                   "libopenblas0-pthread (ci/install-deps does) for an optimised libblas.so.3\n",
+                   name);
+      }
     }
   }
   if (has_impl && has_ref) {

@@ -12,6 +12,8 @@
 #include "format/error.h"
 #include "harness/backend.h"
 #include "harness/campaign.h"
+#include "harness/jobs.h"
+#include "harness/shard_env.h"
 #include "harness/cli/cli_util.h"
 #include "harness/cli/commands.h"
 #include "harness/report.h"
@@ -27,7 +29,9 @@ struct CheckArgs {
   uint64_t model_seed = 7;
   int64_t cases = 0;
   uint64_t seed = 0;
-  std::string shard = "1/1";
+  std::optional<std::string> shard;
+  std::optional<int64_t> shard_count;
+  int jobs = 0;
   std::string backends;
   std::string json;
   std::string junit;
@@ -51,16 +55,26 @@ int Check(const CheckArgs& args, bool model_seed_given) {
   harness::CampaignOptions options;
   options.seed = args.seed;
   options.cases = args.cases;
-  options.shard = harness::ParseShard(args.shard);
+  const harness::ShardSelection shard =
+      harness::SelectShard(args.shard, args.shard_count, harness::ProcessEnvironment());
+  options.shard = shard.shard;
+  if (!shard.status_file.empty()) harness::TouchShardStatusFile(shard.status_file);
   options.out_dir = args.out_dir;
   const std::vector<std::string> names =
       args.backends.empty() ? harness::DefaultBackends() : harness::ParseBackendList(args.backends);
   auto weights = harness::LoadModelFor(model);
-  const BackendSet backends =
-      MakeBackends(names, weights, WithThreads(args.isolation, args.threads));
+  // One set of backends per job: a backend instance is used by one thread only.
+  const int jobs = harness::ResolveJobs(
+      args.jobs, static_cast<int64_t>(harness::ShardCases(args.cases, options.shard).size()));
+  std::vector<BackendSet> job_backends;
+  std::vector<std::vector<const harness::Backend*>> job_lists;
+  for (int j = 0; j < jobs; ++j) {
+    job_backends.push_back(MakeBackends(names, weights, WithThreads(args.isolation, args.threads)));
+    job_lists.push_back(job_backends.back().all);
+  }
   std::string profile_note;
   options.tolerance_abs =
-      harness::ResolveRunTolerance(args.tolerance, std::nullopt, backends.all, &profile_note);
+      harness::ResolveRunTolerance(args.tolerance, std::nullopt, job_lists[0], &profile_note);
   const bool tty = isatty(fileno(stderr)) != 0;
   if (tty) {
     // At most ten updates a second: a tiny case takes well under a millisecond.
@@ -77,8 +91,11 @@ int Check(const CheckArgs& args, bool model_seed_given) {
   fmt::print("kvdiff check: model {} ({}), backends {}\n", model.Describe(),
              harness::DescribeModel(weights->config), fmt::join(names, ","));
   if (!profile_note.empty()) fmt::print("{}\n", profile_note);
+  if (!shard.source.empty() && shard.source != "--shard") {
+    fmt::print("shard {}/{} from {}\n", options.shard.index, options.shard.count, shard.source);
+  }
   std::fflush(stdout);
-  const harness::CampaignReport report = harness::RunCampaign(model, backends.all, options);
+  const harness::CampaignReport report = harness::RunCampaignOnJobs(model, job_lists, options);
   fmt::print("{}", report.Summary());
   if (!args.json.empty()) harness::WriteTextFile(args.json, report.ToJson().dump(2) + "\n");
   if (!args.junit.empty()) harness::WriteTextFile(args.junit, report.ToJUnit());
@@ -104,8 +121,18 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--seed", args->seed, "Campaign seed: case k is generated from (seed, k)")
       ->default_val(0);
   cmd->add_option("--shard", args->shard,
-                  "i/n: run only the cases k with k % n == i-1 (n machines together run all)")
-      ->default_val("1/1");
+                  "i/n: run only the cases k with k % n == i-1 (n machines together run all); "
+                  "default: from TEST_SHARD_INDEX/TEST_TOTAL_SHARDS (Bazel), "
+                  "GTEST_SHARD_INDEX/GTEST_TOTAL_SHARDS or JOB_COMPLETION_INDEX (Kubernetes), "
+                  "else 1/1");
+  cmd->add_option("--shard-count", args->shard_count,
+                  "The number of shards when JOB_COMPLETION_INDEX selects one (else "
+                  "KVDIFF_SHARD_COUNT)");
+  cmd->add_option("--jobs", args->jobs,
+                  "Cases run at once, each job on its own backends (0: every core); the report "
+                  "is the same for any count")
+      ->default_val(0)
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option(
       "--backends", args->backends,
       BackendsHelp("default: " + fmt::format("{}", fmt::join(harness::DefaultBackends(), ","))));

@@ -20,5 +20,6 @@ void AddBenchCommand(CLI::App& app, int& exit_code);
 void AddTokenizeCommand(CLI::App& app, int& exit_code);
 void AddConformCommand(CLI::App& app, int& exit_code);
 void AddEngineHostCommand(CLI::App& app, int& exit_code);
+void AddMergeCommand(CLI::App& app, int& exit_code);
 
 }  // namespace kvdiff::cli

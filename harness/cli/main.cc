@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   kvdiff::cli::AddTokenizeCommand(app, exit_code);
   kvdiff::cli::AddConformCommand(app, exit_code);
   kvdiff::cli::AddEngineHostCommand(app, exit_code);
+  kvdiff::cli::AddMergeCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvdiff::testing {
@@ -29,12 +30,23 @@ struct CommandResult {
   std::string out, err;
 };
 
-// Runs `KVDIFF_BINARY args` in dir, capturing stdout and stderr.
-inline CommandResult RunKvdiff(const std::string& args, const std::filesystem::path& dir) {
+// Runs `KVDIFF_BINARY args` in dir, capturing stdout and stderr. The shard variables of CI fleets
+// (which `kvdiff check` reads) are removed from the child's environment, so a test binary run
+// under GoogleTest or Bazel sharding does not shard the campaigns it starts; `env` sets variables
+// for this child only.
+inline CommandResult RunKvdiff(const std::string& args, const std::filesystem::path& dir,
+                               const std::vector<std::pair<std::string, std::string>>& env = {}) {
   const auto out = dir / "stdout.txt";
   const auto err = dir / "stderr.txt";
-  const std::string cmd = "cd '" + dir.string() + "' && '" KVDIFF_BINARY "' " + args + " >'" +
-                          out.string() + "' 2>'" + err.string() + "'";
+  std::string vars = "env";
+  for (const char* name : {"TEST_SHARD_INDEX", "TEST_TOTAL_SHARDS", "TEST_SHARD_STATUS_FILE",
+                           "GTEST_SHARD_INDEX", "GTEST_TOTAL_SHARDS", "JOB_COMPLETION_INDEX",
+                           "KVDIFF_SHARD_COUNT"}) {
+    vars += std::string(" -u ") + name;
+  }
+  for (const auto& [name, value] : env) vars += " " + name + "='" + value + "'";
+  const std::string cmd = "cd '" + dir.string() + "' && " + vars + " '" KVDIFF_BINARY "' " + args +
+                          " >'" + out.string() + "' 2>'" + err.string() + "'";
   const int status = std::system(cmd.c_str());
   CommandResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;

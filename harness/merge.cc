@@ -1,0 +1,258 @@
+#include "harness/merge.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include "format/error.h"
+#include "harness/junit.h"
+#include "harness/report.h"
+
+namespace kvdiff::harness {
+namespace {
+
+using nlohmann::json;
+
+// The fields every shard of one campaign shares; a report that differs is another campaign's.
+constexpr const char* kCampaignFields[] = {"kvdiff_version", "model", "backends",
+                                           "tolerance",      "seed",  "cases"};
+
+double DiffOf(const json& value) {
+  return value.is_null() ? std::numeric_limits<double>::quiet_NaN() : value.get<double>();
+}
+
+CaseResult CaseFromJson(const json& j) {
+  CaseResult r;
+  r.index = j.at("case").get<int64_t>();
+  r.passed = j.at("passed").get<bool>();
+  r.steps = j.at("steps").get<int64_t>();
+  r.rows_compared = j.at("rows_compared").get<int64_t>();
+  r.worst_diff = DiffOf(j.at("worst_diff"));
+  if (!r.passed) {
+    r.failure = j.value("failure", "");
+    r.scenario_file = j.value("scenario_file", "");
+  }
+  return r;
+}
+
+// One shard report, checked: it is a check report, and it ran exactly its shard's cases.
+struct ShardReport {
+  std::string file;
+  const json* root = nullptr;
+  Shard shard;
+  std::vector<CaseResult> results;
+};
+
+ShardReport ReadShard(const std::string& file, const json& root) {
+  ShardReport s;
+  s.file = file;
+  s.root = &root;
+  try {
+    KVDIFF_CHECK(root.is_object() && root.value("command", "") == "check",
+                 "not a `kvdiff check --json` report (no \"command\": \"check\")");
+    for (const char* field : kCampaignFields) {
+      KVDIFF_CHECK(root.contains(field), "no \"{}\" field", field);
+    }
+    s.shard.index = root.at("shard").at("index").get<int64_t>();
+    s.shard.count = root.at("shard").at("count").get<int64_t>();
+    KVDIFF_CHECK(s.shard.count >= 1 && s.shard.index >= 1 && s.shard.index <= s.shard.count,
+                 "shard {}/{} is not a shard", s.shard.index, s.shard.count);
+    for (const json& c : root.at("results")) s.results.push_back(CaseFromJson(c));
+    std::vector<int64_t> ran;
+    for (const auto& r : s.results) ran.push_back(r.index);
+    const auto expected = ShardCases(root.at("cases").get<int64_t>(), s.shard);
+    KVDIFF_CHECK(ran == expected,
+                 "shard {}/{} of {} cases should hold {} results (cases {}...), it holds {}: a "
+                 "truncated or edited report",
+                 s.shard.index, s.shard.count, root.at("cases").get<int64_t>(), expected.size(),
+                 expected.empty() ? -1 : expected[0], ran.size());
+  } catch (const json::exception& e) {
+    throw InputError(fmt::format("{}: not a `kvdiff check --json` report: {}", file, e.what()));
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("{}: {}", file, e.what()));
+  }
+  return s;
+}
+
+}  // namespace
+
+json MergeCoverage(const json& a, const json& b) { return MergeCoverageField("", a, b); }
+
+json MergeCoverageField(const std::string& key, const json& a, const json& b) {
+  if (a.is_object() && b.is_object()) {
+    json out = a;
+    for (auto it = b.begin(); it != b.end(); ++it) {
+      out[it.key()] = out.contains(it.key())
+                          ? MergeCoverageField(it.key(), out[it.key()], it.value())
+                          : it.value();
+    }
+    return out;
+  }
+  if (a.is_number() && b.is_number()) {
+    if (key.rfind("max", 0) == 0)
+      return std::max(a.get<double>(), b.get<double>()) == a.get<double>() ? a : b;
+    if (key.rfind("min", 0) == 0)
+      return std::min(a.get<double>(), b.get<double>()) == a.get<double>() ? a : b;
+    if (a.is_number_integer() && b.is_number_integer()) return a.get<int64_t>() + b.get<int64_t>();
+    return a;
+  }
+  if (a.is_boolean() && b.is_boolean()) return a.get<bool>() || b.get<bool>();
+  return a;
+}
+
+MergedCampaign MergeCampaignReports(const std::vector<std::pair<std::string, json>>& reports) {
+  KVDIFF_CHECK(!reports.empty(), "merge: expected at least one `check --json` report");
+  std::vector<ShardReport> shards;
+  for (const auto& [file, root] : reports) shards.push_back(ReadShard(file, root));
+  const ShardReport& first = shards[0];
+  for (const ShardReport& s : shards) {
+    for (const char* field : kCampaignFields) {
+      KVDIFF_CHECK(s.root->at(field) == first.root->at(field),
+                   "{}: \"{}\" is {} but {} has {}: reports of different campaigns cannot merge",
+                   s.file, field, s.root->at(field).dump(), first.file,
+                   first.root->at(field).dump());
+    }
+    KVDIFF_CHECK(s.shard.count == first.shard.count,
+                 "{}: shard {}/{} but {} is shard {}/{}: a campaign is split one way", s.file,
+                 s.shard.index, s.shard.count, first.file, first.shard.index, first.shard.count);
+  }
+
+  MergedCampaign m;
+  const json& head = *first.root;
+  CampaignReport& c = m.campaign;
+  c.seed = head.at("seed").get<uint64_t>();
+  c.cases = head.at("cases").get<int64_t>();
+  c.tolerance = head.at("tolerance").at("abs").get<double>();
+  c.backends = head.at("backends").get<std::vector<std::string>>();
+  c.shard = Shard{1, 1};
+  std::map<int64_t, const ShardReport*> by_index;
+  for (const ShardReport& s : shards) {
+    m.files.push_back(s.file);
+    if (!by_index.emplace(s.shard.index, &s).second) {
+      if (m.duplicated.empty() || m.duplicated.back() != s.shard.index) {
+        m.duplicated.push_back(s.shard.index);
+      }
+    }
+  }
+  std::sort(m.duplicated.begin(), m.duplicated.end());
+  m.duplicated.erase(std::unique(m.duplicated.begin(), m.duplicated.end()), m.duplicated.end());
+  for (int64_t i = 1; i <= first.shard.count; ++i) {
+    if (by_index.count(i) == 0) m.missing.push_back(i);
+  }
+
+  // Every case once (a duplicated shard's first report), in case order, verbatim.
+  std::vector<std::pair<int64_t, json>> case_json;
+  json coverage;
+  for (const auto& [index, s] : by_index) {
+    const json& results = s->root->at("results");
+    for (size_t k = 0; k < results.size(); ++k) {
+      c.results.push_back(s->results[k]);
+      case_json.emplace_back(s->results[k].index, results[k]);
+    }
+    c.seconds += s->root->value("seconds", 0.0);
+    if (s->root->contains("coverage")) {
+      coverage = coverage.is_null() ? s->root->at("coverage")
+                                    : MergeCoverage(coverage, s->root->at("coverage"));
+    }
+  }
+  std::sort(c.results.begin(), c.results.end(),
+            [](const CaseResult& a, const CaseResult& b) { return a.index < b.index; });
+  std::sort(case_json.begin(), case_json.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const CaseResult& r : c.results) {
+    c.rows_compared += r.rows_compared;
+    if (!(r.worst_diff <= c.worst_diff)) c.worst_diff = r.worst_diff;
+  }
+
+  m.report = head;  // fields a later kvdiff adds travel along
+  json results = json::array();
+  std::vector<int64_t> indices;
+  for (auto& [index, j] : case_json) {
+    indices.push_back(index);
+    results.push_back(std::move(j));
+  }
+  m.report["shard"] = {{"index", 1}, {"count", 1}};
+  m.report["case_indices"] = indices;
+  m.report["passed"] = m.Passed();
+  m.report["failures"] = c.Failures();
+  m.report["rows_compared"] = c.rows_compared;
+  m.report["worst_diff"] = Number(c.worst_diff);
+  m.report["seconds"] = c.seconds;
+  m.report["results"] = std::move(results);
+  if (!coverage.is_null()) m.report["coverage"] = coverage;
+  m.report["merge"] = {{"shards", first.shard.count},
+                       {"files", m.files},
+                       {"missing", m.missing},
+                       {"duplicated", m.duplicated}};
+  return m;
+}
+
+MergedCampaign MergeCampaignReportFiles(const std::vector<std::string>& files) {
+  std::vector<std::pair<std::string, json>> reports;
+  for (const std::string& file : files) {
+    std::ifstream in(file, std::ios::binary);
+    KVDIFF_CHECK(in.good(), "{}: cannot read the report", file);
+    std::stringstream text;
+    text << in.rdbuf();
+    try {
+      reports.emplace_back(file, json::parse(text.str()));
+    } catch (const json::parse_error& e) {
+      throw InputError(fmt::format("{}: not JSON: {}", file, e.what()));
+    }
+  }
+  return MergeCampaignReports(reports);
+}
+
+std::string MergedCampaign::Summary() const {
+  const int64_t count = report.at("merge").at("shards").get<int64_t>();
+  std::string out = campaign.Summary();
+  if (!missing.empty() || !duplicated.empty()) {
+    // The cases present may all pass; the campaign still did not run as a whole.
+    const size_t last = out.rfind('\n', out.size() - 2) + 1;
+    if (out.compare(last, 5, "PASS:") == 0) out.replace(last, 4, "INCOMPLETE");
+  }
+  for (int64_t i : missing) {
+    out += fmt::format("FAIL shard {}/{}: missing (no report): its {} cases did not run\n", i,
+                       count, ShardCases(campaign.cases, Shard{i, count}).size());
+  }
+  for (int64_t i : duplicated) {
+    out += fmt::format("FAIL shard {}/{}: given by more than one report (merged once)\n", i, count);
+  }
+  out += fmt::format(
+      "{}: {} reports merged, {} of {} shards present{}\n", Passed() ? "PASS" : "FAIL",
+      files.size(), count - missing.size(), count,
+      missing.empty() && duplicated.empty()
+          ? ""
+          : fmt::format(" ({} missing, {} duplicated)", missing.size(), duplicated.size()));
+  return out;
+}
+
+std::string MergedCampaign::ToJUnit() const {
+  JUnitSuite suite = campaign.ToJUnitSuite();
+  const int64_t count = report.at("merge").at("shards").get<int64_t>();
+  for (int64_t i : missing) {
+    JUnitCase c;
+    c.name = fmt::format("shard {}/{}", i, count);
+    c.outcome = JUnitOutcome::kFailure;
+    c.type = "missing_shard";
+    c.message = fmt::format("shard {}/{}: no report; its cases did not run", i, count);
+    suite.cases.push_back(std::move(c));
+  }
+  for (int64_t i : duplicated) {
+    JUnitCase c;
+    c.name = fmt::format("shard {}/{}", i, count);
+    c.outcome = JUnitOutcome::kFailure;
+    c.type = "duplicated_shard";
+    c.message = fmt::format("shard {}/{}: given by more than one report", i, count);
+    suite.cases.push_back(std::move(c));
+  }
+  return ToJUnitXml("kvdiff", campaign.seconds, {suite});
+}
+
+}  // namespace kvdiff::harness

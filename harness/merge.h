@@ -1,0 +1,47 @@
+// `kvdiff merge`: the reports of a campaign's shards (`check --json`, one per machine) put back
+// together into the report of the whole campaign, as if one machine had run it, and a verdict
+// that fails when a shard is missing or ran twice: a fleet that lost a machine never passes.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "harness/campaign.h"
+
+namespace kvdiff::harness {
+
+struct MergedCampaign {
+  // check --json's shape for the whole campaign (shard 1/1, every case in order) plus "merge":
+  // the shard count, the files merged, the shards missing and duplicated.
+  nlohmann::json report;
+  CampaignReport campaign;          // the same cases, for the terminal summary and JUnit
+  std::vector<int64_t> missing;     // 1-based shard indices no report ran
+  std::vector<int64_t> duplicated;  // shard indices given by more than one report
+  std::vector<std::string> files;
+
+  bool Passed() const { return campaign.Passed() && missing.empty() && duplicated.empty(); }
+  int ExitCode() const { return Passed() ? 0 : 1; }
+  std::string Summary() const;
+  std::string ToJUnit() const;  // the campaign's cases, plus one failing case per missing shard
+};
+
+// reports: (file name, parsed JSON). InputError naming the file for a report that is not a
+// `check --json` report, or that belongs to another campaign (seed, cases, shard count, model,
+// backends, tolerance, version) than the first.
+MergedCampaign MergeCampaignReports(
+    const std::vector<std::pair<std::string, nlohmann::json>>& reports);
+
+// Reads and parses the files (InputError naming an unreadable or malformed one), then merges.
+MergedCampaign MergeCampaignReportFiles(const std::vector<std::string>& files);
+
+// Coverage sections of shard reports folded into one: objects key by key; a number under a key
+// that starts with "max" or "min" is the larger or smaller; other integers are counters and add;
+// booleans OR; anything else is the first report's (it must agree across shards).
+nlohmann::json MergeCoverage(const nlohmann::json& a, const nlohmann::json& b);
+nlohmann::json MergeCoverageField(const std::string& key, const nlohmann::json& a,
+                                  const nlohmann::json& b);
+
+}  // namespace kvdiff::harness

@@ -1,0 +1,188 @@
+// Shard selection from --shard and from the environments of CI fleets, and the job runner that
+// runs a campaign's cases on several threads with a sequential loop's result.
+#include "harness/shard_env.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "format/error.h"
+#include "harness/jobs.h"
+#include "harness/merge.h"
+
+namespace kvdiff::harness {
+namespace {
+
+using ::testing::HasSubstr;
+
+EnvLookup Env(std::map<std::string, std::string> vars) {
+  return [vars](const std::string& name) -> std::optional<std::string> {
+    const auto it = vars.find(name);
+    if (it == vars.end() || it->second.empty()) return std::nullopt;
+    return it->second;
+  };
+}
+
+std::string ErrorOf(const std::optional<std::string>& flag, std::optional<int64_t> count,
+                    std::map<std::string, std::string> vars) {
+  try {
+    SelectShard(flag, count, Env(std::move(vars)));
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(SelectShard, NothingSetIsTheWholeCampaign) {
+  const ShardSelection s = SelectShard(std::nullopt, std::nullopt, Env({}));
+  EXPECT_EQ(s.shard.index, 1);
+  EXPECT_EQ(s.shard.count, 1);
+  EXPECT_EQ(s.source, "");
+}
+
+TEST(SelectShard, BazelIsZeroBasedAndNamesItsStatusFile) {
+  const ShardSelection s = SelectShard(std::nullopt, std::nullopt,
+                                       Env({{"TEST_SHARD_INDEX", "2"},
+                                            {"TEST_TOTAL_SHARDS", "5"},
+                                            {"TEST_SHARD_STATUS_FILE", "/tmp/status"}}));
+  EXPECT_EQ(s.shard.index, 3);
+  EXPECT_EQ(s.shard.count, 5);
+  EXPECT_EQ(s.source, "TEST_SHARD_INDEX/TEST_TOTAL_SHARDS");
+  EXPECT_EQ(s.status_file, "/tmp/status");
+}
+
+TEST(SelectShard, GoogleTestVariables) {
+  const ShardSelection s = SelectShard(
+      std::nullopt, std::nullopt, Env({{"GTEST_SHARD_INDEX", "0"}, {"GTEST_TOTAL_SHARDS", "2"}}));
+  EXPECT_EQ(s.shard.index, 1);
+  EXPECT_EQ(s.shard.count, 2);
+  EXPECT_EQ(s.status_file, "") << "the status file is Bazel's handshake";
+}
+
+TEST(SelectShard, BazelWinsOverGoogleTestAndKubernetes) {
+  const ShardSelection s = SelectShard(std::nullopt, 9,
+                                       Env({{"TEST_SHARD_INDEX", "1"},
+                                            {"TEST_TOTAL_SHARDS", "4"},
+                                            {"GTEST_SHARD_INDEX", "0"},
+                                            {"GTEST_TOTAL_SHARDS", "3"},
+                                            {"JOB_COMPLETION_INDEX", "7"}}));
+  EXPECT_EQ(s.shard.index, 2);
+  EXPECT_EQ(s.shard.count, 4);
+}
+
+TEST(SelectShard, KubernetesIndexWithTheTotalFromTheFlagOrTheEnvironment) {
+  ShardSelection s = SelectShard(std::nullopt, 8, Env({{"JOB_COMPLETION_INDEX", "7"}}));
+  EXPECT_EQ(s.shard.index, 8);
+  EXPECT_EQ(s.shard.count, 8);
+  EXPECT_EQ(s.source, "JOB_COMPLETION_INDEX/--shard-count");
+  s = SelectShard(std::nullopt, std::nullopt,
+                  Env({{"JOB_COMPLETION_INDEX", "0"}, {"KVDIFF_SHARD_COUNT", "3"}}));
+  EXPECT_EQ(s.shard.index, 1);
+  EXPECT_EQ(s.shard.count, 3);
+  s = SelectShard(std::nullopt, 2,
+                  Env({{"JOB_COMPLETION_INDEX", "1"}, {"KVDIFF_SHARD_COUNT", "3"}}));
+  EXPECT_EQ(s.shard.count, 2) << "the flag wins over the variable";
+}
+
+TEST(SelectShard, TheFlagWinsOverEveryEnvironment) {
+  const ShardSelection s = SelectShard(std::string("3/7"), std::nullopt,
+                                       Env({{"TEST_SHARD_INDEX", "0"},
+                                            {"TEST_TOTAL_SHARDS", "2"},
+                                            {"TEST_SHARD_STATUS_FILE", "/tmp/status"},
+                                            {"JOB_COMPLETION_INDEX", "1"}}));
+  EXPECT_EQ(s.shard.index, 3);
+  EXPECT_EQ(s.shard.count, 7);
+  EXPECT_EQ(s.source, "--shard");
+  EXPECT_EQ(s.status_file, "") << "Bazel's shards were not honoured, so no handshake";
+}
+
+TEST(SelectShard, MalformedValuesNameTheVariable) {
+  EXPECT_THAT(
+      ErrorOf(std::nullopt, std::nullopt, {{"TEST_SHARD_INDEX", "x"}, {"TEST_TOTAL_SHARDS", "4"}}),
+      HasSubstr("TEST_SHARD_INDEX: expected a whole number >= 0, got \"x\""));
+  EXPECT_THAT(
+      ErrorOf(std::nullopt, std::nullopt, {{"TEST_SHARD_INDEX", "4"}, {"TEST_TOTAL_SHARDS", "4"}}),
+      HasSubstr("TEST_SHARD_INDEX: expected an index below 4"));
+  EXPECT_THAT(ErrorOf(std::nullopt, std::nullopt,
+                      {{"GTEST_SHARD_INDEX", "0"}, {"GTEST_TOTAL_SHARDS", "0"}}),
+              HasSubstr("GTEST_TOTAL_SHARDS: expected a whole number >= 1, got 0"));
+  EXPECT_THAT(ErrorOf(std::nullopt, std::nullopt,
+                      {{"GTEST_SHARD_INDEX", "-1"}, {"GTEST_TOTAL_SHARDS", "2"}}),
+              HasSubstr("GTEST_SHARD_INDEX: expected a whole number >= 0, got \"-1\""));
+  EXPECT_THAT(ErrorOf(std::nullopt, std::nullopt, {{"TEST_TOTAL_SHARDS", "4"}}),
+              HasSubstr("TEST_TOTAL_SHARDS is set but TEST_SHARD_INDEX is not"));
+  EXPECT_THAT(ErrorOf(std::nullopt, std::nullopt, {{"JOB_COMPLETION_INDEX", "2"}}),
+              HasSubstr("pass --shard-count N or set KVDIFF_SHARD_COUNT"));
+  EXPECT_THAT(ErrorOf(std::nullopt, std::nullopt,
+                      {{"JOB_COMPLETION_INDEX", "2"}, {"KVDIFF_SHARD_COUNT", "2.5"}}),
+              HasSubstr("KVDIFF_SHARD_COUNT: expected a whole number >= 1, got \"2.5\""));
+  EXPECT_THAT(ErrorOf(std::nullopt, 2, {{"JOB_COMPLETION_INDEX", "2"}}),
+              HasSubstr("JOB_COMPLETION_INDEX: expected an index below 2 (--shard-count)"));
+  EXPECT_THAT(ErrorOf(std::string("5/4"), std::nullopt, {}), HasSubstr("--shard"));
+  EXPECT_THAT(ErrorOf(std::nullopt, 0, {}), HasSubstr("--shard-count"));
+}
+
+TEST(RunJobs, EveryItemOnceInAnyJob) {
+  for (int jobs : {1, 2, 5}) {
+    std::vector<std::atomic<int>> runs(100);
+    std::mutex mutex;
+    std::vector<int64_t> after;
+    RunJobs(
+        100, jobs,
+        [&](int job, int64_t i) {
+          EXPECT_GE(job, 0);
+          EXPECT_LT(job, jobs);
+          runs[i]++;
+        },
+        [&](int64_t i) { after.push_back(i); });
+    for (int i = 0; i < 100; ++i) EXPECT_EQ(runs[i].load(), 1) << "item " << i;
+    EXPECT_EQ(after.size(), 100u);
+  }
+}
+
+TEST(RunJobs, RethrowsTheErrorOfTheSmallestFailingItem) {
+  for (int jobs : {1, 3}) {
+    try {
+      RunJobs(50, jobs, [](int, int64_t i) {
+        if (i == 40) throw std::runtime_error("item 40");
+        if (i == 17) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));  // fails last in time
+          throw std::runtime_error("item 17");
+        }
+      });
+      ADD_FAILURE() << "no exception";
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "item 17") << jobs << " jobs";
+    }
+  }
+}
+
+TEST(ResolveJobs, ZeroIsEveryCoreAndNeverMoreThanTheItems) {
+  EXPECT_GE(ResolveJobs(0, 1000), 1);
+  EXPECT_EQ(ResolveJobs(8, 3), 3);
+  EXPECT_EQ(ResolveJobs(2, 0), 1);
+  EXPECT_EQ(ResolveJobs(1, 100), 1);
+}
+
+TEST(MergeCoverage, CountersAddFlagsOrMaximaStayMaxima) {
+  const auto a = nlohmann::json::parse(
+      R"({"ops": {"fork": 3, "decode": 5}, "crossed": {"128": false}, "max_length": 48,
+          "boundaries": [8, 128]})");
+  const auto b = nlohmann::json::parse(
+      R"({"ops": {"fork": 1, "reset": 2}, "crossed": {"128": true}, "max_length": 40,
+          "boundaries": [8, 128]})");
+  const auto m = MergeCoverage(a, b);
+  EXPECT_EQ(m.at("ops"), nlohmann::json::parse(R"({"fork": 4, "decode": 5, "reset": 2})"));
+  EXPECT_EQ(m.at("crossed").at("128"), true);
+  EXPECT_EQ(m.at("boundaries"), nlohmann::json::parse("[8, 128]"));
+  EXPECT_EQ(m.at("max_length"), 48) << "a maximum is not a counter";
+}
+
+}  // namespace
+}  // namespace kvdiff::harness

@@ -1,0 +1,62 @@
+# The CMake package end to end: `cmake --install` kvdiff's build into a staging prefix, configure
+# the downstream project against it with find_package(kvdiff), and run its ctest: the passing
+# gate's shards and merge pass, the failing gate fails, and the merged report covers every case.
+#   cmake -DKVDIFF_BUILD=... -DDOWNSTREAM_SOURCE=... -DWORK=... -P downstream_test.cmake
+foreach(var KVDIFF_BUILD DOWNSTREAM_SOURCE WORK)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "downstream_test.cmake: -D${var}=... is required")
+  endif()
+endforeach()
+file(REMOVE_RECURSE "${WORK}")
+set(prefix "${WORK}/prefix")
+
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  set(rc "${rc}" PARENT_SCOPE)
+  set(out "${out}" PARENT_SCOPE)
+  set(err "${err}" PARENT_SCOPE)
+endfunction()
+
+run(${CMAKE_COMMAND} --install "${KVDIFF_BUILD}" --prefix "${prefix}")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "cmake --install failed (${rc}):\n${out}\n${err}")
+endif()
+foreach(file bin/kvdiff include/kvdiff/engine.h lib/cmake/kvdiff/kvdiffConfig.cmake
+             lib/cmake/kvdiff/kvdiffConfigVersion.cmake)
+  if(NOT EXISTS "${prefix}/${file}")
+    message(FATAL_ERROR "the install has no ${file}")
+  endif()
+endforeach()
+
+run(${CMAKE_COMMAND} -S "${DOWNSTREAM_SOURCE}" -B "${WORK}/build" "-DCMAKE_PREFIX_PATH=${prefix}")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "configuring the downstream project failed (${rc}):\n${out}\n${err}")
+endif()
+
+run(${CMAKE_CTEST_COMMAND} --test-dir "${WORK}/build" -N)
+foreach(test cache.clean cache.shard1of3 cache.shard2of3 cache.shard3of3 cache.merge strict.merge)
+  if(NOT out MATCHES "${test}")
+    message(FATAL_ERROR "the downstream project has no test ${test}:\n${out}")
+  endif()
+endforeach()
+
+run(${CMAKE_CTEST_COMMAND} --test-dir "${WORK}/build" -LE strict --output-on-failure -j 2)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "the downstream gate failed (${rc}):\n${out}\n${err}")
+endif()
+file(READ "${WORK}/build/kvdiff/cache/cache.json" merged)
+string(JSON cases GET "${merged}" cases)
+string(JSON ran LENGTH "${merged}" case_indices)
+string(JSON passed GET "${merged}" passed)
+if(NOT cases EQUAL 12 OR NOT ran EQUAL 12 OR NOT passed)
+  message(FATAL_ERROR "the merged report ran ${ran} of ${cases} cases, passed ${passed}")
+endif()
+if(NOT EXISTS "${WORK}/build/kvdiff/cache/cache.xml")
+  message(FATAL_ERROR "the merge wrote no JUnit file")
+endif()
+
+run(${CMAKE_CTEST_COMMAND} --test-dir "${WORK}/build" -L strict)
+if(rc EQUAL 0)
+  message(FATAL_ERROR "a gate at tolerance 0 passed:\n${out}")
+endif()
+message(STATUS "downstream project: the gate passes, the strict gate fails, 12 of 12 cases merged")
