@@ -297,6 +297,9 @@ Golden ParseGolden(const std::string& text, const std::string& where) {
   g.vocab_size = GetInt(root, "vocab_size", where);
   KVDIFF_CHECK(g.vocab_size >= 1, "{}.vocab_size: expected >= 1, got {}", where, g.vocab_size);
   g.backend = GetStr(root, "backend", where);
+  KVDIFF_CHECK(BackendRegistry::Global().Knows(g.backend),
+               "{}.backend: unknown backend \"{}\" (expected one of {})", where, g.backend,
+               BackendRegistry::Global().NamesText());
   g.dtype = GetStr(root, "dtype", where);
   g.driver = GetStr(root, "driver", where);
   const json& tol = Field(root, "tolerance", where);
@@ -319,6 +322,11 @@ Golden ParseGolden(const std::string& text, const std::string& where) {
     }
     KVDIFF_CHECK(r.greedy >= 0 && r.greedy < g.vocab_size,
                  "{}: rows[{}].greedy: id {} outside [0, {})", where, i, r.greedy, g.vocab_size);
+    // The greedy token is the argmax, which top_k lists first (ties: the lower id, both ways).
+    KVDIFF_CHECK(r.top_k.empty() || r.top_k[0].first == r.greedy,
+                 "{}: rows[{}].greedy: {} is not the top token {} of its top_k (the file was "
+                 "edited? regenerate it with `{}`)",
+                 where, i, r.greedy, r.top_k[0].first, g.regenerate);
     g.rows.push_back(std::move(r));
   }
   return g;

@@ -47,8 +47,12 @@ void SharedOptionChecks(CLI::App& app) {
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
     for (CLI::Option* opt : sub->get_options()) {
       const std::string name = opt->get_name();
+      // CLI11 2.1 files NonNegativeNumber's "NONNEGATIVE" as its description, not its name.
       try {
-        *opt->get_validator("NONNEGATIVE") = non_negative;
+        for (int i = 0;; ++i) {
+          CLI::Validator* v = opt->get_validator(i);
+          if (v->get_description() == "NONNEGATIVE") *v = non_negative;
+        }
       } catch (const CLI::OptionNotFound&) {
       }
       if (name == "--threads") opt->check(CLI::Range(0, kvdiff::impl::kMaxThreads));

@@ -7,6 +7,7 @@
 // The file: cases separated by blank lines, one directive per line ("key: value"), "#" comments.
 //   case: TEXT          what is refused (the README's first column)
 //   needs: ref          skip unless the build has the LibTorch reference
+//   needs: data         skip unless the shared data (@DATA@: ../shared/data) is there
 //   file: NAME = TEXT   write TEXT (macros below) to NAME
 //   copy: SRC DST       copy a file or directory; SRC may start with @SRC@ (the repository)
 //   config: DIR = JSON  DIR: the tiny model with JSON merged into its config.json (null deletes)
@@ -14,7 +15,8 @@
 //   sparse: NAME BYTES  a sparse file of that size; fifo: NAME; dir: NAME; remove: NAME
 //   edit: FILE = OLD => NEW   replace the first OLD by NEW in FILE (NEW may use macros)
 //   setup: ARGS         run kvdiff ARGS first (exit code ignored)
-//   run: ARGS           the command under test;  exit: N;  expect: FRAGMENT (on stderr)
+//   run: ARGS           the command under test;  exit: N;  expect: FRAGMENT (on stderr; with
+//                       exit 1, a failure, on stdout or stderr)
 // Macros: @DEEP:N@ is N '[' then N ']'; @REPEAT:N:TEXT@ is TEXT N times joined by ",".
 // Every case directory starts with tiny/ (make-model --preset tiny --seed 3) and nan/ (the same
 // with a NaN final norm, so every logit is NaN).
@@ -31,6 +33,7 @@
 #include "format/safetensors.h"
 #include "harness/registry.h"
 #include "tests/harness/harness_test_util.h"
+#include "tests/test_support.h"
 
 namespace kvdiff::testing {
 namespace {
@@ -47,6 +50,7 @@ struct Case {
   std::string run, expect;
   int exit = -1;
   bool needs_ref = false;
+  bool needs_data = false;
   int line = 0;
 };
 
@@ -86,7 +90,8 @@ std::vector<Case> ReadCatalogue() {
     } else if (key == "expect") {
       current.expect = value;
     } else if (key == "needs") {
-      current.needs_ref = value == "ref";
+      current.needs_ref = current.needs_ref || value == "ref";
+      current.needs_data = current.needs_data || value == "data";
     } else {
       current.directives.emplace_back(key, value);
     }
@@ -94,6 +99,8 @@ std::vector<Case> ReadCatalogue() {
   flush();
   return cases;
 }
+
+fs::path DataDir() { return SharedDataDir().value_or(fs::path("/nonexistent")); }
 
 std::string Expand(std::string text) {
   for (size_t at; (at = text.find("@DEEP:")) != std::string::npos;) {
@@ -113,6 +120,7 @@ std::string Expand(std::string text) {
   }
   size_t at;
   while ((at = text.find("@SRC@")) != std::string::npos) text.replace(at, 5, KVDIFF_SOURCE_DIR);
+  while ((at = text.find("@DATA@")) != std::string::npos) text.replace(at, 6, DataDir().string());
   return text;
 }
 
@@ -121,6 +129,18 @@ std::pair<std::string, std::string> Split(const std::string& value, const std::s
   const size_t at = value.find(sep);
   if (at == std::string::npos) throw std::runtime_error("expected '" + sep + "' in " + value);
   return {Trim(value.substr(0, at)), Trim(value.substr(at + sep.size()))};
+}
+
+// RunKvdiff under `timeout 120`: a hang fails the case (exit 124) instead of the suite.
+CommandResult RunBounded(const std::string& args, const fs::path& dir) {
+  const std::string cmd = "cd '" + dir.string() + "' && timeout 120 '" KVDIFF_BINARY "' " + args +
+                          " >stdout.txt 2>stderr.txt";
+  const int status = std::system(cmd.c_str());
+  CommandResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = ReadFile(dir / "stdout.txt");
+  r.err = ReadFile(dir / "stderr.txt");
+  return r;
 }
 
 class Catalogue : public ::testing::Test {
@@ -202,15 +222,17 @@ TEST_F(Catalogue, EveryCaseIsRefusedAsListed) {
   for (const Case& c : ReadCatalogue()) {
     ++index;
     if (c.needs_ref && !have_ref) continue;
+    if (c.needs_data && !fs::exists(DataDir() / "stories260K")) continue;
     SCOPED_TRACE(c.name + " (catalogue line " + std::to_string(c.line) + ")");
     const fs::path dir = *fixtures_ / ("case" + std::to_string(index));
     fs::create_directories(dir);
     fs::copy(*fixtures_ / "tiny", dir / "tiny", fs::copy_options::recursive);
     fs::copy(*fixtures_ / "nan", dir / "nan", fs::copy_options::recursive);
     Build(c, dir);
-    const CommandResult r = RunKvdiff("timeout 120 " + c.run, dir);
+    const CommandResult r = RunBounded(c.run, dir);
     EXPECT_EQ(r.exit_code, c.exit) << "kvdiff " << c.run << "\nstderr: " << r.err.substr(0, 2000);
-    EXPECT_THAT(r.err, HasSubstr(c.expect)) << "kvdiff " << c.run;
+    // Refusals (exit 2) are one line on stderr; a failure (exit 1) may be in the report on stdout.
+    EXPECT_THAT(c.exit == 1 ? r.out + r.err : r.err, HasSubstr(c.expect)) << "kvdiff " << c.run;
     fs::remove_all(dir);
   }
 }
@@ -224,7 +246,7 @@ std::string MarkdownTable() {
   std::string out = "| refused | command | exit | the message says |\n|---|---|---|---|\n";
   for (const Case& c : ReadCatalogue()) {
     std::string run = c.run.size() > 70 ? c.run.substr(0, 67) + "..." : c.run;
-    out += "| " + cell(c.name) + (c.needs_ref ? " (with LibTorch)" : "") + " | `kvdiff " +
+    out += "| " + cell(c.name) + (c.needs_ref ? " (with LibTorch)" : "") + (c.needs_data ? " (shared data)" : "") + " | `kvdiff " +
            cell(run) + "` | " + std::to_string(c.exit) + " | " + cell(c.expect) + " |\n";
   }
   return out;
