@@ -1,3 +1,5 @@
+#include "format/json_document.h"
+#include "format/input_file.h"
 #include "format/chat_template.h"
 
 #include <fmt/format.h>
@@ -1191,12 +1193,6 @@ class Renderer {
   std::vector<std::map<std::string, Value>> scopes_;
 };
 
-std::string ReadWholeFile(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  KVDIFF_CHECK(in.good(), "cannot open {}", path.string());
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 }  // namespace
 
 ChatTemplate::ChatTemplate(const std::string& source) {
@@ -1226,18 +1222,13 @@ std::vector<ChatMessage> ParseChatMessages(const std::string& text) {
   std::vector<ChatMessage> messages;
   size_t first = text.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && text[first] == '[') {
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
-      throw InputError(fmt::format("chat messages: not valid JSON: {}", e.what()));
-    }
+    const nlohmann::json j = ParseJsonDocument(text, "chat messages");
     for (size_t i = 0; i < j.size(); ++i) {
       const auto& m = j[i];
       KVDIFF_CHECK(m.is_object() && m.contains("role") && m["role"].is_string() &&
                        m.contains("content") && m["content"].is_string(),
                    "chat messages[{}]: expected {{\"role\": string, \"content\": string}}, got {}",
-                   i, m.dump());
+                   i, JsonSnippet(m));
       messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
     }
   } else {
@@ -1261,7 +1252,7 @@ std::vector<ChatMessage> ParseChatMessages(const std::string& text) {
         KVDIFF_CHECK(!messages.empty(),
                      "chat messages line {}: expected \"role: text\" (e.g. \"user: Hello\"), got "
                      "{}",
-                     line_no, nlohmann::json(line).dump());
+                     line_no, JsonSnippet(nlohmann::json(line)));
         messages.back().content += "\n" + line;
       }
       begin = end + 1;
@@ -1274,12 +1265,8 @@ std::vector<ChatMessage> ParseChatMessages(const std::string& text) {
 std::optional<ModelChatTemplate> LoadChatTemplate(const std::filesystem::path& dir) {
   const auto path = dir / "tokenizer_config.json";
   if (!std::filesystem::exists(path)) return std::nullopt;
-  nlohmann::json config;
-  try {
-    config = nlohmann::json::parse(ReadWholeFile(path));
-  } catch (const nlohmann::json::parse_error& e) {
-    throw InputError(fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
-  }
+  const nlohmann::json config =
+      ParseJsonDocument(ReadInputFile(path, "tokenizer config"), path.string());
   if (!config.is_object() || !config.contains("chat_template") ||
       config["chat_template"].is_null()) {
     return std::nullopt;

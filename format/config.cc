@@ -9,6 +9,8 @@
 #include <sstream>
 
 #include "format/error.h"
+#include "format/input_file.h"
+#include "format/json_document.h"
 
 namespace kvdiff::format {
 namespace {
@@ -19,9 +21,7 @@ using nlohmann::json;
 constexpr int64_t kMaxDimension = int64_t{1} << 31;
 
 std::string Describe(const json& value) {
-  std::string text = value.dump();
-  if (text.size() > 60) text = text.substr(0, 57) + "...";
-  return fmt::format("{} {}", value.type_name(), text);
+  return fmt::format("{} {}", value.type_name(), JsonSnippet(value, 57));
 }
 
 const json* Find(const json& object, const char* key) {
@@ -157,6 +157,19 @@ void LlamaConfig::Validate() const {
   CheckPositive(head_dim, "head_dim");
   CheckPositive(vocab_size, "vocab_size");
   CheckPositive(max_position_embeddings, "max_position_embeddings");
+  KVDIFF_CHECK(num_hidden_layers <= kMaxLayers,
+               "config.json field \"num_hidden_layers\": {} is more than kvdiff accepts ({})",
+               num_hidden_layers, kMaxLayers);
+  KVDIFF_CHECK(max_position_embeddings <= kMaxPositions,
+               "config.json field \"max_position_embeddings\": {} is more than kvdiff accepts ({})",
+               max_position_embeddings, kMaxPositions);
+  // -1 stands for null; any other id must be a token of the vocabulary.
+  for (const auto& [id, field] : {std::pair{bos_token_id, "bos_token_id"},
+                                  std::pair{eos_token_id, "eos_token_id"}}) {
+    KVDIFF_CHECK(id == -1 || (id >= 0 && id < vocab_size),
+                 "config.json field \"{}\": {} is not a token id of vocab_size {} (0..{}, or null)",
+                 field, id, vocab_size, vocab_size - 1);
+  }
   KVDIFF_CHECK(num_attention_heads % num_key_value_heads == 0,
                "config.json field \"num_key_value_heads\": {} does not divide num_attention_heads "
                "{} (grouped-query attention needs a whole number of query heads per KV head)",
@@ -205,12 +218,7 @@ void LlamaConfig::Validate() const {
 }
 
 LlamaConfig ParseConfig(const std::string& json_text) {
-  json root;
-  try {
-    root = json::parse(json_text);
-  } catch (const json::parse_error& e) {
-    throw InputError(fmt::format("config.json: invalid JSON: {}", e.what()));
-  }
+  const json root = ParseJsonDocument(json_text, "config.json");
   KVDIFF_CHECK(root.is_object(), "config.json: expected a JSON object at the top level, found {}",
                Describe(root));
   RefuseUnsupportedFeatures(root);
@@ -284,16 +292,18 @@ LlamaConfig ParseConfig(const std::string& json_text) {
 }
 
 LlamaConfig LoadConfig(const std::filesystem::path& config_json) {
-  std::ifstream in(config_json, std::ios::binary);
-  KVDIFF_CHECK(in.good() && !std::filesystem::is_directory(config_json),
-               "cannot read config file {}: it does not exist or is not readable",
-               config_json.string());
-  std::ostringstream text;
-  text << in.rdbuf();
+  const std::string text = ReadInputFile(config_json, "config file");
   try {
-    return ParseConfig(text.str());
+    return ParseConfig(text);
   } catch (const InputError& e) {
-    throw InputError(fmt::format("{}: {}", config_json.string(), e.what()));
+    // "config.json field \"x\": ..." becomes "DIR/config.json field \"x\": ...", not
+    // "DIR/config.json: config.json field ...".
+    const std::string message = e.what();
+    const std::string prefix = "config.json";
+    if (message.rfind(prefix, 0) == 0) {
+      throw InputError(config_json.string() + message.substr(prefix.size()));
+    }
+    throw InputError(fmt::format("{}: {}", config_json.string(), message));
   }
 }
 

@@ -17,6 +17,11 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
+// Bounds past which a config is refused with the field named, before anything is allocated. The
+// largest Llama checkpoints stay far below them: 126 layers (Llama 3.1 405B), 131072 positions.
+inline constexpr int64_t kMaxLayers = 1024;               // num_hidden_layers
+inline constexpr int64_t kMaxPositions = int64_t{1} << 20;  // max_position_embeddings (1048576)
+
 struct LlamaConfig {
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;

@@ -1,3 +1,5 @@
+#include "format/json_document.h"
+#include "format/input_file.h"
 #include "format/model_files.h"
 
 #include <fmt/format.h>
@@ -58,22 +60,15 @@ Checkpoint OpenCheckpoint(const std::filesystem::path& dir) {
   } else if (std::filesystem::exists(dir / kShardIndex)) {
     // Sharded: {"weight_map": {"tensor name": "model-00001-of-00002.safetensors", ...}}.
     const std::filesystem::path index_path = dir / kShardIndex;
-    std::ifstream in(index_path, std::ios::binary);
-    std::ostringstream text;
-    text << in.rdbuf();
-    nlohmann::json index;
-    try {
-      index = nlohmann::json::parse(text.str());
-    } catch (const nlohmann::json::parse_error& e) {
-      throw InputError(fmt::format("{}: invalid JSON: {}", index_path.string(), e.what()));
-    }
+    const nlohmann::json index = ParseJsonDocument(
+        ReadInputFile(index_path, "safetensors index"), index_path.string());
     KVDIFF_CHECK(
         index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
         "{}: expected an object with a \"weight_map\" object", index_path.string());
     std::set<std::string> shard_names;
     for (const auto& [name, shard] : index["weight_map"].items()) {
       KVDIFF_CHECK(shard.is_string(), "{}: weight_map entry \"{}\" must be a file name, found {}",
-                   index_path.string(), name, shard.dump());
+                   index_path.string(), name, JsonSnippet(shard));
       const std::string file = shard.get<std::string>();
       KVDIFF_CHECK(file.find('/') == std::string::npos && file != ".." && !file.empty(),
                    "{}: weight_map entry \"{}\" names \"{}\", not a file in the model directory",

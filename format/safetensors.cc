@@ -4,6 +4,7 @@
 // relative to the data section) plus an optional "__metadata__" object of strings. The reader is as
 // strict as the reference implementation: the tensors must tile the data section exactly (no
 // overlap, no gap, no trailing bytes), because a file that does not is truncated or corrupt.
+#include "format/json_document.h"
 #include "format/safetensors.h"
 
 #include <fcntl.h>
@@ -112,7 +113,7 @@ uint16_t FloatToBFloat16(float f) {
 uint64_t NonNegativeInt(const json& value, const std::string& what) {
   KVDIFF_CHECK(
       value.is_number_unsigned() || (value.is_number_integer() && value.get<int64_t>() >= 0),
-      "{}: expected a non-negative integer, found {}", what, value.dump());
+      "{}: expected a non-negative integer, found {}", what, JsonSnippet(value));
   return value.get<uint64_t>();
 }
 
@@ -214,13 +215,8 @@ SafetensorsFile SafetensorsFile::Open(const std::filesystem::path& path) {
   KVDIFF_CHECK(header_len <= kMaxHeaderBytes, "{}: header length {} exceeds the limit of {} bytes",
                file, header_len, kMaxHeaderBytes);
   const char* header_begin = reinterpret_cast<const char*>(bytes + 8);
-  json header;
-  try {
-    header = json::parse(header_begin, header_begin + header_len);
-  } catch (const json::parse_error& e) {
-    throw InputError(
-        fmt::format("{}: the {}-byte header is not valid JSON: {}", file, header_len, e.what()));
-  }
+  const json header = ParseJsonDocument(std::string_view(header_begin, header_len),
+                                         fmt::format("{}: the {}-byte header", file, header_len));
   KVDIFF_CHECK(header.is_object(), "{}: the header must be a JSON object, found {}", file,
                header.type_name());
 
@@ -242,7 +238,7 @@ SafetensorsFile SafetensorsFile::Open(const std::filesystem::path& path) {
       for (auto m = entry.begin(); m != entry.end(); ++m) {
         KVDIFF_CHECK(m.value().is_string(),
                      "{}: \"__metadata__\" entry \"{}\" must be a string, found {}", file, m.key(),
-                     m.value().dump());
+                     JsonSnippet(m.value()));
         result.metadata_[m.key()] = m.value().get<std::string>();
       }
       continue;
@@ -258,7 +254,7 @@ SafetensorsFile SafetensorsFile::Open(const std::filesystem::path& path) {
     TensorView view;
     view.name = name;
     KVDIFF_CHECK(entry["dtype"].is_string(), "{}: \"dtype\" must be a string, found {}", where,
-                 entry["dtype"].dump());
+                 JsonSnippet(entry["dtype"]));
     try {
       view.dtype = ParseDType(entry["dtype"].get<std::string>());
     } catch (const InputError& e) {
@@ -267,19 +263,19 @@ SafetensorsFile SafetensorsFile::Open(const std::filesystem::path& path) {
     const json& shape = entry["shape"];
     KVDIFF_CHECK(shape.is_array(),
                  "{}: \"shape\" must be a list of non-negative integers, found {}", where,
-                 shape.dump());
+                 JsonSnippet(shape));
     uint64_t num_elements = 1;
     for (const json& dim : shape) {
-      const uint64_t d = NonNegativeInt(dim, where + " shape " + shape.dump());
+      const uint64_t d = NonNegativeInt(dim, where + " shape " + JsonSnippet(shape));
       // Products beyond the file size are certainly wrong; checking here also prevents overflow.
       KVDIFF_CHECK(d == 0 || num_elements <= file_size / d,
-                   "{}: shape {} has more elements than the file has bytes", where, shape.dump());
+                   "{}: shape {} has more elements than the file has bytes", where, JsonSnippet(shape));
       num_elements *= d;
       view.shape.push_back(static_cast<int64_t>(d));
     }
     const json& offsets = entry["data_offsets"];
     KVDIFF_CHECK(offsets.is_array() && offsets.size() == 2,
-                 "{}: \"data_offsets\" must be [begin, end], found {}", where, offsets.dump());
+                 "{}: \"data_offsets\" must be [begin, end], found {}", where, JsonSnippet(offsets));
     const uint64_t begin = NonNegativeInt(offsets[0], where + " data_offsets begin");
     const uint64_t end = NonNegativeInt(offsets[1], where + " data_offsets end");
     KVDIFF_CHECK(begin <= end, "{}: data_offsets [{}, {}] end before they begin", where, begin,

@@ -1,3 +1,5 @@
+#include "format/json_document.h"
+#include "format/input_file.h"
 #include "format/tokenizer.h"
 
 #include <fmt/format.h>
@@ -51,9 +53,7 @@ bool IsValidUtf8(const std::string& s) {
 }
 
 std::string ReadWholeFile(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  KVDIFF_CHECK(in.good(), "cannot open tokenizer file {}", path.string());
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return ReadInputFile(path, "tokenizer file");
 }
 
 }  // namespace
@@ -183,12 +183,7 @@ void Tokenizer::Save(const std::filesystem::path& path) const {
 }
 
 Tokenizer Tokenizer::Parse(const std::string& json_text) {
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(json_text);
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(fmt::format("tokenizer: not valid JSON: {}", e.what()));
-  }
+  const nlohmann::json doc = ParseJsonDocument(json_text, "tokenizer");
   KVDIFF_CHECK(doc.is_object(), "tokenizer: expected a JSON object, got {}", doc.type_name());
   auto field = [&](const char* key) -> const nlohmann::json& {
     KVDIFF_CHECK(doc.contains(key), "tokenizer: missing field \"{}\"", key);
@@ -276,12 +271,8 @@ std::optional<Tokenizer> Tokenizer::LoadFromModelDir(const std::filesystem::path
   Token ids[2] = {-1, -1};
   const auto config_path = dir / "tokenizer_config.json";
   if (std::filesystem::exists(config_path)) {
-    nlohmann::json config;
-    try {
-      config = nlohmann::json::parse(ReadWholeFile(config_path));
-    } catch (const nlohmann::json::parse_error& e) {
-      throw InputError(fmt::format("{}: not valid JSON: {}", config_path.string(), e.what()));
-    }
+    const nlohmann::json config = ParseJsonDocument(
+        ReadInputFile(config_path, "tokenizer config"), config_path.string());
     const char* keys[2] = {"bos_token", "eos_token"};
     for (int k = 0; k < 2; ++k) {
       if (!config.is_object() || !config.contains(keys[k]) || config[keys[k]].is_null()) continue;

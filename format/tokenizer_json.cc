@@ -1,3 +1,5 @@
+#include "format/json_document.h"
+#include "format/input_file.h"
 #include "format/tokenizer_json.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -115,7 +117,7 @@ class Regex {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(error, message, sizeof(message));
       throw InputError(fmt::format("{}: regex {} does not compile at offset {}: {}", where,
-                                   json(pattern).dump(), offset,
+                                   JsonSnippet(json(pattern)), offset,
                                    reinterpret_cast<const char*>(message)));
     }
     code_.reset(code, pcre2_code_free);
@@ -158,7 +160,7 @@ struct Pattern {
   static Pattern Read(const json& j, const std::string& where) {
     KVDIFF_CHECK(j.is_object() && j.size() == 1 && (j.contains("String") || j.contains("Regex")),
                  "{}: pattern must be {{\"String\": ...}} or {{\"Regex\": ...}}, got {}", where,
-                 j.dump());
+                 JsonSnippet(j));
     Pattern p;
     if (j.contains("String")) {
       KVDIFF_CHECK(j["String"].is_string() && !j["String"].get<std::string>().empty(),
@@ -202,17 +204,17 @@ const json& Field(const json& j, const char* key, const std::string& where) {
 }
 std::string String(const json& j, const char* key, const std::string& where) {
   const json& v = Field(j, key, where);
-  KVDIFF_CHECK(v.is_string(), "{}.{}: expected a string, got {}", where, key, v.dump());
+  KVDIFF_CHECK(v.is_string(), "{}.{}: expected a string, got {}", where, key, JsonSnippet(v));
   return v.get<std::string>();
 }
 bool Bool(const json& j, const char* key, bool fallback, const std::string& where) {
   if (!j.contains(key) || j[key].is_null()) return fallback;
   KVDIFF_CHECK(j[key].is_boolean(), "{}.{}: expected true or false, got {}", where, key,
-               j[key].dump());
+               JsonSnippet(j[key]));
   return j[key].get<bool>();
 }
 std::string TypeOf(const json& j, const std::string& where) {
-  KVDIFF_CHECK(j.is_object(), "{}: expected an object with a \"type\", got {}", where, j.dump());
+  KVDIFF_CHECK(j.is_object(), "{}: expected an object with a \"type\", got {}", where, JsonSnippet(j));
   return String(j, "type", where);
 }
 // "pre_tokenizer.pretokenizers[1]" -> "pre_tokenizer".
@@ -417,7 +419,7 @@ struct HfTokenizer::Impl {
         KVDIFF_CHECK(unk_id >= 0,
                      "tokenizer.json: the character {} is not in the vocabulary and the model "
                      "has no unk_token",
-                     json(ch).dump());
+                     JsonSnippet(json(ch)));
         if (!(fuse_unk && !symbols.empty() && symbols.back() == unk_id)) symbols.push_back(unk_id);
       }
     }
@@ -702,7 +704,7 @@ void ReadPostProcessor(const json& j, const std::string& where, Impl& impl, bool
       } else {
         throw InputError(
             fmt::format("{}: expected {{\"SpecialToken\": ...}} or {{\"Sequence\": ...}}, got {}",
-                        w, item.dump()));
+                        w, JsonSnippet(item)));
       }
     }
     KVDIFF_CHECK(seen_sequence, "{}.single: has no Sequence \"A\"", where);
@@ -733,7 +735,7 @@ void ReadModel(const json& m, Impl& impl) {
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     KVDIFF_CHECK(!m.contains(key) || m[key].is_null() ||
                      (m[key].is_string() && m[key].get<std::string>().empty()),
-                 "model.{}: {} is not implemented by kvdiff (only null)", key, m[key].dump());
+                 "model.{}: {} is not implemented by kvdiff (only null)", key, JsonSnippet(m[key]));
   }
   impl.byte_fallback = Bool(m, "byte_fallback", false, where);
   impl.fuse_unk = Bool(m, "fuse_unk", false, where);
@@ -743,12 +745,12 @@ void ReadModel(const json& m, Impl& impl) {
   KVDIFF_CHECK(vocab.is_object(), "model.vocab: expected an object of token -> id");
   for (const auto& [token, id] : vocab.items()) {
     KVDIFF_CHECK(id.is_number_integer(), "model.vocab[{}]: expected an integer id, got {}",
-                 json(token).dump(), id.dump());
+                 JsonSnippet(json(token)), JsonSnippet(id));
     const auto v = id.get<Token>();
     KVDIFF_CHECK(v >= 0 && (static_cast<size_t>(v) >= impl.has_id.size() || !impl.has_id[v]),
-                 "model.vocab[{}]: id {} is negative or already used by {}", json(token).dump(), v,
+                 "model.vocab[{}]: id {} is negative or already used by {}", JsonSnippet(json(token)), v,
                  v >= 0 && static_cast<size_t>(v) < impl.has_id.size()
-                     ? json(impl.id_to_token[v]).dump()
+                     ? JsonSnippet(json(impl.id_to_token[v]))
                      : "-");
     impl.vocab[token] = v;
     SetToken(impl, v, token, "model.vocab");
@@ -780,7 +782,7 @@ void ReadModel(const json& m, Impl& impl) {
       KVDIFF_CHECK(space != std::string::npos && space > 0 && space + 1 < s.size() &&
                        s.find(' ', space + 1) == std::string::npos,
                    "model.merges[{}]: expected \"left right\" (two tokens, one space), got {}", i,
-                   item.dump());
+                   JsonSnippet(item));
       a = s.substr(0, space);
       b = s.substr(space + 1);
     } else if (item.is_array() && item.size() == 2 && item[0].is_string() && item[1].is_string()) {
@@ -789,16 +791,15 @@ void ReadModel(const json& m, Impl& impl) {
     } else {
       throw InputError(
           fmt::format("model.merges[{}]: expected \"left right\" or [\"left\", \"right\"], got {}",
-                      i, item.dump()));
+                      i, JsonSnippet(item)));
     }
     auto ia = impl.vocab.find(a), ib = impl.vocab.find(b), iab = impl.vocab.find(a + b);
     KVDIFF_CHECK(ia != impl.vocab.end() && ib != impl.vocab.end() && iab != impl.vocab.end(),
-                 "model.merges[{}]: {} + {} -> {}: {} is not in model.vocab", i, json(a).dump(),
-                 json(b).dump(), json(a + b).dump(),
-                 json(ia == impl.vocab.end()   ? a
-                      : ib == impl.vocab.end() ? b
-                                               : a + b)
-                     .dump());
+                 "model.merges[{}]: {} + {} -> {}: {} is not in model.vocab", i, JsonSnippet(json(a)),
+                 JsonSnippet(json(b)), JsonSnippet(json(a + b)),
+                 JsonSnippet(json(ia == impl.vocab.end()   ? a
+                                  : ib == impl.vocab.end() ? b
+                                                           : a + b)));
     // The first occurrence of a pair is its rank, as in tokenizers.
     impl.merges.emplace(Impl::PairKey(ia->second, ib->second),
                         std::make_pair(static_cast<int32_t>(i), iab->second));
@@ -818,21 +819,21 @@ void ReadAddedTokens(const json& list, Impl& impl) {
     for (const char* key : {"single_word", "lstrip", "rstrip"}) {
       KVDIFF_CHECK(!Bool(t, key, false, where),
                    "{} ({}): \"{}\": true is not implemented by kvdiff", where,
-                   json(added.content).dump(), key);
+                   JsonSnippet(json(added.content)), key);
     }
     KVDIFF_CHECK(!Bool(t, "normalized", false, where) || impl.normalizers.empty(),
                  "{} ({}): \"normalized\": true with a normalizer is not implemented by kvdiff",
-                 where, json(added.content).dump());
+                 where, JsonSnippet(json(added.content)));
     auto it = impl.vocab.find(added.content);
     KVDIFF_CHECK(it == impl.vocab.end() || it->second == added.id,
                  "{}: {} has id {} here and {} in the vocabulary", where,
-                 json(added.content).dump(), added.id, it == impl.vocab.end() ? -1 : it->second);
+                 JsonSnippet(json(added.content)), added.id, it == impl.vocab.end() ? -1 : it->second);
     KVDIFF_CHECK(
         added.id >= 0 && (static_cast<size_t>(added.id) >= impl.has_id.size() ||
                           !impl.has_id[added.id] || impl.id_to_token[added.id] == added.content),
         "{}: id {} is negative or already the token {}", where, added.id,
         added.id >= 0 && static_cast<size_t>(added.id) < impl.has_id.size()
-            ? json(impl.id_to_token[added.id]).dump()
+            ? JsonSnippet(json(impl.id_to_token[added.id]))
             : "-");
     impl.vocab[added.content] = added.id;
     SetToken(impl, added.id, added.content, where);
@@ -844,21 +845,10 @@ void ReadAddedTokens(const json& list, Impl& impl) {
   });
 }
 
-std::string ReadWholeFile(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  KVDIFF_CHECK(in.good(), "cannot open {}", path.string());
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 }  // namespace
 
 HfTokenizer HfTokenizer::Parse(const std::string& json_text) {
-  json root;
-  try {
-    root = json::parse(json_text);
-  } catch (const json::parse_error& e) {
-    throw InputError(fmt::format("tokenizer.json is not valid JSON: {}", e.what()));
-  }
+  const json root = ParseJsonDocument(json_text, "tokenizer.json");
   KVDIFF_CHECK(root.is_object(), "tokenizer.json: expected a JSON object at the top");
   for (const char* key : {"truncation", "padding"}) {
     KVDIFF_CHECK(!root.contains(key) || root[key].is_null(),
@@ -882,7 +872,7 @@ HfTokenizer HfTokenizer::Parse(const std::string& json_text) {
 
 HfTokenizer HfTokenizer::Load(const std::filesystem::path& path) {
   try {
-    return Parse(ReadWholeFile(path));
+    return Parse(ReadInputFile(path, "tokenizer file"));
   } catch (const InputError& e) {
     throw InputError(fmt::format("{}: {}", path.string(), e.what()));
   }

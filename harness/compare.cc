@@ -63,6 +63,17 @@ std::string DescribeNonFinite(const float* row, int64_t n) {
                      n, nan, inf, first, row[first]);
 }
 
+std::string DescribeNonFiniteLogits(const std::string& backend, const std::string& where,
+                                    const float* data, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::string bad = DescribeNonFinite(data + r * cols, cols);
+    if (!bad.empty()) {
+      return fmt::format("non-finite logits: backend {}{}, row {}, {}", backend, where, r, bad);
+    }
+  }
+  return "";
+}
+
 int64_t Argmax(const float* row, int64_t n) {
   int64_t best = -1;
   for (int64_t i = 0; i < n; ++i) {

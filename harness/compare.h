@@ -46,4 +46,10 @@ double MaxAbsDiff(const float* a, const float* b, int64_t n);
 // A non-finite logit is a failure of its own kind, never a difference of inf.
 std::string DescribeNonFinite(const float* row, int64_t n);
 
+// DescribeNonFinite over a row-major (rows, cols) block of one backend's output: empty when every
+// value is finite, else the message of the first bad row, e.g. "non-finite logits: backend impl,
+// row 2, 17 of 256 values NaN". `where` (", step 3") goes after the backend when not empty.
+std::string DescribeNonFiniteLogits(const std::string& backend, const std::string& where,
+                                    const float* data, int64_t rows, int64_t cols);
+
 }  // namespace kvdiff::harness

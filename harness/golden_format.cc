@@ -1,4 +1,6 @@
 // Golden files: the data types, the text format, finding golden sets and loading their scenarios.
+#include "format/json_document.h"
+#include "format/input_file.h"
 #include "harness/golden.h"
 #include "harness/golden_internal.h"
 
@@ -39,14 +41,9 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-std::string ReadBytes(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  KVDIFF_CHECK(in.good(), "cannot read {}", path.string());
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+std::string ReadBytes(const fs::path& path) { return format::ReadInputFile(path, "file"); }
 
+using format::JsonSnippet;
 using format::ScratchDir;
 
 // ---------------------------------------------------------------------------------------------
@@ -120,23 +117,23 @@ const json& Field(const json& obj, const std::string& key, const std::string& wh
 }
 std::string GetStr(const json& obj, const std::string& key, const std::string& where) {
   const json& v = Field(obj, key, where);
-  KVDIFF_CHECK(v.is_string(), "{}.{}: expected a string, got {}", where, key, v.dump());
+  KVDIFF_CHECK(v.is_string(), "{}.{}: expected a string, got {}", where, key, JsonSnippet(v));
   return v.get<std::string>();
 }
 int64_t GetInt(const json& obj, const std::string& key, const std::string& where) {
   const json& v = Field(obj, key, where);
-  KVDIFF_CHECK(v.is_number_integer(), "{}.{}: expected an integer, got {}", where, key, v.dump());
+  KVDIFF_CHECK(v.is_number_integer(), "{}.{}: expected an integer, got {}", where, key, JsonSnippet(v));
   return v.get<int64_t>();
 }
 double GetNum(const json& v, const std::string& where) {
-  KVDIFF_CHECK(v.is_number(), "{}: expected a number, got {}", where, v.dump());
+  KVDIFF_CHECK(v.is_number(), "{}: expected a number, got {}", where, JsonSnippet(v));
   const double d = v.get<double>();
-  KVDIFF_CHECK(std::isfinite(d), "{}: expected a finite number, got {}", where, v.dump());
+  KVDIFF_CHECK(std::isfinite(d), "{}: expected a finite number, got {}", where, JsonSnippet(v));
   return d;
 }
 
 GoldenRow ParseRow(const json& j, const std::string& where) {
-  KVDIFF_CHECK(j.is_object(), "{}: expected an object, got {}", where, j.dump());
+  KVDIFF_CHECK(j.is_object(), "{}: expected an object, got {}", where, JsonSnippet(j));
   GoldenRow r;
   r.step = GetInt(j, "step", where);
   r.row = GetInt(j, "row", where);
@@ -146,11 +143,11 @@ GoldenRow ParseRow(const json& j, const std::string& where) {
   r.greedy = static_cast<Token>(GetInt(j, "greedy", where));
   const json& top = Field(j, "top_k", where);
   KVDIFF_CHECK(top.is_array() && !top.empty(), "{}.top_k: expected [[id, logit], ...], got {}",
-               where, top.dump());
+               where, JsonSnippet(top));
   for (size_t i = 0; i < top.size(); ++i) {
     const std::string w = fmt::format("{}.top_k[{}]", where, i);
     KVDIFF_CHECK(top[i].is_array() && top[i].size() == 2 && top[i][0].is_number_integer(),
-                 "{}: expected [id, logit], got {}", w, top[i].dump());
+                 "{}: expected [id, logit], got {}", w, JsonSnippet(top[i]));
     r.top_k.emplace_back(static_cast<Token>(top[i][0].get<int64_t>()),
                          static_cast<float>(GetNum(top[i][1], w)));
   }
@@ -276,12 +273,7 @@ std::string GoldenToText(const Golden& g) {
 }
 
 Golden ParseGolden(const std::string& text, const std::string& where) {
-  json root;
-  try {
-    root = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw InputError(fmt::format("{}: invalid JSON: {}", where, e.what()));
-  }
+  const json root = format::ParseJsonDocument(text, where);
   KVDIFF_CHECK(root.is_object(), "{}: expected a JSON object", where);
   const std::string format = GetStr(root, "format", where);
   KVDIFF_CHECK(format == kGoldenFormat, "{}.format: expected \"{}\", got \"{}\"", where,
@@ -296,7 +288,7 @@ Golden ParseGolden(const std::string& text, const std::string& where) {
   g.model = Field(root, "model", where);
   const json& files = Field(root, "model_files", where);
   KVDIFF_CHECK(files.is_object(), "{}.model_files: expected an object, got {}", where,
-               files.dump());
+               JsonSnippet(files));
   for (const auto& [name, sha] : files.items()) {
     KVDIFF_CHECK(sha.is_string(), "{}.model_files.{}: expected a sha256 string", where, name);
     g.model_files[name] = sha.get<std::string>();
@@ -305,10 +297,13 @@ Golden ParseGolden(const std::string& text, const std::string& where) {
   g.vocab_size = GetInt(root, "vocab_size", where);
   KVDIFF_CHECK(g.vocab_size >= 1, "{}.vocab_size: expected >= 1, got {}", where, g.vocab_size);
   g.backend = GetStr(root, "backend", where);
+  KVDIFF_CHECK(BackendRegistry::Global().Knows(g.backend),
+               "{}.backend: unknown backend \"{}\" (expected one of {})", where, g.backend,
+               BackendRegistry::Global().NamesText());
   g.dtype = GetStr(root, "dtype", where);
   g.driver = GetStr(root, "driver", where);
   const json& tol = Field(root, "tolerance", where);
-  KVDIFF_CHECK(tol.is_object(), "{}.tolerance: expected {{\"abs\": x}}, got {}", where, tol.dump());
+  KVDIFF_CHECK(tol.is_object(), "{}.tolerance: expected {{\"abs\": x}}, got {}", where, JsonSnippet(tol));
   g.tolerance = GetNum(Field(tol, "abs", where + ".tolerance"), where + ".tolerance.abs");
   KVDIFF_CHECK(g.tolerance >= 0, "{}.tolerance.abs: expected >= 0, got {}", where, g.tolerance);
   g.top_k = static_cast<int>(GetInt(root, "top_k", where));
@@ -327,6 +322,11 @@ Golden ParseGolden(const std::string& text, const std::string& where) {
     }
     KVDIFF_CHECK(r.greedy >= 0 && r.greedy < g.vocab_size,
                  "{}: rows[{}].greedy: id {} outside [0, {})", where, i, r.greedy, g.vocab_size);
+    // The greedy token is the argmax, which top_k lists first (ties: the lower id, both ways).
+    KVDIFF_CHECK(r.top_k.empty() || r.top_k[0].first == r.greedy,
+                 "{}: rows[{}].greedy: {} is not the top token {} of its top_k (the file was "
+                 "edited? regenerate it with `{}`)",
+                 where, i, r.greedy, r.top_k[0].first, g.regenerate);
     g.rows.push_back(std::move(r));
   }
   return g;
@@ -402,7 +402,7 @@ GoldenInput LoadGoldenInput(const fs::path& scenario_file) {
   in.scenario.name = scenario_file.stem().string();
   // The header records the model as written (relative paths and all): the resolved spec holds
   // paths that depend on where the command was run from.
-  in.model_json = json::parse(text).at("model");
+  in.model_json = format::ParseJsonDocument(text, scenario_file.string()).at("model");
   in.missing = MissingModelData(in.scenario.model);
   if (!in.missing.empty()) return in;
   for (const fs::path& f : ModelDataFiles(in.scenario.model))

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "format/error.h"
+#include "impl/thread_pool.h"
 
 namespace kvdiff::harness {
 
@@ -98,6 +99,9 @@ std::unique_ptr<Backend> BackendRegistry::Make(const std::string& name,
                                                std::shared_ptr<const format::ModelWeights> weights,
                                                const BackendOptions& options) const {
   const BackendInfo& info = Info(name);
+  // Every backend, LibTorch's and the plugins' included, is held to the impl pool's bound.
+  KVDIFF_CHECK(options.threads >= 0 && options.threads <= impl::kMaxThreads,
+               "threads: expected 0 (every core) to {}, got {}", impl::kMaxThreads, options.threads);
   return Resolve(name)->make(info, std::move(weights), options);
 }
 

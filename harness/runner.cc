@@ -228,8 +228,14 @@ std::shared_ptr<const format::ModelWeights> LoadModelFor(const ModelSpec& spec) 
                    "e.g. tok512.bin; a scenario file's relative paths are read from its folder)",
                    spec.llama2c->tokenizer->string());
     }
-    return std::make_shared<const format::ModelWeights>(
+    auto weights = std::make_shared<const format::ModelWeights>(
         format::ReadLlama2cCheckpoint(spec.llama2c->checkpoint));
+    // The tokenizer is read whether or not the scenario has text, as convert reads it: a file of
+    // random bytes is refused here rather than accepted until a text prompt needs it.
+    if (spec.llama2c->tokenizer) {
+      (void)format::Tokenizer::ReadLlama2c(*spec.llama2c->tokenizer, weights->config.vocab_size);
+    }
+    return weights;
   }
   return std::make_shared<const format::ModelWeights>(
       format::MakeRandomModel(format::PresetConfig(spec.preset.value_or("")), spec.seed));

@@ -1,3 +1,5 @@
+#include "format/json_document.h"
+#include "format/input_file.h"
 #include "harness/scenario.h"
 
 #include <fmt/format.h>
@@ -14,6 +16,7 @@
 namespace kvdiff::harness {
 namespace {
 
+using format::JsonSnippet;
 using nlohmann::json;
 
 std::string TypeName(const json& value) { return value.type_name(); }
@@ -33,9 +36,9 @@ void CheckKeys(const json& obj, const std::string& where, const std::set<std::st
 int64_t GetInt(const json& obj, const std::string& key, const std::string& where, int64_t min) {
   const json& v = obj.at(key);
   KVDIFF_CHECK(v.is_number_integer(), "{}.{}: expected an integer, got {} {}", where, key,
-               TypeName(v), v.dump());
+               TypeName(v), JsonSnippet(v));
   KVDIFF_CHECK(!v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t(INT64_MAX),
-               "{}.{}: {} is too large (at most {})", where, key, v.dump(), INT64_MAX);
+               "{}.{}: {} is too large (at most {})", where, key, JsonSnippet(v), INT64_MAX);
   const int64_t value = v.get<int64_t>();
   KVDIFF_CHECK(value >= min, "{}.{}: expected an integer >= {}, got {}", where, key, min, value);
   return value;
@@ -44,7 +47,7 @@ int64_t GetInt(const json& obj, const std::string& key, const std::string& where
 std::string GetString(const json& obj, const std::string& key, const std::string& where) {
   const json& v = obj.at(key);
   KVDIFF_CHECK(v.is_string(), "{}.{}: expected a string, got {} {}", where, key, TypeName(v),
-               v.dump());
+               JsonSnippet(v));
   return v.get<std::string>();
 }
 
@@ -103,13 +106,13 @@ Step ParsePrefill(const json& s, const std::string& where, const std::string& co
     if (s.contains("tokens")) {
       const json& t = s.at("tokens");
       KVDIFF_CHECK(t.is_array(), "{}.tokens: expected an array of token ids, got {} {}", where,
-                   TypeName(t), t.dump());
+                   TypeName(t), JsonSnippet(t));
       KVDIFF_CHECK(!t.empty(), "{}.tokens: must not be empty", where);
       for (size_t i = 0; i < t.size(); ++i) {
         KVDIFF_CHECK(t[i].is_number_integer() && t[i].get<int64_t>() >= 0 &&
                          t[i].get<int64_t>() <= INT32_MAX,
                      "{}.tokens[{}]: expected a non-negative integer token id, got {}", where, i,
-                     t[i].dump());
+                     JsonSnippet(t[i]));
         step.tokens.push_back(static_cast<Token>(t[i].get<int64_t>()));
       }
     } else if (s.contains("text")) {
@@ -122,12 +125,12 @@ Step ParsePrefill(const json& s, const std::string& where, const std::string& co
       const json& c = s.at("chunks");
       KVDIFF_CHECK(c.is_array() && !c.empty(),
                    "{}.chunks: expected a non-empty array of chunk sizes, got {}", where,
-                   c.dump());
+                   JsonSnippet(c));
       int64_t sum = 0;
       for (size_t i = 0; i < c.size(); ++i) {
         KVDIFF_CHECK(c[i].is_number_integer() && c[i].get<int64_t>() >= 1 &&
                          c[i].get<int64_t>() <= INT32_MAX,
-                     "{}.chunks[{}]: expected a chunk size >= 1, got {}", where, i, c[i].dump());
+                     "{}.chunks[{}]: expected a chunk size >= 1, got {}", where, i, JsonSnippet(c[i]));
         step.chunks.push_back(c[i].get<int64_t>());
         sum += step.chunks.back();
       }
@@ -143,7 +146,7 @@ Step ParsePrefill(const json& s, const std::string& where, const std::string& co
 // Every op's fields, read and checked; the step is built by its named constructor.
 Step ParseStep(const json& s, size_t index) {
   const std::string where = fmt::format("steps[{}]", index);
-  KVDIFF_CHECK(s.is_object(), "{}: expected an object, got {} {}", where, TypeName(s), s.dump());
+  KVDIFF_CHECK(s.is_object(), "{}: expected an object, got {} {}", where, TypeName(s), JsonSnippet(s));
   KVDIFF_CHECK(s.contains("op"), "{}: missing field \"op\"", where);
   const Op op_kind = ParseOp(GetString(s, "op", where), where);
   const std::string op = OpName(op_kind);
@@ -192,7 +195,7 @@ ModelSpec ParseModel(const json& m, const std::filesystem::path& base_dir) {
                "model: expected an object like {{\"preset\": \"tiny\", \"seed\": 3}}, "
                "{{\"path\": \"DIR\"}} or {{\"llama2c\": {{\"checkpoint\": \"FILE.bin\", "
                "\"tokenizer\": \"FILE.bin\"}}}}, got {}",
-               m.dump());
+               JsonSnippet(m));
   ModelSpec spec;
   if (m.contains("path")) {
     CheckKeys(m, "model", {"path"});
@@ -203,7 +206,7 @@ ModelSpec ParseModel(const json& m, const std::filesystem::path& base_dir) {
     KVDIFF_CHECK(l.is_object(),
                  "model.llama2c: expected an object like {{\"checkpoint\": \"FILE.bin\", "
                  "\"tokenizer\": \"FILE.bin\"}}, got {}",
-                 l.dump());
+                 JsonSnippet(l));
     CheckKeys(l, "model.llama2c", {"checkpoint", "tokenizer"});
     KVDIFF_CHECK(l.contains("checkpoint"),
                  "model.llama2c: missing field \"checkpoint\" (the llama2.c .bin model file)");
@@ -221,7 +224,7 @@ ModelSpec ParseModel(const json& m, const std::filesystem::path& base_dir) {
       const json& seed = m.at("seed");
       KVDIFF_CHECK(
           seed.is_number_unsigned() || (seed.is_number_integer() && seed.get<int64_t>() >= 0),
-          "model.seed: expected an integer >= 0, got {}", seed.dump());
+          "model.seed: expected an integer >= 0, got {}", JsonSnippet(seed));
       spec.seed = seed.get<uint64_t>();
     }
   }
@@ -421,12 +424,7 @@ std::string Scenario::ToText() const {
 }
 
 Scenario ParseScenario(const std::string& json_text, const std::filesystem::path& base_dir) {
-  json root;
-  try {
-    root = json::parse(json_text);
-  } catch (const json::parse_error& e) {
-    throw InputError(fmt::format("scenario: invalid JSON: {}", e.what()));
-  }
+  const json root = format::ParseJsonDocument(json_text, "scenario");
   KVDIFF_CHECK(root.is_object(), "scenario: expected a JSON object at the top, got {}",
                TypeName(root));
   CheckKeys(root, "scenario", {"description", "model", "tolerance", "backends", "driver", "steps"});
@@ -439,23 +437,23 @@ Scenario ParseScenario(const std::string& json_text, const std::filesystem::path
   if (root.contains("tolerance")) {
     const json& t = root.at("tolerance");
     KVDIFF_CHECK(t.is_object(), "tolerance: expected an object like {{\"abs\": 1e-4}}, got {}",
-                 t.dump());
+                 JsonSnippet(t));
     CheckKeys(t, "tolerance", {"abs"});
     if (t.contains("abs")) {
       KVDIFF_CHECK(t.at("abs").is_number(), "tolerance.abs: expected a number, got {}",
-                   t.at("abs").dump());
+                   JsonSnippet(t.at("abs")));
       sc.tolerance_abs = t.at("abs").get<double>();
       KVDIFF_CHECK(sc.tolerance_abs >= 0 && std::isfinite(sc.tolerance_abs),
-                   "tolerance.abs: expected a finite number >= 0, got {}", t.at("abs").dump());
+                   "tolerance.abs: expected a finite number >= 0, got {}", JsonSnippet(t.at("abs")));
     }
   }
   if (root.contains("backends")) {
     const json& b = root.at("backends");
     KVDIFF_CHECK(b.is_array() && !b.empty(),
-                 "backends: expected a non-empty array like [\"impl\", \"ref\"], got {}", b.dump());
+                 "backends: expected a non-empty array like [\"impl\", \"ref\"], got {}", JsonSnippet(b));
     for (size_t i = 0; i < b.size(); ++i) {
       KVDIFF_CHECK(b[i].is_string(), "backends[{}]: expected a backend name, got {}", i,
-                   b[i].dump());
+                   JsonSnippet(b[i]));
       const std::string name = b[i].get<std::string>();
       KVDIFF_CHECK(BackendRegistry::Global().Knows(name),
                    "backends[{}]: unknown backend \"{}\" (expected one of {})", i, name,
@@ -469,19 +467,19 @@ Scenario ParseScenario(const std::string& json_text, const std::filesystem::path
   KVDIFF_CHECK(root.contains("steps"), "scenario: missing field \"steps\"");
   const json& steps = root.at("steps");
   KVDIFF_CHECK(steps.is_array() && !steps.empty(),
-               "steps: expected a non-empty array of steps, got {}", steps.dump());
+               "steps: expected a non-empty array of steps, got {}", JsonSnippet(steps));
+  KVDIFF_CHECK(steps.size() <= static_cast<size_t>(kMaxScenarioSteps),
+               "steps: {} steps, more than a scenario may have ({})", steps.size(),
+               kMaxScenarioSteps);
   for (size_t i = 0; i < steps.size(); ++i) sc.steps.push_back(ParseStep(steps[i], i));
   return sc;
 }
 
 Scenario LoadScenario(const std::filesystem::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  KVDIFF_CHECK(in.good(), "scenario: cannot open {}", file.string());
-  std::stringstream buffer;
-  buffer << in.rdbuf();
+  const std::string text = format::ReadInputFile(file, "scenario");
   Scenario sc;
   try {
-    sc = ParseScenario(buffer.str(), file.parent_path());
+    sc = ParseScenario(text, file.parent_path());
   } catch (const InputError& e) {
     throw InputError(fmt::format("{}: {}", file.string(), e.what()));
   }

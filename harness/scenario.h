@@ -90,6 +90,10 @@ struct Scenario {
   std::string ToText() const;
 };
 
+// The most steps a scenario may have: each step is replayed on every backend and compared, so a
+// file of millions of steps (7 M resets took 6.5 GB) is refused before any is parsed.
+inline constexpr int64_t kMaxScenarioSteps = 100'000;
+
 // Parses scenario JSON text. base_dir resolves a relative model path. Throws InputError naming the
 // step index and field ("steps[2].chunks: sizes sum to 4 but tokens has 5"); unknown ops and
 // unknown fields are refused.

@@ -288,19 +288,30 @@ std::vector<double> RopeInvFreq(const format::LlamaConfig& config) {
 
 RopeTable BuildRopeTable(const format::LlamaConfig& config) {
   RopeTable table;
-  table.positions = config.max_position_embeddings;
+  GrowRopeTable(config, config.max_position_embeddings, table);
+  return table;
+}
+
+void GrowRopeTable(const format::LlamaConfig& config, int64_t needed, RopeTable& table) {
+  if (needed <= table.positions) return;
+  const int64_t built = table.positions;
+  // At least 4096 rows at once, so a model of up to 4096 positions (and any short run) builds its
+  // table in its first call and a decode step never allocates.
+  constexpr int64_t kMinRows = 4096;
+  const int64_t positions =
+      std::min(config.max_position_embeddings, std::max({needed, 2 * built, kMinRows}));
   table.half = config.head_dim / 2;
-  table.cos.resize(table.positions * table.half);
-  table.sin.resize(table.positions * table.half);
+  table.cos.resize(positions * table.half);
+  table.sin.resize(positions * table.half);
   const std::vector<double> inv_freq = RopeInvFreq(config);
-  for (int64_t p = 0; p < table.positions; ++p) {
+  for (int64_t p = built; p < positions; ++p) {
     for (int64_t i = 0; i < table.half; ++i) {
       const double angle = static_cast<double>(p) * inv_freq[i];
       table.cos[p * table.half + i] = static_cast<float>(std::cos(angle));
       table.sin[p * table.half + i] = static_cast<float>(std::sin(angle));
     }
   }
-  return table;
+  table.positions = positions;
 }
 
 void ApplyRope(float* x, int64_t heads, int64_t half, const float* cos, const float* sin) {

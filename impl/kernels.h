@@ -66,7 +66,7 @@ void Softmax(float* x, int64_t n);
 // The angles are computed in double and rounded once, so every row is within 1 ulp of the exact
 // table even at positions in the thousands (float32 angles would be off by ~1e-4 there).
 struct RopeTable {
-  int64_t positions = 0;   // max_position_embeddings
+  int64_t positions = 0;   // rows built so far (at most max_position_embeddings)
   int64_t half = 0;        // head_dim / 2
   std::vector<float> cos;  // (positions, half)
   std::vector<float> sin;  // (positions, half)
@@ -75,7 +75,12 @@ struct RopeTable {
 };
 // inv_freq[i] = 1 / rope_theta^(2i/d), rescaled by rope_scaling "llama3" when present.
 std::vector<double> RopeInvFreq(const format::LlamaConfig& config);
+// The table of every position up to max_position_embeddings.
 RopeTable BuildRopeTable(const format::LlamaConfig& config);
+// Extends `table` to cover at least positions 0..needed-1 (doubling, at least 4096, capped at
+// max_position_embeddings); rows already built are kept. A model builds its table as it is used,
+// so a config promising 2^20 positions costs nothing until a run reaches them.
+void GrowRopeTable(const format::LlamaConfig& config, int64_t needed, RopeTable& table);
 
 // Rotates each of the `heads` vectors of length d = 2 * half in x (heads, d), in place:
 // x' = x·cos + rotate_half(x)·sin, with rotate_half(x) = concat(-x[half:], x[:half]).

@@ -79,7 +79,7 @@ struct Model::State {
   std::vector<LayerWeights> layers;
   const float* final_norm = nullptr;  // (hidden)
   WeightView lm_head;                 // (vocab, hidden): the embedding matrix when tied
-  RopeTable rope;                     // (max_position_embeddings, head_dim / 2)
+  RopeTable rope;                     // (positions used so far, head_dim / 2), grown under mutex
   ThreadPool pool;
   std::mutex mutex;  // one forward call at a time: the workspace and the pool are shared
   Workspace ws;
@@ -103,7 +103,6 @@ struct Model::State {
     }
     final_norm = weights->Get("model.norm.weight").data.data();
     lm_head = View(weights->LmHead());
-    rope = BuildRopeTable(config);
   }
 
   // 1. Embedding: row lookup.
@@ -156,6 +155,7 @@ struct Model::State {
     const int64_t hidden = config.hidden_size;
     const float eps = static_cast<float>(config.rms_norm_eps);
     ws.Reserve(config, s, pool.Size(), cache.Capacity());
+    GrowRopeTable(config, index_pos + s, rope);
     if (trace) trace->layers.resize(config.num_hidden_layers);
 
     Embed(tokens, ws.x.data());

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "format/error.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define KVDIFF_CPU_RELAX() _mm_pause()
@@ -36,13 +38,26 @@ void Relax(int& spins) {
 }  // namespace
 
 ThreadPool::ThreadPool(int threads) {
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  KVDIFF_CHECK(threads >= 0 && threads <= kMaxThreads,
+               "threads: expected 0 (every core) to {}, got {}", kMaxThreads, threads);
+  if (threads == 0) {
+    threads = std::min(kMaxThreads, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  }
   size_ = threads;
   workers_.reserve(size_ - 1);
-  for (int i = 1; i < size_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+  try {
+    for (int i = 1; i < size_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+  } catch (...) {
+    // The destructor does not run for a constructor that throws: the workers started so far
+    // would wait on wake_ forever, and destroying a joinable std::thread terminates.
+    StopWorkers();
+    throw;
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { StopWorkers(); }
+
+void ThreadPool::StopWorkers() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_.store(true);

@@ -16,9 +16,16 @@
 
 namespace kvdiff::impl {
 
+// The most threads a pool (and the command line's --threads) accepts: 256, more than the cores of
+// any machine kvdiff is meant for; past it a typo like --threads 100000 would start a hundred
+// thousand threads before the system refused one.
+inline constexpr int kMaxThreads = 256;
+
 class ThreadPool {
  public:
   // threads: total threads including the caller; 0 means std::thread::hardware_concurrency().
+  // InputError when threads is negative or above kMaxThreads. When the system refuses a thread,
+  // the workers already started are stopped and joined before the std::system_error propagates.
   explicit ThreadPool(int threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -42,6 +49,7 @@ class ThreadPool {
   static std::pair<int64_t, int64_t> Chunk(int64_t n, int64_t grain, int64_t chunks, int64_t c);
 
  private:
+  void StopWorkers();  // wakes every worker with stop_ set and joins it
   using Trampoline = void (*)(void*, int64_t, int64_t, int);
   void Run(int64_t n, int64_t grain, Trampoline call, void* fn);
   void Work(int thread_index);  // claims and runs chunks of the current job until none is left

@@ -115,9 +115,11 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
   CLI::Option* model_seed =
       cmd->add_option("--model-seed", args->model_seed, "Seed of the preset's random weights")
           ->default_val(7);
-  cmd->add_option("--cases", args->cases, "Number of random scenarios")
+  // At least one (a campaign of none proves nothing), at most kMaxCases (README, "Bad input").
+  constexpr int64_t kMaxCases = 10'000'000;
+  cmd->add_option("--cases", args->cases, "Number of random scenarios (1 to 10000000)")
       ->required()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(int64_t{1}, kMaxCases));
   cmd->add_option("--seed", args->seed, "Campaign seed: case k is generated from (seed, k)")
       ->default_val(0);
   cmd->add_option("--shard", args->shard,

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/compare.h"
 #include "harness/backend.h"
 #include "harness/registry.h"
 #include "harness/cli/commands.h"
@@ -46,7 +47,9 @@ void PrintTop5(const Logits& logits, const Tokens& tokens) {
   }
 }
 
-void RunForward(const ForwardOptions& o) {
+// 0, or 1 when the backend's logits are not all finite (the NaN/inf policy: a failure of its own
+// kind, reported after the file is written so it can be inspected).
+int RunForward(const ForwardOptions& o) {
   auto weights = std::make_shared<const format::ModelWeights>(format::LoadModel(o.model));
   const int64_t vocab = weights->config.vocab_size;
   const Tokens tokens = ParseTokenIds("--tokens", o.tokens, vocab);
@@ -91,7 +94,14 @@ void RunForward(const ForwardOptions& o) {
                             {"tokens", fmt::format("{}", fmt::join(tokens, ","))}});
   fmt::print("logits [{}, {}] of backend {}, {}, written to {}\n", n, vocab, backend->Name(), mode,
              o.out);
+  const std::string bad =
+      harness::DescribeNonFiniteLogits(backend->Name(), "", logits.data(), n, vocab);
+  if (!bad.empty()) {
+    fmt::print(stderr, "kvdiff: failure: {}\n", bad);
+    return 1;
+  }
   PrintTop5(logits, tokens);
+  return 0;
 }
 
 }  // namespace
@@ -118,8 +128,7 @@ void AddForwardCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--out", o->out, "output safetensors file")->required();
   cmd->callback([o, &exit_code] {
-    RunForward(*o);
-    exit_code = 0;
+    exit_code = RunForward(*o);
   });
 }
 

@@ -12,6 +12,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "format/input_file.h"
+#include "harness/compare.h"
 #include "harness/backend.h"
 #include "harness/registry.h"
 #include "harness/replay.h"
@@ -25,11 +27,7 @@
 namespace kvdiff::cli {
 namespace {
 
-std::string ReadChatFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  KVDIFF_CHECK(in.good(), "--chat: cannot open {}", path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+std::string ReadChatFile(const std::string& path) { return format::ReadInputFile(path, "--chat"); }
 
 }  // namespace
 
@@ -140,6 +138,11 @@ void AddGenerateCommand(CLI::App& app, int& exit_code) {
       } else {
         logits = session->Append(fed);
       }
+      // The NaN/inf policy: a non-finite logit fails the backend (exit 1), it never picks a token.
+      const std::string bad = harness::DescribeNonFiniteLogits(
+          backend->Name(), fmt::format(", the call from position {}", history.size() - logits.rows()),
+          logits.data(), logits.rows(), logits.cols());
+      if (!bad.empty()) throw EngineError(bad);
       return logits.row(logits.rows() - 1).data();
     };
     if (opts->n > 0 && static_cast<int64_t>(history.size()) >= capacity) {

@@ -40,6 +40,10 @@ int Verify(const VerifyArgs& args) {
   const harness::VerifyReport report = harness::VerifyGoldens(
       sets, backends, WithThreads(args.isolation, args.threads), args.tolerance);
   fmt::print("{}", report.ToTerminal(isatty(fileno(stdout)) != 0));
+  // The report lists every set; an unreadable one is also an error on stderr, like every command's.
+  for (const auto& set : report.sets) {
+    if (!set.input_error.empty()) fmt::print(stderr, "kvdiff: error: {}\n", set.input_error);
+  }
   if (!args.json.empty()) harness::WriteTextFile(args.json, report.ToJson().dump(2) + "\n");
   if (!args.junit.empty()) harness::WriteTextFile(args.junit, report.ToJUnit());
   return report.ExitCode();

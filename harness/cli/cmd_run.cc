@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "harness/backend.h"
+#include "format/error.h"
 #include "harness/cli/cli_util.h"
 #include "harness/cli/commands.h"
 #include "harness/compare.h"
@@ -45,7 +46,11 @@ int Run(const RunArgs& args) {
   const std::vector<std::string> names = harness::PlanBackends(requested, sc, &notes);
   const std::optional<double> file_tolerance = sc.tolerance_abs;
   auto weights = harness::LoadModelFor(sc.model);
-  harness::PrepareScenario(sc, *weights);
+  try {
+    harness::PrepareScenario(sc, *weights);  // checks the steps against the model
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("{}: {}", args.scenario, e.what()));
+  }
   const BackendSet backends =
       MakeBackends(names, weights, WithThreads(args.isolation, args.threads));
   std::string profile_note;

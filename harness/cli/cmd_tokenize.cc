@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "format/input_file.h"
 #include "format/chat_template.h"
 #include "format/error.h"
 #include "format/tokenizer.h"
@@ -20,11 +21,7 @@
 namespace kvdiff::cli {
 namespace {
 
-std::string ReadTextFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  KVDIFF_CHECK(in.good(), "--chat: cannot open {}", path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+std::string ReadTextFile(const std::string& path) { return format::ReadInputFile(path, "--chat"); }
 
 // Text for a JSON value: bytes that are not UTF-8 (a partial character) become U+FFFD there only.
 nlohmann::json JsonText(const std::string& bytes) {

@@ -4,11 +4,77 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <new>
+#include <string>
 
-#include "harness/cli/commands.h"
 #include "format/error.h"
+#include "harness/cli/commands.h"
+#include "impl/thread_pool.h"
+
+namespace {
+
+// The command line's shared bounds, set here once for every subcommand (README, "Bad input"):
+// --threads 0 (every core) to kMaxThreads, refused while parsing, before any model is loaded or
+// any thread started; seeds whole numbers >= 0 (CLI11 would wrap -1 to 2^64-1); --backends not
+// empty (it would fall back to the default); and a readable refusal of a negative number
+// (CLI11's NonNegativeNumber names its bound, DBL_MAX: 309 digits).
+void SharedOptionChecks(CLI::App& app) {
+  const CLI::Validator non_negative(
+      [](std::string& s) {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        return end != s.c_str() && *end == '\0' && v >= 0
+                   ? std::string()
+                   : "expected a number >= 0, got \"" + s + "\"";
+      },
+      "NONNEGATIVE");
+  const CLI::Validator seed(
+      [](std::string& s) {
+        const bool digits = !s.empty() && s.size() <= 20 &&
+                            s.find_first_not_of("0123456789") == std::string::npos;
+        return digits ? std::string() : "expected a whole number >= 0, got \"" + s + "\"";
+      },
+      "SEED");
+  const CLI::Validator not_empty(
+      [](std::string& s) {
+        return s.empty() ? std::string("expected a comma-separated list such as impl,ref, got "
+                                       "nothing")
+                         : std::string();
+      },
+      "LIST");
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    for (CLI::Option* opt : sub->get_options()) {
+      const std::string name = opt->get_name();
+      // CLI11 2.1 files NonNegativeNumber's "NONNEGATIVE" as its description, not its name.
+      try {
+        for (int i = 0;; ++i) {
+          CLI::Validator* v = opt->get_validator(i);
+          if (v->get_description() == "NONNEGATIVE") *v = non_negative;
+        }
+      } catch (const CLI::OptionNotFound&) {
+      }
+      if (name == "--threads") opt->check(CLI::Range(0, kvdiff::impl::kMaxThreads));
+      if (name == "--seed" || name == "--model-seed") opt->check(seed);
+      if (name == "--backends") opt->check(not_empty);
+    }
+    SharedOptionChecks(*sub);
+  }
+}
+
+// The subcommands' names when `word` is none of them, else "".
+std::string UnknownCommand(CLI::App& app, const std::string& word) {
+  std::string names;
+  for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    if (sub->check_name(word)) return "";
+    if (sub->get_group().empty()) continue;  // hidden (engine-host)
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+  }
+  return names;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"kvdiff: prove that a KV-cache implementation of a Llama model is right"};
@@ -30,6 +96,14 @@ int main(int argc, char** argv) {
   kvdiff::cli::AddConformCommand(app, exit_code);
   kvdiff::cli::AddEngineHostCommand(app, exit_code);
   kvdiff::cli::AddMergeCommand(app, exit_code);
+  SharedOptionChecks(app);
+  // CLI11 reads an unknown first word as a stray positional and says "A subcommand is required".
+  if (argc > 1 && argv[1][0] != '-' && !UnknownCommand(app, argv[1]).empty()) {
+    const std::string names = UnknownCommand(app, argv[1]);
+    fmt::print(stderr, "kvdiff: error: unknown command \"{}\" (expected one of: {})\n", argv[1],
+               names);
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

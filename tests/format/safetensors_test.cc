@@ -77,9 +77,9 @@ TEST_F(Malformed, HeaderLengthBeyondFile) {
 
 TEST_F(Malformed, BadJson) {
   EXPECT_THAT(ErrorFor("{\"w\": {\"dtype\": \"F32\",", 0),
-              AllOf(HasSubstr(path_.string()), HasSubstr("header is not valid JSON")));
+              AllOf(HasSubstr(path_.string()), HasSubstr("the 22-byte header: invalid JSON")));
   EXPECT_THAT(ErrorFor("[1, 2, 3]", 0), HasSubstr("header must be a JSON object, found array"));
-  EXPECT_THAT(ErrorFor("", 0), HasSubstr("not valid JSON"));
+  EXPECT_THAT(ErrorFor("", 0), HasSubstr("the 0-byte header: invalid JSON"));
 }
 
 TEST_F(Malformed, UnknownDtype) {

@@ -122,7 +122,7 @@ TEST_F(TokenizeCli, BadFilesExitTwoWithTheReason) {
   std::ofstream(dir_ / "tokenizer.json") << "{\"model\": [";
   Result r = Run("--text hi");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_THAT(r.err, HasSubstr("tokenizer.json: tokenizer.json is not valid JSON"));
+  EXPECT_THAT(r.err, HasSubstr("tokenizer.json: tokenizer.json: invalid JSON"));
 
   json t = TinyTokenizer();
   t["pre_tokenizer"] = {{"type", "BertPreTokenizer"}};

@@ -272,7 +272,7 @@ TEST(TokenizerJson, RefusesMalformedFiles) {
     HfTokenizer::Parse("{\"model\": ");
     FAIL();
   } catch (const InputError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("not valid JSON"));
+    EXPECT_THAT(e.what(), HasSubstr("tokenizer.json: invalid JSON"));
   }
   json j = ByteLevelFile();
   j["model"]["merges"].push_back("q zz");

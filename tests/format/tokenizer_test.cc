@@ -318,7 +318,7 @@ TEST(TokenizerTest, RefusesInconsistentVocabularies) {
 }
 
 TEST(TokenizerTest, RefusesMalformedJson) {
-  EXPECT_THAT(ErrorOf([] { Tokenizer::Parse("{"); }), HasSubstr("not valid JSON"));
+  EXPECT_THAT(ErrorOf([] { Tokenizer::Parse("{"); }), HasSubstr("tokenizer: invalid JSON"));
   EXPECT_THAT(ErrorOf([] { Tokenizer::Parse("[]"); }),
               HasSubstr("expected a JSON object, got array"));
   EXPECT_THAT(ErrorOf([] { Tokenizer::Parse(R"({"format": "hf"})"); }),
