@@ -86,16 +86,6 @@ std::string Cell(double v, const char* spec) {
   return std::isnan(v) ? std::string("-") : fmt::format(fmt::runtime(spec), v);
 }
 
-// impl/ref with words saying which way is better: throughput higher, time and memory lower.
-std::string Ratio(double impl, double ref, bool higher_is_better, const char* better,
-                  const char* worse) {
-  if (std::isnan(impl) || std::isnan(ref) || ref == 0 || impl == 0) return "-";
-  const double r = impl / ref;
-  const double gain = higher_is_better ? r : 1 / r;
-  return fmt::format("{:.2f} ({:.1f}x {})", r, gain >= 1 ? gain : 1 / gain,
-                     gain >= 1 ? better : worse);
-}
-
 json Figures(const bench::BenchOptions& options, const bench::ModelSource& source,
              const std::string& backend) {
   return bench::MeasureBackend(backend, source, options).ToJson();
@@ -165,7 +155,6 @@ void RunFigures(const BenchArgs& args, const bench::ModelSource& source,
   fmt::print("{:<26}", "");
   for (const auto& b : columns) fmt::print("{:>{}}", b, width);
   for (const auto& b : others) fmt::print("{:>{}}", first + "/" + b, first.size() + b.size() + 4);
-  if (has_impl && has_ref) fmt::print("   impl/ref");
   fmt::print("\n");
   struct Row {
     const char* label;
@@ -193,12 +182,6 @@ void RunFigures(const BenchArgs& args, const bench::ModelSource& source,
     for (const auto& b : others) {
       const double a = figures[first].*row.field, o = figures[b].*row.field;
       fmt::print("{:>{}}", Cell(o != 0 ? a / o : NAN, "{:.2f}"), first.size() + b.size() + 4);
-    }
-    if (has_impl && has_ref) {
-      const bool memory = std::string(row.label).find("MB") != std::string::npos;
-      fmt::print("   {}",
-                 Ratio(figures["impl"].*row.field, figures["ref"].*row.field, row.higher_is_better,
-                       memory ? "smaller" : "faster", memory ? "larger" : "slower"));
     }
     fmt::print("\n");
   }
