@@ -50,7 +50,12 @@ std::vector<std::string> ParseBackends(const std::string& text) {
   const harness::BackendRegistry& registry = harness::BackendRegistry::Global();
   while (std::getline(in, name, ',')) {
     if (name.empty()) continue;
-    registry.Info(name);  // InputError naming what this build has when it cannot be built
+    try {
+      registry.Info(name);  // InputError naming what this build has when it cannot be built
+    } catch (const InputError& e) {
+      throw InputError(
+          fmt::format("--backends: unknown or unavailable backend '{}': {}", name, e.what()));
+    }
     KVDIFF_CHECK(std::find(out.begin(), out.end(), name) == out.end(),
                  "--backends: '{}' is listed twice", name);
     out.push_back(name);
