@@ -50,10 +50,49 @@ double Median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
+// Progress of one figure on stderr: what is measured, the reps done, the time spent. On a
+// terminal one line is rewritten after every rep; otherwise (a log file) a line is written when
+// the figure starts, at most one a second while it runs, and one when it is done.
+class Progress {
+ public:
+  Progress(const std::string* label, std::string what, int reps)
+      : label_(label), what_(std::move(what)), reps_(reps), tty_(isatty(STDERR_FILENO)) {
+    if (!label_) return;
+    if (!tty_) Print(0, false);
+  }
+  void Rep(int done) {
+    if (!label_) return;
+    if (done < reps_ && (tty_ || SecondsSince(last_) >= 1.0)) Print(done, false);
+  }
+  void Done(int done) {
+    if (label_) Print(done, true);
+  }
+
+ private:
+  void Print(int done, bool end) {
+    const std::string text = fmt::format("bench: {}: {}: {}/{} reps, {:.1f} s", *label_, what_,
+                                         done, reps_, SecondsSince(start_));
+    if (tty_) {
+      fmt::print(stderr, "\r\033[K{}{}", text, end ? "\n" : "");
+    } else {
+      fmt::print(stderr, "{}{}\n", text, end ? " (done)" : "");
+    }
+    std::fflush(stderr);
+    last_ = Clock::now();
+  }
+  const std::string* label_;  // the backend; nullptr: silent
+  std::string what_;
+  int reps_;
+  bool tty_;
+  Clock::time_point start_ = Clock::now(), last_ = Clock::now();
+};
+
 // Times `call` up to `reps` times, each after an untimed `before`; stops early (after at least one
 // timed call) once `max_seconds` of timed calls are spent. warmup: one untimed round first.
+// `progress` reports each rep on stderr.
 std::vector<double> Repeat(int reps, double max_seconds, bool warmup,
-                           const std::function<void()>& before, const std::function<void()>& call) {
+                           const std::function<void()>& before, const std::function<void()>& call,
+                           Progress&& progress) {
   if (warmup) {
     before();
     call();
@@ -66,7 +105,9 @@ std::vector<double> Repeat(int reps, double max_seconds, bool warmup,
     call();
     seconds.push_back(SecondsSince(start));
     spent += seconds.back();
+    progress.Rep(i + 1);
   }
+  progress.Done(static_cast<int>(seconds.size()));
   return seconds;
 }
 
@@ -325,6 +366,8 @@ BackendFigures MeasureBackend(const std::string& backend, const ModelSource& sou
   KVDIFF_CHECK(options.reps >= 1, "--reps: expected at least 1, got {}", options.reps);
   BackendFigures f;
   f.backend = backend;
+  const std::string* label = options.progress ? &backend : nullptr;
+  if (label) fmt::print(stderr, "bench: {}: loading the model\n", backend);
   f.peak_reset = ResetPeakMemory();
   f.baseline_rss_mb = ReadMemoryUsage().rss_mb;
 
@@ -355,7 +398,8 @@ BackendFigures MeasureBackend(const std::string& backend, const ModelSource& sou
                                            session.reset();  // one session alive at a time
                                            session = model->NewSession();
                                          },
-                                         [&] { session->Append(prompt); }));
+                                         [&] { session->Append(prompt); },
+                                         Progress(label, "prefill 128 tokens", options.reps)));
   session.reset();
 
   // Decode: every timed step appends position `context` to the same cache, cropped back between
@@ -380,7 +424,8 @@ BackendFigures MeasureBackend(const std::string& backend, const ModelSource& sou
           reads.push_back(StreamingReadSeconds(read_pool, spans));
           std::this_thread::sleep_for(std::chrono::milliseconds(2));
         },
-        [&] { s->Append(next); });
+        [&] { s->Append(next); },
+        Progress(label, fmt::format("decode at context {}", context), 3 * options.reps));
     reads.erase(reads.begin());  // the warm-up's
     std::vector<double> bandwidths, fractions;
     for (size_t i = 0; i < steps.size(); ++i) {
@@ -399,7 +444,8 @@ BackendFigures MeasureBackend(const std::string& backend, const ModelSource& sou
   auto full = [&](int64_t n) {
     const Tokens tokens = Slice(history, 0, n);
     return median(Repeat(
-        options.reps, options.max_seconds, false, [] {}, [&] { model->ForwardFull(tokens); }));
+        options.reps, options.max_seconds, false, [] {}, [&] { model->ForwardFull(tokens); },
+        Progress(label, fmt::format("ForwardFull {} tokens", n), options.reps)));
   };
   f.full_forward_s_128 = full(128);
   f.full_forward_s_512 = full(512);
@@ -423,6 +469,8 @@ CostSeries MeasureCostSeries(const std::string& backend, const ModelSource& sour
   KVDIFF_CHECK(std::is_sorted(contexts.begin(), contexts.end()) && !contexts.empty() &&
                    contexts.front() >= 0,
                "cost curve: contexts must be non-negative and ascending");
+  const std::string* label = options.progress ? &backend : nullptr;
+  if (label) fmt::print(stderr, "bench: {}: loading the model\n", backend);
   std::shared_ptr<const format::ModelWeights> weights = source.Load();
   std::unique_ptr<Backend> model = MakeBackend(backend, weights, options.threads);
   const format::LlamaConfig& c = model->config();
@@ -452,7 +500,9 @@ CostSeries MeasureCostSeries(const std::string& backend, const ModelSource& sour
                                      reads.push_back(StreamingReadSeconds(read_pool, spans));
                                      std::this_thread::sleep_for(std::chrono::milliseconds(2));
                                    },
-                                   [&] { session->Append(next); })));
+                                   [&] { session->Append(next); },
+                                   Progress(label, fmt::format("cached step at context {}", context),
+                                            options.reps))));
     first = false;
   }
   series.weights_read_ms = 1e3 * Median(reads);
@@ -466,7 +516,10 @@ CostSeries MeasureCostSeries(const std::string& backend, const ModelSource& sour
     }
     const Tokens tokens = Slice(history, 0, context + 1);
     const std::vector<double> seconds = Repeat(
-        options.reps, options.max_seconds, false, [] {}, [&] { model->ForwardFull(tokens); });
+        options.reps, options.max_seconds, false, [] {}, [&] { model->ForwardFull(tokens); },
+        Progress(label, fmt::format("uncached step at context {} (ForwardFull {} tokens)", context,
+                                    context + 1),
+                 options.reps));
     series.uncached_ms.push_back(1e3 * Median(seconds));
     too_slow = *std::min_element(seconds.begin(), seconds.end()) > options.max_seconds;
   }
@@ -685,7 +738,7 @@ std::string CostCurveSvg(const CostCurve& curve, const PlotNotes& notes) {
   }
 
   // The series: one colour per backend; solid circles cached, dashed squares uncached.
-  const char* kColours[] = {"#1f63b4", "#d9480f", "#7b2cbf", "#555555"};
+  const char* kColours[] = {"#1f63b4", "#d9480f", "#7b2cbf", "#555555", "#c2255c", "#0b7285"};
   struct Legend {
     std::string colour, text;
     bool dashed;
@@ -693,7 +746,7 @@ std::string CostCurveSvg(const CostCurve& curve, const PlotNotes& notes) {
   std::vector<Legend> legend;
   for (size_t k = 0; k < curve.series.size(); ++k) {
     const CostSeries& s = curve.series[k];
-    const std::string colour = kColours[k % 4];
+    const std::string colour = kColours[k % 6];
     for (int uncached = 0; uncached < 2; ++uncached) {
       const std::vector<double>& ms = uncached ? s.uncached_ms : s.cached_ms;
       std::string points;

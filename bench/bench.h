@@ -75,6 +75,7 @@ struct BenchOptions {
   int threads = 0;          // 0: every core
   int reps = 5;             // timed repetitions per figure; the figure is their median
   double max_seconds = 60;  // per figure: stop repeating (after one rep) once this is spent
+  bool progress = false;    // report every figure on stderr: what, reps done, seconds spent
 };
 
 // The figures of one backend. Throughputs and times are medians of the timed repetitions.

@@ -1,6 +1,9 @@
 // The Eigen backend ("impl"): impl::Model behind the Backend interface. Its session is
 // impl::Session (the checked API); its raw call is impl::Model::Forward(tokens, index_pos, cache),
 // candle's llama.rs semantics, on the same model (no second copy of the weights).
+#include <fmt/format.h>
+
+#include <string>
 #include <utility>
 
 #include "format/error.h"
@@ -88,22 +91,50 @@ class ImplBackend : public Backend {
 
 }  // namespace
 
-void RegisterImplBackend(BackendRegistry& registry) {
+namespace {
+
+// "impl" and "impl?weights=auto|f32": how the model keeps its matrices (impl::WeightStorage).
+impl::WeightStorage ParseImplOptions(const std::string& name) {
+  const size_t q = name.find('?');
+  if (q == std::string::npos) return impl::WeightStorage::kAuto;
+  const std::string option = name.substr(q + 1);
+  if (option == "weights=auto") return impl::WeightStorage::kAuto;
+  if (option == "weights=f32") return impl::WeightStorage::kF32;
+  throw InputError(fmt::format(
+      "backend '{}': expected impl?weights=auto or impl?weights=f32, found option '{}'", name,
+      option));
+}
+
+std::pair<BackendInfo, BackendFactory> ImplEntry(const std::string& name) {
+  const impl::WeightStorage storage = ParseImplOptions(name);
   BackendInfo info;
-  info.name = "impl";
-  info.description = "Eigen, float32, kvdiff's own";
+  info.name = name;
+  info.description = storage == impl::WeightStorage::kF32
+                         ? "Eigen, float32, kvdiff's own, weights widened to float32 at load"
+                         : "Eigen, float32, kvdiff's own";
   info.dtype = "float32";
   info.raw_call = RawCall::kTakesPosition;
-  info.in_default_set = true;
+  info.in_default_set = name == "impl";
   // Where impl's kernels change path: LinearRows up to kLinearRowsMax rows, then the GEMM;
   // attention in query tiles of kAttentionQueryTile rows.
   info.interesting_sizes = {impl::kLinearRowsMax, impl::kAttentionQueryTile};
-  registry.Register(std::move(info), [](const BackendInfo& info,
-                                        std::shared_ptr<const format::ModelWeights> weights,
-                                        const BackendOptions& options) {
+  BackendFactory make = [storage](const BackendInfo& info,
+                                  std::shared_ptr<const format::ModelWeights> weights,
+                                  const BackendOptions& options) -> std::unique_ptr<Backend> {
     return std::make_unique<ImplBackend>(
-        info, std::make_shared<const impl::Model>(std::move(weights), options.threads));
-  });
+        info, std::make_shared<const impl::Model>(std::move(weights), options.threads, storage));
+  };
+  return {std::move(info), std::move(make)};
+}
+
+}  // namespace
+
+void RegisterImplBackend(BackendRegistry& registry) {
+  // impl keeps a bf16/f16 checkpoint's matrices in 16 bits (bit-identical logits, half the bytes);
+  // impl?weights=f32 widens them at load.
+  auto [info, make] = ImplEntry("impl");
+  registry.Register(std::move(info), std::move(make));
+  registry.RegisterFamily("impl?", ImplEntry);
 }
 
 }  // namespace kvdiff::harness

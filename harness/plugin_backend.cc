@@ -135,12 +135,32 @@ std::pair<BackendInfo, BackendFactory> ResolvePluginBackend(const std::string& s
 void RegisterNamedPlugin(BackendRegistry& registry, const std::string& name,
                          const std::string& description, const std::filesystem::path& path,
                          const std::string& options) {
-  BackendInfo info;
-  info.name = name;
-  info.description = description;
-  info.dtype = "float32";
-  info.raw_call = RawCall::kNone;
-  registry.Register(std::move(info), PluginFactory(path, options));
+  // NAME, and NAME?key=value&... with the options after the built-in ones (a later key wins).
+  // A plugin built with kvdiff knows the key "threads": unless one is given, it gets the
+  // command's --threads, as every other backend does.
+  auto entry = [name, description, path, options](const std::string& spec) {
+    BackendInfo info;
+    info.name = spec;
+    info.description = description;
+    info.dtype = "float32";
+    info.raw_call = RawCall::kNone;
+    const size_t q = spec.find('?');
+    std::string all = options;
+    if (q != std::string::npos) all += "," + EngineOptions(spec.substr(q + 1));
+    BackendFactory make = [path, all](const BackendInfo& info,
+                                      std::shared_ptr<const format::ModelWeights> weights,
+                                      const BackendOptions& backend_options) {
+      std::string with_threads = all;
+      if (backend_options.threads > 0 && ("," + all).find(",threads=") == std::string::npos) {
+        with_threads += fmt::format(",threads={}", backend_options.threads);
+      }
+      return PluginFactory(path, with_threads)(info, std::move(weights), backend_options);
+    };
+    return std::pair<BackendInfo, BackendFactory>{std::move(info), std::move(make)};
+  };
+  auto [info, make] = entry(name);
+  registry.Register(std::move(info), std::move(make));
+  registry.RegisterFamily(name + "?", entry);
 }
 
 }  // namespace kvdiff::harness

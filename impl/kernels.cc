@@ -4,9 +4,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "format/error.h"
+#include "format/safetensors.h"
 #include "format/tensor.h"
+#include "impl/gemm.h"
 
 namespace kvdiff::impl {
 namespace {
@@ -14,12 +17,10 @@ namespace {
 using ConstStridedMap = Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>>;
 using StridedMap = Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>>;
 
-// Output rows per GEMM tile in prefill. A function of the matrix shape only, so the same tiles
-// (and the same Eigen calls, hence the same bits) happen whatever the thread count. Each tile
-// re-packs x (Eigen packs both operands per call), so tiles should be big; the pool balances
-// whole tiles, so a matrix needs several per thread. 96 rows splits the 576-, 192- and 1536-row
-// matrices of SmolLM2 into 6, 2 and 16 tiles: measured on 2 threads (kernels_bench
-// BM_PrefillGemm) 10-25% faster than 64-row tiles, which leave 9 tiles on 2 threads.
+// Output rows per GEMM tile in prefill (a work item of the pool). A function of the matrix shape
+// only; the bits do not depend on it anyway (GemmTile sums each element in one fixed chain), but
+// the balance does: the pool deals whole tiles, so a matrix needs several per thread. 96 rows
+// splits the 576-, 192- and 1536-row matrices of SmolLM2 into 6, 2 and 16 tiles of 3 panels.
 int64_t GemmTileRows(int64_t rows) { return rows <= 2048 ? 96 : 256; }
 
 // Rows per chunk in matrix-vector products: one chunk boundary per 16 rows keeps the split even.
@@ -97,24 +98,123 @@ float Dot(const float* __restrict a, const float* __restrict b, int64_t n) {
 
 namespace {
 
+// Loads of one weight value as float32: the identity for float32 storage, the exact widening for
+// 16-bit storage. Every kernel over weights is a template on one of these, so the float32 and the
+// 16-bit instantiations are the same code with the same operations in the same order.
+struct LoadF32 {
+  using T = float;
+  static float Get(const float* p) { return *p; }
+};
+struct LoadBF16 {  // bf16 is the top half of a float32: shift it back into place
+  using T = uint16_t;
+  static float Get(const uint16_t* p) {
+    const uint32_t bits = static_cast<uint32_t>(*p) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    return f;
+  }
+};
+struct LoadF16 {
+  using T = uint16_t;
+  static float Get(const uint16_t* p) {
+#ifdef __FLT16_MAX__
+    _Float16 h;  // vcvtph2ps where the CPU has F16C
+    std::memcpy(&h, p, sizeof(h));
+    return static_cast<float>(h);
+#else
+    return WidenF16(*p);
+#endif
+  }
+};
+
+}  // namespace
+
+float WidenBF16(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &wide, sizeof(f));
+  return f;
+}
+
+float WidenF16(uint16_t bits) {
+  // sign, 5 exponent bits (bias 15), 10 mantissa bits; subnormals are mantissa * 2^-24.
+  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
+  const uint32_t exponent = (bits >> 10) & 0x1fu;
+  const uint32_t mantissa = bits & 0x3ffu;
+  float magnitude;
+  if (exponent == 0) {
+    magnitude = std::ldexp(static_cast<float>(mantissa), -24);
+  } else if (exponent == 31) {
+    magnitude = mantissa ? std::numeric_limits<float>::quiet_NaN()
+                         : std::numeric_limits<float>::infinity();
+  } else {
+    const uint32_t wide = ((exponent + 112) << 23) | (mantissa << 13);
+    std::memcpy(&magnitude, &wide, sizeof(magnitude));
+  }
+  uint32_t out;
+  std::memcpy(&out, &magnitude, sizeof(out));
+  out |= sign;
+  float f;
+  std::memcpy(&f, &out, sizeof(f));
+  return f;
+}
+
+bool NarrowExact(float value, WeightDtype dtype, uint16_t* bits) {
+  switch (dtype) {
+    case WeightDtype::kF32:
+      return false;
+    case WeightDtype::kBF16:
+      *bits = format::FloatToBF16Bits(value);
+      break;
+    case WeightDtype::kF16:
+      *bits = format::FloatToF16Bits(value);
+      break;
+  }
+  const float back = dtype == WeightDtype::kBF16 ? WidenBF16(*bits) : WidenF16(*bits);
+  uint32_t a, b;  // bit for bit: -0.0 stays -0.0
+  std::memcpy(&a, &value, sizeof(a));
+  std::memcpy(&b, &back, sizeof(b));
+  return a == b;
+}
+
+void WidenRow(const WeightView& w, int64_t r, float* out) {
+  switch (w.dtype) {
+    case WeightDtype::kF32:
+      std::copy(w.Row(r), w.Row(r) + w.cols, out);
+      return;
+    case WeightDtype::kBF16:
+      for (int64_t i = 0; i < w.cols; ++i) out[i] = LoadBF16::Get(w.HalfRow(r) + i);
+      return;
+    case WeightDtype::kF16:
+      for (int64_t i = 0; i < w.cols; ++i) out[i] = LoadF16::Get(w.HalfRow(r) + i);
+      return;
+  }
+}
+
+namespace {
+
 // Dots of one weight row w with N input rows x, x + x_stride, ...: out[n] = Dot(w, x_n, cols),
 // summed in exactly Dot's order (same lanes, same tree), so the rows path gives the same bits as
 // the matrix-vector path. The N * 32 running sums are independent chains: the loop is bound by
-// loads from L1, not by the latency of the adds.
-template <int N>
-void DotRows(const float* __restrict w, const float* __restrict x, int64_t x_stride, int64_t cols,
-             float* out, int64_t out_stride) {
+// loads from L1, not by the latency of the adds. With 16-bit storage each weight is widened as it
+// is loaded (Load::Get): the same products, the same sums, half the bytes read from memory.
+template <int N, class Load = LoadF32>
+void DotRows(const typename Load::T* __restrict w, const float* __restrict x, int64_t x_stride,
+             int64_t cols, float* out, int64_t out_stride) {
   constexpr int kLanes = 32;
   float acc[N][kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= cols; i += kLanes) {
+    float wv[kLanes];
+    for (int j = 0; j < kLanes; ++j) wv[j] = Load::Get(w + i + j);
     for (int n = 0; n < N; ++n) {
       const float* xn = x + n * x_stride;
-      for (int j = 0; j < kLanes; ++j) acc[n][j] += w[i + j] * xn[i + j];
+      for (int j = 0; j < kLanes; ++j) acc[n][j] += wv[j] * xn[i + j];
     }
   }
   for (int j = 0; i < cols; ++i, ++j) {
-    for (int n = 0; n < N; ++n) acc[n][j] += w[i] * x[n * x_stride + i];
+    const float wi = Load::Get(w + i);
+    for (int n = 0; n < N; ++n) acc[n][j] += wi * x[n * x_stride + i];
   }
   for (int n = 0; n < N; ++n) {
     for (int width = kLanes / 2; width >= 1; width /= 2) {
@@ -156,35 +256,43 @@ LinearItems CountItems(const LinearOutput* outputs, int count, bool gemm) {
 
 // y rows [r, r + 1) of one output, for every input row: the weight row is read from memory once,
 // then from L1 for each group of up to 4 input rows.
-void RowsOfOne(const float* x, int64_t s, const WeightView& w, int64_t r, float* y) {
-  const float* wr = w.Row(r);
+template <class Load>
+void RowsOfOne(const float* x, int64_t s, const typename Load::T* wr, int64_t rows, int64_t cols,
+               int64_t r, float* y) {
   int64_t i = 0;
-  for (; i + 4 <= s; i += 4)
-    DotRows<4>(wr, x + i * w.cols, w.cols, w.cols, y + i * w.rows + r, w.rows);
+  for (; i + 4 <= s; i += 4) DotRows<4, Load>(wr, x + i * cols, cols, cols, y + i * rows + r, rows);
   switch (s - i) {
     case 3:
-      DotRows<3>(wr, x + i * w.cols, w.cols, w.cols, y + i * w.rows + r, w.rows);
+      DotRows<3, Load>(wr, x + i * cols, cols, cols, y + i * rows + r, rows);
       break;
     case 2:
-      DotRows<2>(wr, x + i * w.cols, w.cols, w.cols, y + i * w.rows + r, w.rows);
+      DotRows<2, Load>(wr, x + i * cols, cols, cols, y + i * rows + r, rows);
       break;
     case 1:
-      DotRows<1>(wr, x + i * w.cols, w.cols, w.cols, y + i * w.rows + r, w.rows);
+      DotRows<1, Load>(wr, x + i * cols, cols, cols, y + i * rows + r, rows);
       break;
     default:
       break;
   }
 }
 
-// Tile t of one output: y[:, t*tile .. +rows] = x · W[t*tile .. +rows]ᵀ by one Eigen GEMM call.
+void RowsOfOne(const float* x, int64_t s, const WeightView& w, int64_t r, float* y) {
+  switch (w.dtype) {
+    case WeightDtype::kF32:
+      return RowsOfOne<LoadF32>(x, s, w.Row(r), w.rows, w.cols, r, y);
+    case WeightDtype::kBF16:
+      return RowsOfOne<LoadBF16>(x, s, w.HalfRow(r), w.rows, w.cols, r, y);
+    case WeightDtype::kF16:
+      return RowsOfOne<LoadF16>(x, s, w.HalfRow(r), w.rows, w.cols, r, y);
+  }
+}
+
+// Tile t of one output: y[:, t*tile .. +rows] = x · W[t*tile .. +rows]ᵀ by the packed-panel
+// micro-kernel (impl/gemm.h): each element one fused multiply-add chain over the input features.
 void GemmTileOfOne(const float* x, int64_t s, const WeightView& w, int64_t t, float* y) {
   const int64_t tile = GemmTileRows(w.rows);
   const int64_t r0 = t * tile;
-  const int64_t rows = std::min(tile, w.rows - r0);
-  Eigen::Map<const RowMatrix> x_map(x, s, w.cols);                   // (s, in)
-  Eigen::Map<const RowMatrix> w_tile(w.Row(r0), rows, w.cols);       // (rows, in)
-  StridedMap y_tile(y + r0, s, rows, Eigen::OuterStride<>(w.rows));  // (s, rows) of (s, out)
-  y_tile.noalias() = x_map * w_tile.transpose();
+  GemmTile(x, s, w, r0, std::min(tile, w.rows - r0), y + r0, w.rows);
 }
 
 void RunLinear(ThreadPool& pool, const float* x, int64_t s, const LinearOutput* outputs, int count,

@@ -12,14 +12,30 @@
 
 namespace kvdiff::impl {
 
-// A weight matrix (out_features, in_features), row-major, borrowed from format::ModelWeights:
-// the model never copies a weight.
+// How a weight matrix is stored. A 16-bit matrix holds values that are exactly its float32 values
+// (a bf16 or f16 checkpoint): the kernels widen each value to float32 as they load it (exact), so
+// every product and every sum is the one the float32 matrix gives, bit for bit, from half the bytes.
+enum class WeightDtype { kF32, kBF16, kF16 };
+
+// A weight matrix (out_features, in_features), row-major: float32 borrowed from
+// format::ModelWeights (data), or 16-bit values the model keeps (half, with dtype kBF16/kF16).
 struct WeightView {
   const float* data = nullptr;
   int64_t rows = 0;  // out_features
   int64_t cols = 0;  // in_features
+  const uint16_t* half = nullptr;  // the 16-bit storage when dtype != kF32
+  WeightDtype dtype = WeightDtype::kF32;
   const float* Row(int64_t r) const { return data + r * cols; }
+  const uint16_t* HalfRow(int64_t r) const { return half + r * cols; }
 };
+
+// The exact float32 value of a bf16 / f16 bit pattern.
+float WidenBF16(uint16_t bits);
+float WidenF16(uint16_t bits);
+// out[0 .. w.cols) = row r of w as float32 (the embedding lookup; exact for every dtype).
+void WidenRow(const WeightView& w, int64_t r, float* out);
+// Whether `value` is exactly representable in dtype, and its bits there (for the model's copy).
+bool NarrowExact(float value, WeightDtype dtype, uint16_t* bits);
 
 // sum_i a[i] * b[i] in float32, in a fixed order (32 interleaved partial sums, then a fixed tree):
 // vectorizes without -ffast-math and gives the same bits wherever it runs.
@@ -32,8 +48,8 @@ void Linear(ThreadPool& pool, const float* x, int64_t s, const WeightView& w, fl
 // (s == 1 is the decode matrix-vector product); output rows split over the pool. Each element is
 // Dot(w.Row(r), x_i), bit for bit.
 void LinearRows(ThreadPool& pool, const float* x, int64_t s, const WeightView& w, float* y);
-// Compute-bound: Eigen GEMM on fixed tiles of output rows (tile size depends on the shape only,
-// never on the thread count, so the bits do not either), the tiles spread over the pool.
+// Compute-bound: the packed-panel GEMM of impl/gemm.h on tiles of output rows spread over the
+// pool; each element is one fused multiply-add chain in input order, whatever thread runs it.
 void LinearGemm(ThreadPool& pool, const float* x, int64_t s, const WeightView& w, float* y);
 // One output of LinearMany: y (s, w.rows) = x (s, w.cols) · wᵀ.
 struct LinearOutput {

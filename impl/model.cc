@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -70,12 +71,43 @@ const format::Tensor& CheckedTensor(const format::ModelWeights& w, const format:
 
 WeightView View(const format::Tensor& t) { return {t.data.data(), t.shape[0], t.shape[1]}; }
 
+// The 16-bit dtype the matrices are kept in: the checkpoint's, unless float32 is asked for.
+WeightDtype StorageDtype(const format::ModelWeights& w, WeightStorage storage) {
+  if (storage == WeightStorage::kF32) return WeightDtype::kF32;
+  if (w.dtype_on_disk == format::DType::kBF16) return WeightDtype::kBF16;
+  if (w.dtype_on_disk == format::DType::kF16) return WeightDtype::kF16;
+  return WeightDtype::kF32;
+}
+
+// The names of the matrices (everything but the norm vectors).
+bool IsMatrix(const format::TensorSpec& spec) { return spec.shape.size() == 2; }
+
+// Every matrix in `dtype`, or nothing when a value is not exactly one of that dtype (weights
+// edited in memory after loading): then the model stays in float32, whose bits are the same.
+std::map<std::string, std::vector<uint16_t>> Narrow(const format::ModelWeights& w,
+                                                    WeightDtype dtype) {
+  std::map<std::string, std::vector<uint16_t>> out;
+  if (dtype == WeightDtype::kF32) return out;
+  for (const auto& spec : format::ExpectedTensors(w.config)) {
+    if (!IsMatrix(spec)) continue;
+    const std::vector<float>& values = w.Get(spec.name).data;
+    std::vector<uint16_t> bits(values.size());
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (!NarrowExact(values[i], dtype, &bits[i])) return {};
+    }
+    out.emplace(spec.name, std::move(bits));
+  }
+  return out;
+}
+
 }  // namespace
 
 struct Model::State {
   std::shared_ptr<const format::ModelWeights> weights;  // owns every float the views point at
   format::LlamaConfig config;
-  const float* embed = nullptr;  // (vocab, hidden)
+  WeightDtype dtype = WeightDtype::kF32;  // of the matrices
+  std::map<std::string, std::vector<uint16_t>> half;  // 16-bit matrices the views point at
+  WeightView embed;                                   // (vocab, hidden)
   std::vector<LayerWeights> layers;
   const float* final_norm = nullptr;  // (hidden)
   WeightView lm_head;                 // (vocab, hidden): the embedding matrix when tied
@@ -84,33 +116,42 @@ struct Model::State {
   std::mutex mutex;  // one forward call at a time: the workspace and the pool are shared
   Workspace ws;
 
-  State(std::shared_ptr<const format::ModelWeights> w, int threads)
+  State(std::shared_ptr<const format::ModelWeights> w, int threads, WeightStorage storage)
       : weights(std::move(w)), config(weights->config), pool(threads) {
     config.Validate();
     for (const auto& spec : format::ExpectedTensors(config)) CheckedTensor(*weights, spec);
-    embed = weights->Get("model.embed_tokens.weight").data.data();
+    half = Narrow(*weights, StorageDtype(*weights, storage));
+    if (!half.empty()) dtype = StorageDtype(*weights, storage);
+    auto view_of = [&](const format::Tensor& t) {
+      WeightView v = View(t);
+      for (const auto& [name, bits] : half) {
+        if (&weights->Get(name) != &t) continue;
+        v.data = nullptr;  // every read goes through the 16-bit copy
+        v.half = bits.data();
+        v.dtype = dtype;
+      }
+      return v;
+    };
+    embed = view_of(weights->Get("model.embed_tokens.weight"));
     for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       auto get = [&](const std::string& name) -> const format::Tensor& {
         return weights->Get(p + name);
       };
       layers.push_back({get("input_layernorm.weight").data.data(),
-                        View(get("self_attn.q_proj.weight")), View(get("self_attn.k_proj.weight")),
-                        View(get("self_attn.v_proj.weight")), View(get("self_attn.o_proj.weight")),
+                        view_of(get("self_attn.q_proj.weight")), view_of(get("self_attn.k_proj.weight")),
+                        view_of(get("self_attn.v_proj.weight")), view_of(get("self_attn.o_proj.weight")),
                         get("post_attention_layernorm.weight").data.data(),
-                        View(get("mlp.gate_proj.weight")), View(get("mlp.up_proj.weight")),
-                        View(get("mlp.down_proj.weight"))});
+                        view_of(get("mlp.gate_proj.weight")), view_of(get("mlp.up_proj.weight")),
+                        view_of(get("mlp.down_proj.weight"))});
     }
     final_norm = weights->Get("model.norm.weight").data.data();
-    lm_head = View(weights->LmHead());
+    lm_head = view_of(weights->LmHead());
   }
 
   // 1. Embedding: row lookup.
   void Embed(const Tokens& tokens, float* x) const {
-    const int64_t hidden = config.hidden_size;
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      std::copy(embed + tokens[i] * hidden, embed + (tokens[i] + 1) * hidden, x + i * hidden);
-    }
+    for (size_t i = 0; i < tokens.size(); ++i) WidenRow(embed, tokens[i], x + i * config.hidden_size);
   }
 
   // 4. Attention of s rows at RoPE positions index_pos.., appending K/V at cache rows past..;
@@ -181,14 +222,16 @@ struct Model::State {
   }
 };
 
-Model::Model(std::shared_ptr<const format::ModelWeights> weights, int threads) {
+Model::Model(std::shared_ptr<const format::ModelWeights> weights, int threads,
+             WeightStorage storage) {
   KVDIFF_CHECK(weights != nullptr, "Model: weights must not be null");
   KVDIFF_CHECK(threads >= 0, "Model: threads must be >= 0 (0 means every core), got {}", threads);
-  state_ = std::make_unique<State>(std::move(weights), threads);
+  state_ = std::make_unique<State>(std::move(weights), threads, storage);
 }
 
-Model Model::Load(const std::filesystem::path& dir, int threads) {
-  return Model(std::make_shared<const format::ModelWeights>(format::LoadModel(dir)), threads);
+Model Model::Load(const std::filesystem::path& dir, int threads, WeightStorage storage) {
+  return Model(std::make_shared<const format::ModelWeights>(format::LoadModel(dir)), threads,
+               storage);
 }
 
 Model::~Model() = default;
@@ -196,6 +239,17 @@ Model::Model(Model&&) noexcept = default;
 
 const format::LlamaConfig& Model::config() const { return state_->config; }
 int Model::Threads() const { return state_->pool.Size(); }
+const char* Model::StorageName() const {
+  switch (state_->dtype) {
+    case WeightDtype::kBF16:
+      return "bfloat16";
+    case WeightDtype::kF16:
+      return "float16";
+    case WeightDtype::kF32:
+      break;
+  }
+  return "float32";
+}
 
 void Model::CheckTokens(const Tokens& tokens) const {
   KVDIFF_CHECK(!tokens.empty(), "tokens is empty (expected at least one token)");

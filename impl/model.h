@@ -13,21 +13,31 @@ namespace kvdiff::impl {
 
 class Session;
 
+// How the model keeps its weight matrices. kAuto: in the checkpoint's own 16-bit dtype when it is
+// bf16 or f16 (and every value is exactly one of that dtype: true of anything loaded from such a
+// checkpoint), widened to float32 inside the kernels: half the bytes per decode step and logits
+// bit-identical to kF32. kF32: every matrix in float32 (the weights as loaded, no copy).
+enum class WeightStorage { kAuto, kF32 };
+
 // Holds the weights by shared_ptr and reads them in place (no copy; a tied head is the embedding
-// matrix itself), plus the RoPE tables, a thread pool and the scratch buffers of a forward call.
+// matrix itself; with 16-bit storage, one 16-bit copy of each matrix), plus the RoPE tables, a thread pool and the scratch buffers of a forward call.
 // Forward calls on one Model are serialized (they share the pool and the scratch); Sessions refer
 // to their Model, which must outlive them.
 class Model {
  public:
   // threads: 0 means every core of the machine. Throws InputError when the weights do not match
   // their config (a missing tensor, a wrong shape).
-  explicit Model(std::shared_ptr<const format::ModelWeights> weights, int threads = 0);
-  static Model Load(const std::filesystem::path& dir, int threads = 0);
+  explicit Model(std::shared_ptr<const format::ModelWeights> weights, int threads = 0,
+                 WeightStorage storage = WeightStorage::kAuto);
+  static Model Load(const std::filesystem::path& dir, int threads = 0,
+                    WeightStorage storage = WeightStorage::kAuto);
   ~Model();
   Model(Model&&) noexcept;
 
   const format::LlamaConfig& config() const;
   int Threads() const;  // the thread count in use (0 resolved to the machine's)
+  // "float32", "bfloat16" or "float16": how the weight matrices are held (see WeightStorage).
+  const char* StorageName() const;
 
   // No cache: logits [n, vocab] for every position of tokens (positions 0..n-1).
   Logits ForwardFull(const Tokens& tokens, ForwardTrace* trace = nullptr) const;

@@ -12,6 +12,8 @@
 //   flash_attn=on|off   default off: llama.cpp's flash attention casts K/V to F16 even with an f32
 //                       cache, which moves logits by ~1e-3
 //   threads=N           default 1
+//   weights=f32|bf16|f16  the dtype of the weights in the GGUF converted from an HF directory
+//                       (default f32); llama.cpp computes in float32 either way
 //   max_length=N        positions one session may hold (default min(context_length, 2048))
 //   sessions=N          sequences alive at once, forks included (default 8)
 //   ubatch=N            llama.cpp's physical batch (default min(max_length, 512)): an append longer
@@ -19,6 +21,7 @@
 #include <fmt/format.h>
 #include <llama.h>
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -73,6 +76,7 @@ struct Options {
   int64_t max_length = 0;  // 0: from the model
   int64_t sessions = 8;
   int64_t ubatch = 0;  // 0: min(max_length, 512)
+  kvdiff::format::DType weights = kvdiff::format::DType::kF32;
 };
 
 int64_t ParseInt(const std::string& key, const std::string& value, int64_t lo, int64_t hi) {
@@ -113,6 +117,16 @@ Options ParseOptions(const char* text) {
       o.flash_attn = value == "on";
     } else if (key == "threads") {
       o.threads = static_cast<int>(ParseInt(key, value, 1, 512));
+    } else if (key == "weights") {
+      if (value == "f32") {
+        o.weights = kvdiff::format::DType::kF32;
+      } else if (value == "bf16") {
+        o.weights = kvdiff::format::DType::kBF16;
+      } else if (value == "f16") {
+        o.weights = kvdiff::format::DType::kF16;
+      } else {
+        throw kvdiff::InputError(fmt::format("option weights={}: expected f32, bf16 or f16", value));
+      }
     } else if (key == "max_length") {
       o.max_length = ParseInt(key, value, 1, 1 << 20);
     } else if (key == "sessions") {
@@ -121,8 +135,8 @@ Options ParseOptions(const char* text) {
       o.ubatch = ParseInt(key, value, 1, 1 << 20);
     } else {
       throw kvdiff::InputError(
-          fmt::format("unknown option '{}' (llama.cpp knows: kv, flash_attn, threads, max_length, "
-                      "sessions, ubatch)",
+          fmt::format("unknown option '{}' (llama.cpp knows: kv, flash_attn, threads, weights, "
+                      "max_length, sessions, ubatch)",
                       key));
     }
   }
@@ -149,7 +163,7 @@ uint64_t HashFile(const std::filesystem::path& path, uint64_t h) {
 
 // model_dir itself when it is a .gguf file; otherwise its GGUF conversion, made once into
 // $KVDIFF_GGUF_CACHE (default ~/.cache/kvdiff/gguf) under a name hashed from its files.
-std::filesystem::path GgufFor(const std::filesystem::path& model) {
+std::filesystem::path GgufFor(const std::filesystem::path& model, kvdiff::format::DType dtype) {
   if (std::filesystem::is_regular_file(model)) return model;
   if (!std::filesystem::is_directory(model)) {
     throw kvdiff::InputError(
@@ -165,10 +179,12 @@ std::filesystem::path GgufFor(const std::filesystem::path& model) {
   const std::filesystem::path dir =
       env ? env : std::filesystem::path(home ? home : "/tmp") / ".cache" / "kvdiff" / "gguf";
   // v1: the converter's version; bump when the writer's output changes.
-  const std::filesystem::path out = dir / fmt::format("{:016x}-v1-f32.gguf", h);
+  std::string dtype_name = kvdiff::format::DTypeName(dtype);
+  for (char& c : dtype_name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::filesystem::path out = dir / fmt::format("{:016x}-v1-{}.gguf", h, dtype_name);
   if (!std::filesystem::exists(out)) {
     std::filesystem::create_directories(dir);
-    kvdiff::format::ConvertHfToGguf(model, out, kvdiff::format::DType::kF32);
+    kvdiff::format::ConvertHfToGguf(model, out, dtype);
   }
   return out;
 }
@@ -220,7 +236,7 @@ llama_memory_t Memory(const kvdiff_engine* e) { return llama_get_memory(e->ctx);
 void Open(kvdiff_engine* e, const char* model_dir) {
   InitOnce();
   if (!model_dir) throw kvdiff::InputError("model_dir is NULL");
-  const std::filesystem::path gguf = GgufFor(model_dir);
+  const std::filesystem::path gguf = GgufFor(model_dir, e->options.weights);
   llama_model_params mp = llama_model_default_params();
   mp.n_gpu_layers = 0;
   e->model = llama_model_load_from_file(gguf.c_str(), mp);

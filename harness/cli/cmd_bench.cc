@@ -37,18 +37,25 @@ struct BenchArgs {
   std::string plot_path;
   int64_t curve_max = 2048;
   bool replot = false;
+  bool quick = false;
+  bool figures_too = false;
 };
 
+// Any backend the registry can build: impl, impl?weights=f32, ref, llama.cpp?weights=bf16,
+// plugin:PATH?key=value, ...
 std::vector<std::string> ParseBackends(const std::string& text) {
   std::vector<std::string> out;
   std::istringstream in(text);
   std::string name;
-  const std::vector<std::string> available = harness::AvailableBackends();
+  const harness::BackendRegistry& registry = harness::BackendRegistry::Global();
   while (std::getline(in, name, ',')) {
     if (name.empty()) continue;
-    KVDIFF_CHECK(std::find(available.begin(), available.end(), name) != available.end(),
-                 "--backends: unknown or unavailable backend '{}' (this build has: {})", name,
-                 fmt::join(available, ", "));
+    try {
+      registry.Info(name);  // InputError naming what this build has when it cannot be built
+    } catch (const InputError& e) {
+      throw InputError(
+          fmt::format("--backends: unknown or unavailable backend '{}': {}", name, e.what()));
+    }
     KVDIFF_CHECK(std::find(out.begin(), out.end(), name) == out.end(),
                  "--backends: '{}' is listed twice", name);
     out.push_back(name);
@@ -56,6 +63,16 @@ std::vector<std::string> ParseBackends(const std::string& text) {
   KVDIFF_CHECK(!out.empty(),
                "--backends: expected a comma-separated list such as impl,ref, got '{}'", text);
   return out;
+}
+
+// "BF16 on disk" for a model directory; a preset's random weights are float32 values.
+std::string OnDisk(const bench::ModelSource& source) {
+  if (!source.dir) return "float32 weights";
+  std::vector<std::string> dtypes;
+  for (const auto& [dtype, count] : format::InspectModel(*source.dir).tensors_by_dtype) {
+    dtypes.push_back(dtype);
+  }
+  return fmt::format("{} on disk", fmt::join(dtypes, "+"));
 }
 
 std::string CpuName() {
@@ -74,16 +91,6 @@ std::string Cell(double v, const char* spec) {
   return std::isnan(v) ? std::string("-") : fmt::format(fmt::runtime(spec), v);
 }
 
-// impl/ref with words saying which way is better: throughput higher, time and memory lower.
-std::string Ratio(double impl, double ref, bool higher_is_better, const char* better,
-                  const char* worse) {
-  if (std::isnan(impl) || std::isnan(ref) || ref == 0 || impl == 0) return "-";
-  const double r = impl / ref;
-  const double gain = higher_is_better ? r : 1 / r;
-  return fmt::format("{:.2f} ({:.1f}x {})", r, gain >= 1 ? gain : 1 / gain,
-                     gain >= 1 ? better : worse);
-}
-
 json Figures(const bench::BenchOptions& options, const bench::ModelSource& source,
              const std::string& backend) {
   return bench::MeasureBackend(backend, source, options).ToJson();
@@ -100,8 +107,8 @@ void RunFigures(const BenchArgs& args, const bench::ModelSource& source,
   const double weight_mb = bench::WeightBytes(config) / 1e6;
   const double decode_mb = bench::DecodeWeightBytes(config) / 1e6;
   const double load_before = bench::LoadAverage1();
-  fmt::print("kvdiff bench: {}, float32, {} threads, {} ({} cores)\n", source.Describe(), threads,
-             CpuName(), std::thread::hardware_concurrency());
+  fmt::print("kvdiff bench: {}, {}, {} threads, {} ({} cores)\n", source.Describe(),
+             OnDisk(source), threads, CpuName(), std::thread::hardware_concurrency());
   fmt::print("weights {:.1f} MB in memory; a decode step reads {:.1f} MB of them\n", weight_mb,
              decode_mb);
   fmt::print("1-minute load average before: {:.2f}\n", load_before);
@@ -111,9 +118,11 @@ void RunFigures(const BenchArgs& args, const bench::ModelSource& source,
   options.threads = threads;
   options.reps = args.reps;
   options.max_seconds = args.max_seconds;
+  options.progress = true;
 
   // The machine's bandwidth, from a separate 1 GiB buffer; the limit the impl is held to is the
   // bandwidth measured inside its own run, interleaved with its decode steps (see BackendFigures).
+  fmt::print(stderr, "bench: measuring the memory read bandwidth (1 GiB, best of 5)\n");
   const double bandwidth_1gib = Bandwidth(threads);
   std::map<std::string, bench::BackendFigures> figures;
   for (const std::string& backend : backends) {
@@ -142,9 +151,15 @@ void RunFigures(const BenchArgs& args, const bench::ModelSource& source,
              3 * args.reps);
   const bool has_impl = figures.count("impl"), has_ref = figures.count("ref");
   std::vector<std::string> columns = backends;
+  // The first backend against each of the others: first/other, > 1 where the first is faster
+  // (throughput) or where it is slower or larger (times, memory: read the words).
+  const std::string& first = backends.front();
+  const std::vector<std::string> others(backends.begin() + 1, backends.end());
+  size_t width = 12;
+  for (const auto& b : columns) width = std::max(width, b.size() + 2);
   fmt::print("{:<26}", "");
-  for (const auto& b : columns) fmt::print("{:>12}", b);
-  if (has_impl && has_ref) fmt::print("   impl/ref");
+  for (const auto& b : columns) fmt::print("{:>{}}", b, width);
+  for (const auto& b : others) fmt::print("{:>{}}", first + "/" + b, first.size() + b.size() + 4);
   fmt::print("\n");
   struct Row {
     const char* label;
@@ -168,12 +183,10 @@ void RunFigures(const BenchArgs& args, const bench::ModelSource& source,
   };
   for (const Row& row : rows) {
     fmt::print("{:<26}", row.label);
-    for (const auto& b : columns) fmt::print("{:>12}", Cell(figures[b].*row.field, row.spec));
-    if (has_impl && has_ref) {
-      const bool memory = std::string(row.label).find("MB") != std::string::npos;
-      fmt::print("   {}",
-                 Ratio(figures["impl"].*row.field, figures["ref"].*row.field, row.higher_is_better,
-                       memory ? "smaller" : "faster", memory ? "larger" : "slower"));
+    for (const auto& b : columns) fmt::print("{:>{}}", Cell(figures[b].*row.field, row.spec), width);
+    for (const auto& b : others) {
+      const double a = figures[first].*row.field, o = figures[b].*row.field;
+      fmt::print("{:>{}}", Cell(o != 0 ? a / o : NAN, "{:.2f}"), first.size() + b.size() + 4);
     }
     fmt::print("\n");
   }
@@ -220,7 +233,7 @@ void RunFigures(const BenchArgs& args, const bench::ModelSource& source,
     out["impl_decode_fraction_of_limit"] = nullptr;
   }
   for (const auto& [name, f] : figures) {
-    if (name == "impl") continue;  // Eigen's own kernels; LibTorch is merely linked in
+    if (name.rfind("ref", 0) != 0) continue;  // only the reference's GEMMs run in a BLAS
     for (const std::string& path : f.blas_libraries) {
       if (path.find("libblas.so") == std::string::npos && path.find("mkl") == std::string::npos) {
         continue;  // libopenblas.so.0 behind libblas.so.3, or liblapack: the BLAS is named below
@@ -234,6 +247,19 @@ void RunFigures(const BenchArgs& args, const bench::ModelSource& source,
       }
     }
   }
+  for (const auto& b : others) {
+    json ratios;
+    for (const char* key : {"prefill_tok_s", "decode_tok_s_ctx64", "decode_tok_s_ctx512",
+                            "full_forward_s_128", "full_forward_s_512", "peak_rss_mb"}) {
+      const json& a = out[first][key];
+      const json& o = out[b][key];
+      ratios[key] = (a.is_number() && o.is_number() && o.get<double>() != 0)
+                        ? json(a.get<double>() / o.get<double>())
+                        : json(nullptr);
+    }
+    out["ratios_over"][b] = ratios;
+  }
+  if (!others.empty()) out["ratios_of"] = first;
   if (has_impl && has_ref) {
     json ratios;
     for (const char* key : {"prefill_tok_s", "decode_tok_s_ctx64", "decode_tok_s_ctx512",
@@ -269,6 +295,7 @@ void RunCurve(const BenchArgs& args, const bench::ModelSource& source,
     options.threads = threads;
     options.reps = args.reps;
     options.max_seconds = args.max_seconds;
+    options.progress = true;
     fmt::print("kvdiff bench --curve: {}, {} threads, contexts 1..{}, load {:.2f}\n",
                source.Describe(), threads, args.curve_max, load);
     for (const std::string& backend : backends) {
@@ -345,6 +372,7 @@ void RunCurve(const BenchArgs& args, const bench::ModelSource& source,
     if (args.reps != 5) command += fmt::format(" --reps {}", args.reps);
     if (args.curve_max != 2048) command += fmt::format(" --curve-max {}", args.curve_max);
     if (args.max_seconds != 60) command += fmt::format(" --max-seconds {:g}", args.max_seconds);
+    command += " --backends " + fmt::format("{}", fmt::join(backends, ","));
     notes.lines.push_back(command);
   } else {
     notes.lines.push_back(
@@ -395,6 +423,11 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--replot", args->replot,
                 "Draw --plot from the existing --curve CSV without measuring anything");
+  cmd->add_flag("--quick", args->quick,
+                "One rep per figure, at most 5 s each, cost curve to context 256: a look in about "
+                "a minute (medians of one run are noisy: not figures of record)");
+  cmd->add_flag("--figures", args->figures_too,
+                "With --curve: measure the figures first, then the curve, in one run");
   cmd->callback([args, &exit_code] {
     KVDIFF_CHECK(args->curve_path.empty() ? args->plot_path.empty() && !args->replot : true,
                  "--plot and --replot need --curve (the CSV to write or read)");
@@ -416,10 +449,19 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
     }
     const std::vector<std::string> backends = ParseBackends(backends_text);
     source.Config();  // bad --model or --preset fails here, before any child starts
-    if (!args->curve_path.empty()) {
-      RunCurve(*args, source, backends, threads);
-    } else {
+    if (args->quick) {
+      args->reps = 1;
+      args->max_seconds = std::min(args->max_seconds, 5.0);
+      args->curve_max = std::min<int64_t>(args->curve_max, 256);
+    }
+    KVDIFF_CHECK(!args->figures_too || !args->curve_path.empty(),
+                 "--figures goes with --curve (figures alone are the default)");
+    if (args->curve_path.empty() || args->figures_too) {
       RunFigures(*args, source, backends, threads);
+    }
+    if (!args->curve_path.empty()) {
+      if (args->figures_too) fmt::print("\n");
+      RunCurve(*args, source, backends, threads);
     }
     exit_code = 0;
   });

@@ -11,6 +11,8 @@
 
 #include "format/config.h"
 #include "format/error.h"
+#include "format/safetensors.h"
+#include "impl/gemm.h"
 #include "impl/thread_pool.h"
 
 namespace kvdiff::impl {
@@ -180,6 +182,86 @@ TEST(KernelsTest, LinearRowsGivesTheBitsOfOneRowCallsAndAgreesWithGemm) {
       }
     }
     EXPECT_LT(MaxAbsDiff(rows, std::vector<double>(gemm.begin(), gemm.end())), 1e-5) << "s=" << s;
+  }
+}
+
+// The oracle of GemmTile, as its header states it: one fused multiply-add per step, in order.
+std::vector<float> GemmOracle(const std::vector<float>& x, int64_t s, const std::vector<float>& w,
+                              int64_t r0, int64_t n, int64_t k) {
+  std::vector<float> c(s * n);
+  for (int64_t i = 0; i < s; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      float acc = 0.0f;
+      for (int64_t p = 0; p < k; ++p) acc = std::fma(x[i * k + p], w[(r0 + j) * k + p], acc);
+      c[i * n + j] = acc;
+    }
+  }
+  return c;
+}
+
+// GemmTile gives the oracle's bits exactly: full and partial row blocks (s around 12), full and
+// partial panels (n around 32), an offset r0, k with and without vector tails; from float32, bf16
+// and f16 storage of the same values alike.
+TEST(KernelsTest, GemmTileGivesTheBitsOfTheScalarOracle) {
+  for (int64_t k : {1, 37, 576}) {
+    const int64_t rows = 100;
+    auto w = RandomVector(rows * k, 40 + k, 0.1f);
+    for (int64_t s : {1, 5, 11, 12, 13, 25, 130}) {
+      auto x = RandomVector(s * k, 50 + s);
+      for (int64_t n : {1, 31, 32, 33, 64, 96}) {
+        const int64_t r0 = rows - n;
+        const std::vector<float> expected = GemmOracle(x, s, w, r0, n, k);
+        std::vector<float> c(s * n, -1.0f);
+        GemmTile(x.data(), s, WeightView{w.data(), rows, k}, r0, n, c.data(), n);
+        ASSERT_EQ(c, expected) << "k=" << k << " s=" << s << " n=" << n;
+      }
+    }
+    // 16-bit storage: the same bits as the float32 values they hold.
+    for (auto [dtype, wdtype] : {std::pair{format::DType::kBF16, WeightDtype::kBF16},
+                                 std::pair{format::DType::kF16, WeightDtype::kF16}}) {
+      std::vector<float> wr(w);
+      std::vector<uint16_t> bits(w.size());
+      for (size_t i = 0; i < wr.size(); ++i) {
+        wr[i] = format::RoundToDType(w[i], dtype);
+        ASSERT_TRUE(NarrowExact(wr[i], wdtype, &bits[i]));
+      }
+      WeightView half{nullptr, rows, k, bits.data(), wdtype};
+      const int64_t s = 13, n = 33, r0 = 7;
+      auto x = RandomVector(s * k, 77);
+      std::vector<float> c(s * n);
+      GemmTile(x.data(), s, half, r0, n, c.data(), n);
+      ASSERT_EQ(c, GemmOracle(x, s, wr, r0, n, k)) << "k=" << k;
+    }
+  }
+}
+
+// Linear on a 16-bit view gives the bits of Linear on the float32 values it holds, on the rows
+// path (1..8 rows) and the GEMM path, for any thread count.
+TEST(KernelsTest, LinearOn16BitWeightsGivesTheBitsOfFloat32Weights) {
+  const int64_t in = 75, out = 70;
+  for (auto [dtype, wdtype] : {std::pair{format::DType::kBF16, WeightDtype::kBF16},
+                               std::pair{format::DType::kF16, WeightDtype::kF16}}) {
+    auto w = RandomVector(out * in, 60, 0.1f);
+    std::vector<uint16_t> bits(w.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      w[i] = format::RoundToDType(w[i], dtype);
+      ASSERT_TRUE(NarrowExact(w[i], wdtype, &bits[i]));
+    }
+    const WeightView f32{w.data(), out, in};
+    const WeightView half{nullptr, out, in, bits.data(), wdtype};
+    for (int threads : {1, 2, 3}) {
+      ThreadPool pool(threads);
+      for (int64_t s : {1, 2, 5, 8, 9, 40}) {
+        auto x = RandomVector(s * in, 61 + s);
+        std::vector<float> a(s * out), b(s * out);
+        Linear(pool, x.data(), s, f32, a.data());
+        Linear(pool, x.data(), s, half, b.data());
+        ASSERT_EQ(a, b) << "s=" << s << " threads=" << threads;
+        std::vector<float> row(in);
+        WidenRow(half, 3, row.data());
+        ASSERT_EQ(row, std::vector<float>(w.begin() + 3 * in, w.begin() + 4 * in));
+      }
+    }
   }
 }
 
