@@ -44,6 +44,8 @@ std::string FaultName(Fault fault) {
       return "rope-wraps-at-P";
     case Fault::kReallocLosesRows:
       return "realloc-loses-rows";
+    case Fault::kSoftmaxWithoutMax:
+      return "softmax-without-max";
   }
   return "?";
 }
@@ -186,7 +188,13 @@ std::vector<ScalarLlama::Vec> ScalarLlama::Attention(const LayerWeights& w, int6
       }
       const double max_score = *std::max_element(scores.begin(), scores.end());
       double denom = 0;
-      for (double& sc : scores) denom += (sc = std::exp(sc - max_score));
+      if (fault_ == Fault::kSoftmaxWithoutMax) {
+        float sum = 0;
+        for (double& sc : scores) sum += static_cast<float>(sc = std::exp(static_cast<float>(sc)));
+        denom = sum;
+      } else {
+        for (double& sc : scores) denom += (sc = std::exp(sc - max_score));
+      }
       for (size_t n = 0; n < visible.size(); ++n) {
         const float* vj = values.data() + visible[n] * kv_dim + kv_head * d;
         for (int64_t e = 0; e < d; ++e)

@@ -32,6 +32,8 @@ enum class Fault {
   kRopeWrapsAtP,          // the RoPE table has P (160) rows: position p is rotated as p % P
   kReallocLosesRows,      // the cache grows by doubling from P (96) rows, copying only the
                           // first P: rows P..2P-1 are lost (zeroed) at the second growth
+  kSoftmaxWithoutMax,     // softmax in float32 as exp(s) / sum exp(s), without subtracting the
+                          // row max: right while scores are small, inf/NaN once one passes ~88
 };
 std::string FaultName(Fault fault);
 
