@@ -72,8 +72,8 @@ class Sizes {
 }  // namespace
 
 int64_t CampaignMaxLength(const format::LlamaConfig& config, int64_t max_length) {
-  KVDIFF_CHECK(max_length >= 0, "--max-length: expected a length >= 0 (0: the model's context), got {}",
-               max_length);
+  KVDIFF_CHECK(max_length >= 0,
+               "--max-length: expected a length >= 0 (0: the model's context), got {}", max_length);
   if (max_length == 0) return config.max_position_embeddings;
   return std::min<int64_t>(max_length, config.max_position_embeddings);
 }
@@ -111,8 +111,8 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
   Sizes sizes(rng, options.boundaries, long_case);
   Scenario sc;
   sc.name = fmt::format("case-{}", k);
-  sc.description = fmt::format("kvdiff check --seed {}: case {}{}", seed, k,
-                               long_case ? " (long)" : "");
+  sc.description =
+      fmt::format("kvdiff check --seed {}: case {}{}", seed, k, long_case ? " (long)" : "");
   sc.model = model;
   // A long case aims at a length of its own: a boundary's neighbourhood, the full context, or
   // anything between; its sizes are drawn within that.

@@ -35,7 +35,7 @@ struct GenerationOptions {
   // The longest history a case may reach (capped by the context); 0: max_position_embeddings.
   int64_t max_length = kDefaultMaxLength;
   double long_fraction = kDefaultLongFraction;  // the share of cases that go long
-  std::vector<Boundary> boundaries;              // from CampaignBoundaries
+  std::vector<Boundary> boundaries;             // from CampaignBoundaries
 };
 
 // The longest history of the campaign: options.max_length (InputError naming --max-length when

@@ -24,8 +24,8 @@ void AddAll(std::map<Key, int64_t>& into, const std::map<Key, int64_t>& from) {
 
 std::string Histogram(const std::map<int64_t, int64_t>& h) {
   std::string out;
-  for (const auto& [lo, n] : h) out += fmt::format("{}{}: {}", out.empty() ? "" : ", ",
-                                                   BucketName(lo), n);
+  for (const auto& [lo, n] : h)
+    out += fmt::format("{}{}: {}", out.empty() ? "" : ", ", BucketName(lo), n);
   return out;
 }
 
@@ -151,13 +151,14 @@ std::vector<std::string> Coverage::Warnings() const {
 }
 
 std::string Coverage::Text() const {
-  std::string out = fmt::format(
-      "coverage: {} cases ({} long); longest history {} of {}, reached by {} cases\n", cases,
-      long_cases, longest, context, cases_at_context);
+  std::string out =
+      fmt::format("coverage: {} cases ({} long); longest history {} of {}, reached by {} cases\n",
+                  cases, long_cases, longest, context, cases_at_context);
   out += fmt::format("  lengths:       {}\n", Histogram(lengths));
   out += fmt::format("  call sizes:    {}\n", Histogram(call_sizes));
   std::string ops_text;
-  for (const auto& [op, n] : ops) ops_text += fmt::format("{}{} {}", ops_text.empty() ? "" : ", ", op, n);
+  for (const auto& [op, n] : ops)
+    ops_text += fmt::format("{}{} {}", ops_text.empty() ? "" : ", ", op, n);
   out += fmt::format("  ops:           {}\n", ops_text);
   // The bigrams a campaign can make: every op after every op (6 x 6).
   constexpr int64_t kOpKinds = 6;
@@ -173,7 +174,8 @@ std::string Coverage::Text() const {
   for (const auto& [n, count] : conversations)
     convs += fmt::format("{}{}: {}", convs.empty() ? "" : ", ", n, count);
   out += fmt::format("  conversations: {}\n", convs);
-  for (const auto& [shape, n] : shapes) out += fmt::format("  shape:         {} ({} cases)\n", shape, n);
+  for (const auto& [shape, n] : shapes)
+    out += fmt::format("  shape:         {} ({} cases)\n", shape, n);
   out += "  boundaries (calls of b-1..b tokens / longer; rows at position b-1 / at b or beyond):\n";
   for (const BoundaryCoverage& b : boundaries) {
     out += fmt::format("    {:>5} {:<14} calls {}/{}  rows {}/{}\n", b.size,

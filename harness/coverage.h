@@ -30,12 +30,12 @@ struct BoundaryCoverage {
 
 struct Coverage {
   int64_t cases = 0, long_cases = 0;
-  int64_t context = 0;          // the campaign's longest allowed history
-  int64_t longest = 0;          // the longest history any case reached
+  int64_t context = 0;           // the campaign's longest allowed history
+  int64_t longest = 0;           // the longest history any case reached
   int64_t cases_at_context = 0;  // cases that reached `context`
   // Histograms keyed by the lower end of a power-of-two bucket [2^i, 2^(i+1)): 1, 2, 4, 8...
-  std::map<int64_t, int64_t> lengths;     // per case, its longest history
-  std::map<int64_t, int64_t> call_sizes;  // per forward call (a prefill chunk; decode: 1)
+  std::map<int64_t, int64_t> lengths;        // per case, its longest history
+  std::map<int64_t, int64_t> call_sizes;     // per forward call (a prefill chunk; decode: 1)
   std::map<int64_t, int64_t> conversations;  // per case, how many conversations it used
   std::map<std::string, int64_t> ops;        // "prefill", "decode", ... per step
   std::map<std::string, int64_t> bigrams;    // "fork>truncate": consecutive steps

@@ -3,8 +3,8 @@
 
 #include <gtest/gtest.h>
 
-#include "harness/case_generator.h"
 #include "format/error.h"
+#include "harness/case_generator.h"
 #include "harness/registry.h"
 #include "harness/runner.h"
 

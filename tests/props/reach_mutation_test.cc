@@ -52,9 +52,8 @@ class ReachTest : public ::testing::Test {
     const harness::RunReport run = harness::RunScenario(sc, backends, {});
     if (failure && run.first_divergence) {
       const harness::Divergence& d = *run.first_divergence;
-      *failure = fmt::format("step {} {}: {} vs {} at position {}: max |a-b| {}", d.step,
-                             d.params, d.a, d.b, d.row.position,
-                             harness::FormatDiff(d.row.cmp.max_abs_diff));
+      *failure = fmt::format("step {} {}: {} vs {} at position {}: max |a-b| {}", d.step, d.params,
+                             d.a, d.b, d.row.position, harness::FormatDiff(d.row.cmp.max_abs_diff));
     } else if (failure && run.first_error) {
       *failure = run.first_error->message;
     }
