@@ -12,6 +12,8 @@
 
 #include "harness/backend.h"
 #include "harness/junit.h"
+#include "harness/case_generator.h"
+#include "harness/coverage.h"
 #include "harness/runner.h"
 #include "harness/scenario.h"
 
@@ -26,18 +28,15 @@ Shard ParseShard(const std::string& text);
 // The case indices shard runs out of cases: k with k % count == index - 1, ascending.
 std::vector<int64_t> ShardCases(int64_t cases, const Shard& shard);
 
-// A random scenario (prompts, chunk splits, decode lengths, resets, truncations, forks, several
-// conversations) for `config`, a function of (seed, k) alone. Uses kvdiff's own PRNG, so the same
-// case is generated on every platform. model is recorded in the scenario for replays.
-Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model, uint64_t seed,
-                      int64_t k);
-
 struct CampaignOptions {
   uint64_t seed = 0;
   int64_t cases = 0;
   Shard shard;
   std::filesystem::path out_dir = "kvdiff-failures";  // failing cases are written here
   double tolerance_abs = kDefaultTolerance;
+  // --max-length, --long-fraction; the boundaries are filled in by RunCampaign from the
+  // backends' declared sizes and the powers of two (CampaignBoundaries).
+  GenerationOptions generation;
   RunOptions run;
   // Called after every case with (done, total, failures) for a progress line.
   std::function<void(int64_t, int64_t, int64_t)> progress;
@@ -64,6 +63,7 @@ struct CampaignReport {
   int64_t rows_compared = 0;
   double worst_diff = 0;
   double seconds = 0;
+  Coverage coverage;  // what the cases exercised (of the cases run: this shard's)
 
   int64_t Failures() const;
   bool Passed() const { return Failures() == 0; }

@@ -8,9 +8,11 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "format/error.h"
+#include "harness/coverage.h"
 #include "harness/junit.h"
 #include "harness/report.h"
 
@@ -82,30 +84,6 @@ ShardReport ReadShard(const std::string& file, const json& root) {
 
 }  // namespace
 
-json MergeCoverage(const json& a, const json& b) { return MergeCoverageField("", a, b); }
-
-json MergeCoverageField(const std::string& key, const json& a, const json& b) {
-  if (a.is_object() && b.is_object()) {
-    json out = a;
-    for (auto it = b.begin(); it != b.end(); ++it) {
-      out[it.key()] = out.contains(it.key())
-                          ? MergeCoverageField(it.key(), out[it.key()], it.value())
-                          : it.value();
-    }
-    return out;
-  }
-  if (a.is_number() && b.is_number()) {
-    if (key.rfind("max", 0) == 0)
-      return std::max(a.get<double>(), b.get<double>()) == a.get<double>() ? a : b;
-    if (key.rfind("min", 0) == 0)
-      return std::min(a.get<double>(), b.get<double>()) == a.get<double>() ? a : b;
-    if (a.is_number_integer() && b.is_number_integer()) return a.get<int64_t>() + b.get<int64_t>();
-    return a;
-  }
-  if (a.is_boolean() && b.is_boolean()) return a.get<bool>() || b.get<bool>();
-  return a;
-}
-
 MergedCampaign MergeCampaignReports(const std::vector<std::pair<std::string, json>>& reports) {
   KVDIFF_CHECK(!reports.empty(), "merge: expected at least one `check --json` report");
   std::vector<ShardReport> shards;
@@ -148,7 +126,7 @@ MergedCampaign MergeCampaignReports(const std::vector<std::pair<std::string, jso
 
   // Every case once (a duplicated shard's first report), in case order, verbatim.
   std::vector<std::pair<int64_t, json>> case_json;
-  json coverage;
+  std::optional<Coverage> coverage;  // the shards' coverage, added up (warnings recomputed)
   for (const auto& [index, s] : by_index) {
     const json& results = s->root->at("results");
     for (size_t k = 0; k < results.size(); ++k) {
@@ -157,8 +135,12 @@ MergedCampaign MergeCampaignReports(const std::vector<std::pair<std::string, jso
     }
     c.seconds += s->root->value("seconds", 0.0);
     if (s->root->contains("coverage")) {
-      coverage = coverage.is_null() ? s->root->at("coverage")
-                                    : MergeCoverage(coverage, s->root->at("coverage"));
+      const Coverage shard = Coverage::FromJson(s->root->at("coverage"), s->file + ": coverage");
+      if (coverage) {
+        coverage->Merge(shard);
+      } else {
+        coverage = shard;
+      }
     }
   }
   std::sort(c.results.begin(), c.results.end(),
@@ -185,7 +167,7 @@ MergedCampaign MergeCampaignReports(const std::vector<std::pair<std::string, jso
   m.report["worst_diff"] = Number(c.worst_diff);
   m.report["seconds"] = c.seconds;
   m.report["results"] = std::move(results);
-  if (!coverage.is_null()) m.report["coverage"] = coverage;
+  if (coverage) m.report["coverage"] = coverage->ToJson();
   m.report["merge"] = {{"shards", first.shard.count},
                        {"files", m.files},
                        {"missing", m.missing},

@@ -37,11 +37,4 @@ MergedCampaign MergeCampaignReports(
 // Reads and parses the files (InputError naming an unreadable or malformed one), then merges.
 MergedCampaign MergeCampaignReportFiles(const std::vector<std::string>& files);
 
-// Coverage sections of shard reports folded into one: objects key by key; a number under a key
-// that starts with "max" or "min" is the larger or smaller; other integers are counters and add;
-// booleans OR; anything else is the first report's (it must agree across shards).
-nlohmann::json MergeCoverage(const nlohmann::json& a, const nlohmann::json& b);
-nlohmann::json MergeCoverageField(const std::string& key, const nlohmann::json& a,
-                                  const nlohmann::json& b);
-
 }  // namespace kvdiff::harness

@@ -37,6 +37,8 @@ struct CheckArgs {
   std::string junit;
   std::string out_dir = "kvdiff-failures";
   std::optional<double> tolerance;
+  int64_t max_length = harness::kDefaultMaxLength;
+  double long_fraction = harness::kDefaultLongFraction;
   int threads = 1;
   harness::BackendOptions isolation;  // --isolate, --isolate-timeout
 };
@@ -60,6 +62,8 @@ int Check(const CheckArgs& args, bool model_seed_given) {
   options.shard = shard.shard;
   if (!shard.status_file.empty()) harness::TouchShardStatusFile(shard.status_file);
   options.out_dir = args.out_dir;
+  options.generation.max_length = args.max_length;
+  options.generation.long_fraction = args.long_fraction;
   const std::vector<std::string> names =
       args.backends.empty() ? harness::DefaultBackends() : harness::ParseBackendList(args.backends);
   auto weights = harness::LoadModelFor(model);
@@ -138,6 +142,16 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
   cmd->add_option(
       "--backends", args->backends,
       BackendsHelp("default: " + fmt::format("{}", fmt::join(harness::DefaultBackends(), ","))));
+  cmd->add_option("--max-length", args->max_length,
+                  fmt::format("Longest history a long case may reach, capped by the model's "
+                              "context (0: the full context; default {})",
+                              harness::kDefaultMaxLength))
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--long-fraction", args->long_fraction,
+                  fmt::format("Share of cases that go long, around boundaries and up to "
+                              "--max-length (default {})",
+                              harness::kDefaultLongFraction))
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--json", args->json, "Write the campaign report as JSON to this file");
   cmd->add_option("--junit", args->junit, "Write a JUnit XML report (one testcase per case)");
   cmd->add_option("--out-dir", args->out_dir, "Where failing cases are written")

@@ -189,8 +189,12 @@ TEST(CheckCli, SmallCampaignPassesAndReportsItsCases) {
       RunKvdiff("check --cases 40 --seed 3 --threads 1 --json c.json --junit c.xml", dir.path());
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("PASS: 40 of 40 cases run"));
+  EXPECT_THAT(r.out, HasSubstr("coverage: 40 cases"));
+  EXPECT_THAT(r.out, HasSubstr("  boundaries (calls of b-1..b tokens"));
   const auto j = nlohmann::json::parse(ReadFile(dir / "c.json"));
   EXPECT_EQ(j.at("case_indices").size(), 40u);
+  EXPECT_EQ(j.at("coverage").at("cases"), 40);
+  EXPECT_EQ(j.at("coverage").at("context"), 256);
   EXPECT_GT(j.at("rows_compared").get<int64_t>(), 40);
   EXPECT_LE(j.at("worst_diff").get<double>(), 1e-4);
   const std::string xml = ReadFile(dir / "c.xml");
@@ -229,6 +233,10 @@ TEST(CheckCli, UsageErrorsExitTwo) {
   EXPECT_EQ(shard.exit_code, 2);
   EXPECT_THAT(shard.err, HasSubstr("--shard"));
   EXPECT_EQ(RunKvdiff("check --cases 4 --preset huge", dir.path()).exit_code, 2);
+  const auto fraction = RunKvdiff("check --cases 4 --long-fraction 1.5", dir.path());
+  EXPECT_EQ(fraction.exit_code, 2);
+  EXPECT_THAT(fraction.err, HasSubstr("--long-fraction"));
+  EXPECT_EQ(RunKvdiff("check --cases 4 --max-length -3", dir.path()).exit_code, 2);
   EXPECT_EQ(RunKvdiff("check --cases 4 --model m --preset tiny", dir.path()).exit_code, 2);
 }
 

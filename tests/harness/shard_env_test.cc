@@ -170,19 +170,5 @@ TEST(ResolveJobs, ZeroIsEveryCoreAndNeverMoreThanTheItems) {
   EXPECT_EQ(ResolveJobs(1, 100), 1);
 }
 
-TEST(MergeCoverage, CountersAddFlagsOrMaximaStayMaxima) {
-  const auto a = nlohmann::json::parse(
-      R"({"ops": {"fork": 3, "decode": 5}, "crossed": {"128": false}, "max_length": 48,
-          "boundaries": [8, 128]})");
-  const auto b = nlohmann::json::parse(
-      R"({"ops": {"fork": 1, "reset": 2}, "crossed": {"128": true}, "max_length": 40,
-          "boundaries": [8, 128]})");
-  const auto m = MergeCoverage(a, b);
-  EXPECT_EQ(m.at("ops"), nlohmann::json::parse(R"({"fork": 4, "decode": 5, "reset": 2})"));
-  EXPECT_EQ(m.at("crossed").at("128"), true);
-  EXPECT_EQ(m.at("boundaries"), nlohmann::json::parse("[8, 128]"));
-  EXPECT_EQ(m.at("max_length"), 48) << "a maximum is not a counter";
-}
-
 }  // namespace
 }  // namespace kvdiff::harness

@@ -36,12 +36,39 @@ std::string FaultName(Fault fault) {
       return "kv-appended-twice";
     case Fault::kKvHeadModulo:
       return "kv-head-h%nkv";
+    case Fault::kDecodeDropsKeysPastP:
+      return "decode-drops-keys-past-P";
+    case Fault::kMaskSecondTile:
+      return "mask-second-tile";
+    case Fault::kRopeWrapsAtP:
+      return "rope-wraps-at-P";
+    case Fault::kReallocLosesRows:
+      return "realloc-loses-rows";
+    case Fault::kSoftmaxWithoutMax:
+      return "softmax-without-max";
   }
   return "?";
 }
 
-ScalarLlama::ScalarLlama(std::shared_ptr<const format::ModelWeights> weights, Fault fault)
-    : weights_(std::move(weights)), fault_(fault) {
+// The default P of each fault past a size (see Fault).
+int64_t DefaultAt(Fault fault) {
+  switch (fault) {
+    case Fault::kDecodeDropsKeysPastP:
+      return 240;
+    case Fault::kMaskSecondTile:
+      return 128;
+    case Fault::kRopeWrapsAtP:
+      return 160;
+    case Fault::kReallocLosesRows:
+      return 96;
+    default:
+      return 0;
+  }
+}
+
+ScalarLlama::ScalarLlama(std::shared_ptr<const format::ModelWeights> weights, Fault fault,
+                         int64_t at)
+    : weights_(std::move(weights)), fault_(fault), at_(at > 0 ? at : DefaultAt(fault)) {
   const auto& c = config();
   const auto get = [this](const std::string& name) { return weights_->Get(name).data.data(); };
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -119,8 +146,8 @@ std::vector<ScalarLlama::Vec> ScalarLlama::Attention(const LayerWeights& w, int6
   std::vector<int64_t> own_row(s);  // the key row of token i itself (the last one it may see)
   const bool refed_single = s == 1 && cache.position > 0;
   for (int64_t i = 0; i < s; ++i) {
-    const int64_t position =
-        fault_ == Fault::kRopeAtCacheLength ? cache.position : cache.position + i;
+    int64_t position = fault_ == Fault::kRopeAtCacheLength ? cache.position : cache.position + i;
+    if (fault_ == Fault::kRopeWrapsAtP) position %= at_;
     q[i] = Linear(w.wq, nh * d, hidden, x[i].data());
     Vec k = Linear(w.wk, kv_dim, hidden, x[i].data());
     const Vec v = Linear(w.wv, kv_dim, hidden, x[i].data());
@@ -146,10 +173,13 @@ std::vector<ScalarLlama::Vec> ScalarLlama::Attention(const LayerWeights& w, int6
       int64_t last_visible = own_row[i];
       if (fault_ == Fault::kMaskSeesNextKey)
         last_visible = std::min(own_row[i] + 1, total_rows - 1);
+      if (fault_ == Fault::kMaskSecondTile && i >= at_) last_visible = own_row[i % at_];
       std::vector<double> scores;
       std::vector<int64_t> visible;
       for (int64_t j = 0; j <= last_visible; ++j) {
         if (fault_ == Fault::kMaskHidesLastCached && j == rows_before - 1) continue;
+        if (fault_ == Fault::kDecodeDropsKeysPastP && refed_single && j >= at_ && j < own_row[i])
+          continue;
         const float* kj = keys.data() + j * kv_dim + kv_head * d;
         double dot = 0;
         for (int64_t e = 0; e < d; ++e) dot += static_cast<double>(qh[e]) * kj[e];
@@ -158,7 +188,13 @@ std::vector<ScalarLlama::Vec> ScalarLlama::Attention(const LayerWeights& w, int6
       }
       const double max_score = *std::max_element(scores.begin(), scores.end());
       double denom = 0;
-      for (double& sc : scores) denom += (sc = std::exp(sc - max_score));
+      if (fault_ == Fault::kSoftmaxWithoutMax) {
+        float sum = 0;
+        for (double& sc : scores) sum += static_cast<float>(sc = std::exp(static_cast<float>(sc)));
+        denom = sum;
+      } else {
+        for (double& sc : scores) denom += (sc = std::exp(sc - max_score));
+      }
       for (size_t n = 0; n < visible.size(); ++n) {
         const float* vj = values.data() + visible[n] * kv_dim + kv_head * d;
         for (int64_t e = 0; e < d; ++e)
@@ -168,6 +204,18 @@ std::vector<ScalarLlama::Vec> ScalarLlama::Attention(const LayerWeights& w, int6
     out[i] = Linear(w.wo, hidden, nh * d, heads.data());
   }
   return out;
+}
+
+void ScalarLlama::Grow(ScalarCache& cache, int64_t rows) const {
+  if (cache.capacity == 0) cache.capacity = at_;
+  const int64_t kv_dim = config().KvDim();
+  while (cache.capacity < rows) {
+    // The fault: the copy into the new buffer takes the first capacity's rows, not all of them.
+    for (auto* layers : {&cache.keys, &cache.values})
+      for (auto& rows_of : *layers)
+        for (size_t e = static_cast<size_t>(at_ * kv_dim); e < rows_of.size(); ++e) rows_of[e] = 0;
+    cache.capacity *= 2;
+  }
 }
 
 ScalarLlama::Vec ScalarLlama::Mlp(const LayerWeights& w, const Vec& x) const {
@@ -182,6 +230,7 @@ ScalarLlama::Vec ScalarLlama::Mlp(const LayerWeights& w, const Vec& x) const {
 Logits ScalarLlama::Forward(const Tokens& tokens, ScalarCache& cache) const {
   const auto& c = config();
   const int64_t s = static_cast<int64_t>(tokens.size()), hidden = c.hidden_size;
+  if (fault_ == Fault::kReallocLosesRows) Grow(cache, cache.rows + s);
   std::vector<Vec> x(s);  // (s, hidden): the residual stream
   for (int64_t i = 0; i < s; ++i) {
     x[i].assign(embed_ + tokens[i] * hidden, embed_ + (tokens[i] + 1) * hidden);
@@ -253,8 +302,8 @@ class ScalarSession : public harness::BackendSession {
 
 class ScalarBackend : public harness::Backend {
  public:
-  ScalarBackend(std::shared_ptr<const format::ModelWeights> weights, Fault fault)
-      : model_(std::move(weights), fault) {
+  ScalarBackend(std::shared_ptr<const format::ModelWeights> weights, Fault fault, int64_t at)
+      : model_(std::move(weights), fault, at) {
     info_.name = fault == Fault::kNone ? "scalar" : "scalar:" + FaultName(fault);
     info_.description = "the plain scalar Llama of the tests";
     info_.dtype = "float32";
@@ -276,8 +325,8 @@ class ScalarBackend : public harness::Backend {
 }  // namespace
 
 std::unique_ptr<harness::Backend> MakeScalarBackend(
-    std::shared_ptr<const format::ModelWeights> weights, Fault fault) {
-  return std::make_unique<ScalarBackend>(std::move(weights), fault);
+    std::shared_ptr<const format::ModelWeights> weights, Fault fault, int64_t at) {
+  return std::make_unique<ScalarBackend>(std::move(weights), fault, at);
 }
 
 }  // namespace kvdiff::props

@@ -24,6 +24,16 @@ enum class Fault {
   kRopeAtCacheLength,    // every new token rotated at the cache length P instead of P+i
   kDoubleAppend,         // a re-fed single token (a decode step) has its K/V appended twice
   kKvHeadModulo,         // query head h reads KV head h % nkv instead of h / n_rep
+  // Faults past a size P (ScalarLlama's `at`; 0 takes the default named here), the kinds that hide
+  // outside short scenarios:
+  kDecodeDropsKeysPastP,  // a decode step does not see cached keys at positions >= P (240)
+  kMaskSecondTile,        // a call's rows past the first query tile of P (128) rows are masked
+                          // as if their tile started at the call's first position
+  kRopeWrapsAtP,          // the RoPE table has P (160) rows: position p is rotated as p % P
+  kReallocLosesRows,      // the cache grows by doubling from P (96) rows, copying only the
+                          // first P: rows P..2P-1 are lost (zeroed) at the second growth
+  kSoftmaxWithoutMax,     // softmax in float32 as exp(s) / sum exp(s), without subtracting the
+                          // row max: right while scores are small, inf/NaN once one passes ~88
 };
 std::string FaultName(Fault fault);
 
@@ -33,11 +43,13 @@ struct ScalarCache {
   std::vector<std::vector<float>> values;  // per layer: (rows, kv_dim), row-major
   int64_t rows = 0;                        // cached key rows
   int64_t position = 0;                    // tokens fed so far = the position of the next token
+  int64_t capacity = 0;                    // kReallocLosesRows: the rows allocated
 };
 
 class ScalarLlama {
  public:
-  ScalarLlama(std::shared_ptr<const format::ModelWeights> weights, Fault fault = Fault::kNone);
+  ScalarLlama(std::shared_ptr<const format::ModelWeights> weights, Fault fault = Fault::kNone,
+              int64_t at = 0);
 
   const format::LlamaConfig& config() const { return weights_->config; }
   ScalarCache NewCache() const;
@@ -68,9 +80,12 @@ class ScalarLlama {
   std::vector<Vec> Attention(const LayerWeights& w, int64_t layer, const std::vector<Vec>& x,
                              ScalarCache& cache) const;
   Vec Mlp(const LayerWeights& w, const Vec& x) const;
+  // kReallocLosesRows: grows the cache's capacity to hold `rows`, faultily.
+  void Grow(ScalarCache& cache, int64_t rows) const;
 
   std::shared_ptr<const format::ModelWeights> weights_;
   Fault fault_;
+  int64_t at_;  // the P of the faults past a size
   std::vector<LayerWeights> layers_;
   const float* embed_;            // (vocab, hidden)
   const float* final_norm_;       // (hidden)
@@ -79,8 +94,9 @@ class ScalarLlama {
 };
 
 // The scalar model as a harness backend ("scalar" or "scalar:<fault>"): checked sessions that own
-// their cache, so every property runs on it exactly as on impl.
+// their cache, so every property runs on it exactly as on impl. `at`: as ScalarLlama's.
 std::unique_ptr<harness::Backend> MakeScalarBackend(
-    std::shared_ptr<const format::ModelWeights> weights, Fault fault = Fault::kNone);
+    std::shared_ptr<const format::ModelWeights> weights, Fault fault = Fault::kNone,
+    int64_t at = 0);
 
 }  // namespace kvdiff::props

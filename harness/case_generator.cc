@@ -1,0 +1,249 @@
+#include "harness/case_generator.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "format/error.h"
+#include "format/prng.h"
+
+namespace kvdiff::harness {
+namespace {
+
+// format/prng.h's SplitMix64 stream: the same sequence everywhere (std distributions are not).
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t Next() { return format::SplitMix64(state_); }
+  // Uniform in [0, n), n >= 1 (the modulo bias is irrelevant at these sizes).
+  int64_t Below(int64_t n) { return static_cast<int64_t>(Next() % static_cast<uint64_t>(n)); }
+  int64_t Between(int64_t lo, int64_t hi) { return lo + Below(hi - lo + 1); }  // inclusive
+  bool Chance(int percent) { return Below(100) < percent; }
+
+ private:
+  uint64_t state_;
+};
+
+constexpr int64_t kMaxConversations = 4;
+
+struct GenConv {
+  std::string name;
+  int64_t length = 0;
+  bool has_last_row = false;
+};
+
+// The stream of case k: seed and k mixed so neighbouring cases (and seeds) start far apart.
+uint64_t CaseStream(uint64_t seed, int64_t k) {
+  Rng mix(seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull);
+  return mix.Next() ^ (static_cast<uint64_t>(k) * 0xD1B54A32D192ED03ull);
+}
+
+// How a case draws its sizes. A short case: uniform, small (today's generator, unchanged). A long
+// case: half the draws land on a boundary or a neighbour of one, the rest are uniform.
+class Sizes {
+ public:
+  Sizes(Rng& rng, const std::vector<Boundary>& boundaries, bool long_case)
+      : rng_(rng), long_(long_case) {
+    for (const Boundary& b : boundaries) sizes_.push_back(b.size);
+  }
+  bool Long() const { return long_; }
+  // A size in [1, room]; short cases cap it at `short_cap`.
+  int64_t Pick(int64_t room, int64_t short_cap) {
+    if (!long_) return rng_.Between(1, std::min(room, short_cap));
+    if (rng_.Chance(50)) {
+      std::vector<int64_t> near;
+      for (int64_t b : sizes_)
+        for (int64_t d = -1; d <= 1; ++d)
+          if (b + d >= 1 && b + d <= room) near.push_back(b + d);
+      if (!near.empty()) return near[rng_.Below(static_cast<int64_t>(near.size()))];
+    }
+    if (rng_.Chance(15)) return room;  // the whole room: reaches the context's end
+    return rng_.Between(1, room);
+  }
+
+ private:
+  Rng& rng_;
+  bool long_;
+  std::vector<int64_t> sizes_;
+};
+
+}  // namespace
+
+int64_t CampaignMaxLength(const format::LlamaConfig& config, int64_t max_length) {
+  KVDIFF_CHECK(max_length >= 0,
+               "--max-length: expected a length >= 0 (0: the model's context), got {}", max_length);
+  if (max_length == 0) return config.max_position_embeddings;
+  return std::min<int64_t>(max_length, config.max_position_embeddings);
+}
+
+std::vector<Boundary> CampaignBoundaries(const std::vector<const Backend*>& backends,
+                                         int64_t max_length) {
+  std::map<int64_t, std::string> by_size;
+  for (int64_t p = 2; p < max_length; p *= 2) by_size[p];  // the context itself has no far side
+  for (const Backend* b : backends) {
+    for (int64_t size : b->Info().interesting_sizes) {
+      if (size < 1 || size >= max_length) continue;
+      std::string& who = by_size[size];
+      if (who.find(b->Name()) == std::string::npos) who += (who.empty() ? "" : ",") + b->Name();
+    }
+  }
+  std::vector<Boundary> out;
+  for (const auto& [size, who] : by_size) out.push_back({size, who});
+  return out;
+}
+
+bool IsLongCase(uint64_t seed, int64_t k, double long_fraction, int64_t context) {
+  if (context <= kShortCaseLength) return false;
+  // A stream of its own, so the short cases are the same whatever the fraction.
+  Rng rng(CaseStream(seed, k) ^ 0x4C4F4E4743415345ull);
+  return static_cast<double>(rng.Next() >> 11) * 0x1.0p-53 < long_fraction;
+}
+
+Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model, uint64_t seed,
+                      int64_t k, const GenerationOptions& options) {
+  KVDIFF_CHECK(options.long_fraction >= 0 && options.long_fraction <= 1,
+               "--long-fraction: expected a fraction in [0, 1], got {}", options.long_fraction);
+  Rng rng(CaseStream(seed, k));
+  const int64_t context = CampaignMaxLength(config, options.max_length);
+  const bool long_case = IsLongCase(seed, k, options.long_fraction, context);
+  Sizes sizes(rng, options.boundaries, long_case);
+  Scenario sc;
+  sc.name = fmt::format("case-{}", k);
+  sc.description =
+      fmt::format("kvdiff check --seed {}: case {}{}", seed, k, long_case ? " (long)" : "");
+  sc.model = model;
+  // A long case aims at a length of its own: a boundary's neighbourhood, the full context, or
+  // anything between; its sizes are drawn within that.
+  const int64_t max_len =
+      long_case ? std::max<int64_t>(kShortCaseLength + 1, sizes.Pick(context, context))
+                : std::min<int64_t>(kShortCaseLength, context);
+  std::vector<GenConv> convs = {{"main"}};
+  int64_t next_name = 1;
+
+  auto random_tokens = [&](int64_t n) {
+    Tokens t(n);
+    for (auto& x : t) x = static_cast<Token>(rng.Below(config.vocab_size));
+    return t;
+  };
+  // Chunk sizes summing to n: a random split into 1..4 pieces (cut points drawn without
+  // repeats), or (long cases) the whole prompt in one call, or one boundary-sized chunk
+  // repeated, the rest in the last.
+  auto split = [&](int64_t n) {
+    std::vector<int64_t> chunks;
+    if (sizes.Long() && rng.Chance(30)) return chunks;  // the whole prompt in one call
+    if (sizes.Long() && n > 1 && rng.Chance(55)) {
+      const int64_t size = sizes.Pick(n, n);
+      for (int64_t left = n; left > 0; left -= size) chunks.push_back(std::min(size, left));
+      return chunks.size() > 1 ? chunks : std::vector<int64_t>{};
+    }
+    const int64_t pieces = rng.Between(1, std::min<int64_t>(n, 4));
+    if (pieces > 1) {
+      std::vector<int64_t> cuts;
+      while (static_cast<int64_t>(cuts.size()) < pieces - 1) {
+        const int64_t cut = rng.Between(1, n - 1);
+        if (std::find(cuts.begin(), cuts.end(), cut) == cuts.end()) cuts.push_back(cut);
+      }
+      std::sort(cuts.begin(), cuts.end());
+      int64_t prev = 0;
+      for (int64_t cut : cuts) {
+        chunks.push_back(cut - prev);
+        prev = cut;
+      }
+      chunks.push_back(n - prev);
+    }
+    return chunks;
+  };
+  auto prefill = [&](GenConv& c) {
+    Step s;
+    s.op = Op::kPrefill;
+    s.conversation = c.name;
+    const int64_t n = sizes.Pick(max_len - c.length, 12);
+    s.tokens = random_tokens(n);
+    s.chunks = split(n);
+    c.length += n;
+    c.has_last_row = true;
+    sc.steps.push_back(s);
+  };
+  auto pick = [&](auto pred) -> GenConv* {
+    std::vector<GenConv*> ok;
+    for (auto& c : convs)
+      if (pred(c)) ok.push_back(&c);
+    return ok.empty() ? nullptr : ok[rng.Below(static_cast<int64_t>(ok.size()))];
+  };
+
+  prefill(convs[0]);
+  const int64_t n_steps = long_case ? rng.Between(2, 6) : rng.Between(2, 10);
+  for (int64_t i = 0; i < n_steps; ++i) {
+    const int64_t roll = rng.Below(100);
+    Step s;
+    if (roll < 30) {  // prefill
+      if (GenConv* c = pick([&](const GenConv& c) { return c.length < max_len; })) prefill(*c);
+    } else if (roll < 60) {  // decode
+      if (GenConv* c =
+              pick([&](const GenConv& c) { return c.has_last_row && c.length < max_len; })) {
+        s.op = Op::kDecode;
+        s.conversation = c->name;
+        s.n = sizes.Pick(max_len - c->length, 8);
+        c->length += s.n;
+        sc.steps.push_back(s);
+      }
+    } else if (roll < 72) {  // truncate (to the same length now and then: keeps the last row)
+      if (GenConv* c = pick([](const GenConv& c) { return c.length > 0; })) {
+        s.op = Op::kTruncate;
+        s.conversation = c->name;
+        if (rng.Chance(10)) {
+          s.length = c->length;
+        } else {
+          s.length = sizes.Long() ? sizes.Pick(c->length, c->length) - 1 : rng.Below(c->length);
+        }
+        if (s.length != c->length) c->has_last_row = false;
+        c->length = s.length;
+        sc.steps.push_back(s);
+      }
+    } else if (roll < 84) {  // fork
+      if (static_cast<int64_t>(convs.size()) < kMaxConversations) {
+        const GenConv src = convs[rng.Below(static_cast<int64_t>(convs.size()))];
+        s.op = Op::kFork;
+        s.from = src.name;
+        s.to = s.conversation = fmt::format("c{}", next_name++);
+        GenConv copy = src;
+        copy.name = s.to;
+        convs.push_back(copy);
+        sc.steps.push_back(s);
+      }
+    } else if (roll < 92) {  // new conversation, started with a prefill
+      if (static_cast<int64_t>(convs.size()) < kMaxConversations) {
+        s.op = Op::kNewConversation;
+        s.name = s.conversation = fmt::format("c{}", next_name++);
+        convs.push_back({s.name});
+        sc.steps.push_back(s);
+        prefill(convs.back());
+      }
+    } else {  // reset, then a new prompt
+      GenConv& c = convs[rng.Below(static_cast<int64_t>(convs.size()))];
+      s.op = Op::kReset;
+      s.conversation = c.name;
+      c.length = 0;
+      c.has_last_row = false;
+      sc.steps.push_back(s);
+      prefill(c);
+    }
+  }
+  // A long case ends with a decode to its target on its longest conversation: decoding is where
+  // a cache is read past everything the prompt wrote.
+  if (long_case) {
+    GenConv* longest = nullptr;
+    for (auto& c : convs)
+      if (c.has_last_row && c.length < max_len && (!longest || c.length > longest->length))
+        longest = &c;
+    if (longest) {
+      sc.steps.push_back(Step::Decode(longest->name, max_len - longest->length));
+      longest->length = max_len;
+    }
+  }
+  return sc;
+}
+
+}  // namespace kvdiff::harness

@@ -1,0 +1,62 @@
+// The campaign's case generator: random scenarios whose lengths concentrate where KV-cache code
+// changes path. Most cases stay short (at most kShortCaseLength positions, cheap); a fraction
+// (GenerationOptions::long_fraction) goes long, up to the model's full context, drawing its
+// prompt, chunk, decode and truncation sizes around the boundaries: powers of two and the sizes
+// the backends declare (BackendInfo::interesting_sizes), each with its neighbours b-1, b, b+1.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "format/model_files.h"
+#include "harness/backend.h"
+#include "harness/scenario.h"
+
+namespace kvdiff::harness {
+
+// The longest history a short case reaches: long enough for several chunks and a decode run,
+// short enough that a case takes milliseconds on the tiny model.
+inline constexpr int64_t kShortCaseLength = 48;
+inline constexpr double kDefaultLongFraction = 0.1;
+// The longest history of the default campaign. Past it, on the tiny model, ref (transformers'
+// float32 RoPE angles, reproduced exactly) drifts from ref64 by more than the 1e-4 gate while impl
+// stays within 3e-5 of ref64, so a longer default would fail the gate on the reference's rounding
+// (README, "kvdiff check"). --max-length 0 reaches the model's full context.
+inline constexpr int64_t kDefaultMaxLength = 256;
+
+// A size where some backend changes path, and who said so ("" for a power of two).
+struct Boundary {
+  int64_t size = 0;
+  std::string declared_by;  // "impl", "impl,llama.cpp"; empty: a power of two nobody declared
+};
+
+struct GenerationOptions {
+  // The longest history a case may reach (capped by the context); 0: max_position_embeddings.
+  int64_t max_length = kDefaultMaxLength;
+  double long_fraction = kDefaultLongFraction;  // the share of cases that go long
+  std::vector<Boundary> boundaries;             // from CampaignBoundaries
+};
+
+// The longest history of the campaign: options.max_length (InputError naming --max-length when
+// it is < 1), capped by the model's context.
+int64_t CampaignMaxLength(const format::LlamaConfig& config, int64_t max_length);
+
+// Powers of two from 2 below max_length, and every size a backend declares below max_length,
+// ascending, each once (a declared power of two names who declared it).
+std::vector<Boundary> CampaignBoundaries(const std::vector<const Backend*>& backends,
+                                         int64_t max_length);
+
+// Whether case k of the campaign seeded `seed` is a long one: a function of (seed, k) and the
+// fraction alone, so the short cases stay the same whatever the fraction. No case is long when
+// the context (CampaignMaxLength) is no longer than a short case.
+bool IsLongCase(uint64_t seed, int64_t k, double long_fraction, int64_t context);
+
+// A random scenario (prompts, chunk splits, decode lengths, resets, truncations, forks, several
+// conversations) for `config`, a function of (seed, k, options) alone. Uses kvdiff's own PRNG, so
+// the same case is generated on every platform. model is recorded in the scenario for replays.
+// InputError naming --long-fraction when it is not in [0, 1].
+Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model, uint64_t seed,
+                      int64_t k, const GenerationOptions& options = {});
+
+}  // namespace kvdiff::harness

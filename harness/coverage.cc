@@ -1,0 +1,279 @@
+#include "harness/coverage.h"
+
+#include "format/error.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <exception>
+
+namespace kvdiff::harness {
+namespace {
+
+int64_t Bucket(int64_t n) {
+  int64_t b = 1;
+  while (b * 2 <= n) b *= 2;
+  return n < 1 ? 0 : b;
+}
+
+std::string BucketName(int64_t lo) {
+  return lo <= 1 ? fmt::format("{}", lo) : fmt::format("{}-{}", lo, lo * 2 - 1);
+}
+
+template <typename Key>
+void AddAll(std::map<Key, int64_t>& into, const std::map<Key, int64_t>& from) {
+  for (const auto& [key, n] : from) into[key] += n;
+}
+
+std::string Histogram(const std::map<int64_t, int64_t>& h) {
+  std::string out;
+  for (const auto& [lo, n] : h)
+    out += fmt::format("{}{}: {}", out.empty() ? "" : ", ", BucketName(lo), n);
+  return out;
+}
+
+nlohmann::json HistogramJson(const std::map<int64_t, int64_t>& h) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [lo, n] : h) j[BucketName(lo)] = n;
+  return j;
+}
+
+// "1", "2-3", "4-7": a bucket's name back to its lower end.
+int64_t BucketLow(const std::string& name, const std::string& where) {
+  try {
+    size_t used = 0;
+    const int64_t lo = std::stoll(name, &used);
+    if (lo >= 1 && (used == name.size() || name[used] == '-')) return lo;
+  } catch (const std::exception&) {
+  }
+  throw InputError(fmt::format("{}: expected a bucket such as \"4-7\", got \"{}\"", where, name));
+}
+
+int64_t Count(const nlohmann::json& j, const char* key, const std::string& where) {
+  KVDIFF_CHECK(j.contains(key) && j.at(key).is_number_integer() && j.at(key).get<int64_t>() >= 0,
+               "{}.{}: expected a count >= 0", where, key);
+  return j.at(key).get<int64_t>();
+}
+
+template <typename Key, typename ToKey>
+std::map<Key, int64_t> CountsFromJson(const nlohmann::json& j, const char* key,
+                                      const std::string& where, ToKey to_key) {
+  const std::string at = fmt::format("{}.{}", where, key);
+  KVDIFF_CHECK(j.contains(key) && j.at(key).is_object(), "{}: expected an object of counts", at);
+  std::map<Key, int64_t> out;
+  for (auto it = j.at(key).begin(); it != j.at(key).end(); ++it) {
+    KVDIFF_CHECK(it.value().is_number_integer() && it.value().get<int64_t>() >= 0,
+                 "{}.{}: expected a count >= 0", at, it.key());
+    out[to_key(it.key(), at)] += it.value().get<int64_t>();
+  }
+  return out;
+}
+
+}  // namespace
+
+Coverage Coverage::FromJson(const nlohmann::json& j, const std::string& where) {
+  KVDIFF_CHECK(j.is_object(), "{}: expected the coverage object of a `check --json` report", where);
+  Coverage c;
+  c.cases = Count(j, "cases", where);
+  c.long_cases = Count(j, "long_cases", where);
+  c.context = Count(j, "context", where);
+  c.longest = Count(j, "longest", where);
+  c.cases_at_context = Count(j, "cases_at_context", where);
+  c.lengths = CountsFromJson<int64_t>(j, "lengths", where, BucketLow);
+  c.call_sizes = CountsFromJson<int64_t>(j, "call_sizes", where, BucketLow);
+  c.conversations = CountsFromJson<int64_t>(j, "conversations", where, BucketLow);
+  const auto as_text = [](const std::string& key, const std::string&) { return key; };
+  c.ops = CountsFromJson<std::string>(j, "ops", where, as_text);
+  c.bigrams = CountsFromJson<std::string>(j, "bigrams", where, as_text);
+  c.shapes = CountsFromJson<std::string>(j, "shapes", where, as_text);
+  KVDIFF_CHECK(j.contains("boundaries") && j.at("boundaries").is_array(),
+               "{}.boundaries: expected an array", where);
+  for (size_t i = 0; i < j.at("boundaries").size(); ++i) {
+    const nlohmann::json& b = j.at("boundaries")[i];
+    const std::string at = fmt::format("{}.boundaries[{}]", where, i);
+    KVDIFF_CHECK(b.is_object() && b.contains("declared_by") && b.at("declared_by").is_string(),
+                 "{}: expected a boundary object with \"declared_by\"", at);
+    c.boundaries.push_back({Count(b, "size", at), b.at("declared_by").get<std::string>(),
+                            Count(b, "calls_at", at), Count(b, "calls_over", at),
+                            Count(b, "rows_at", at), Count(b, "rows_over", at)});
+  }
+  return c;
+}
+
+Coverage NewCoverage(const std::vector<Boundary>& boundaries, int64_t context) {
+  Coverage c;
+  c.context = context;
+  for (const Boundary& b : boundaries) c.boundaries.push_back({b.size, b.declared_by});
+  return c;
+}
+
+void Coverage::Add(const Scenario& sc, const std::string& shape, bool long_case) {
+  ++cases;
+  long_cases += long_case ? 1 : 0;
+  ++shapes[shape];
+  std::map<std::string, int64_t> length = {{"main", 0}};
+  int64_t case_longest = 0;
+  // One forward call of n tokens from position `from`.
+  auto call = [&](int64_t from, int64_t n) {
+    ++call_sizes[Bucket(n)];
+    for (BoundaryCoverage& b : boundaries) {
+      if (n == b.size - 1 || n == b.size) ++b.calls_at;
+      if (n > b.size) ++b.calls_over;
+      // Rows from..from+n-1: position b-1 among them, and any at b or beyond.
+      if (from <= b.size - 1 && b.size - 1 < from + n) ++b.rows_at;
+      if (from + n - 1 >= b.size) b.rows_over += from + n - std::max(from, b.size);
+    }
+    case_longest = std::max(case_longest, from + n);
+  };
+  std::string prev;
+  for (const Step& s : sc.steps) {
+    const std::string op = OpName(s.op);
+    ++ops[op];
+    if (!prev.empty()) ++bigrams[prev + ">" + op];
+    prev = op;
+    switch (s.op) {
+      case Op::kNewConversation:
+        length[s.name] = 0;
+        break;
+      case Op::kPrefill: {
+        std::vector<int64_t> chunks = s.chunks;
+        if (chunks.empty()) chunks = {static_cast<int64_t>(s.tokens.size())};
+        for (int64_t n : chunks) {
+          call(length[s.conversation], n);
+          length[s.conversation] += n;
+        }
+        break;
+      }
+      case Op::kDecode:
+        for (int64_t i = 0; i < s.n; ++i) call(length[s.conversation]++, 1);
+        break;
+      case Op::kTruncate:
+        length[s.conversation] = s.length;
+        break;
+      case Op::kFork:
+        length[s.to] = length[s.from];
+        break;
+      case Op::kReset:
+        length[s.conversation] = 0;
+        break;
+    }
+  }
+  ++lengths[Bucket(case_longest)];
+  ++conversations[static_cast<int64_t>(length.size())];
+  longest = std::max(longest, case_longest);
+  cases_at_context += case_longest >= context && context > 0 ? 1 : 0;
+}
+
+void Coverage::Merge(const Coverage& o) {
+  cases += o.cases;
+  long_cases += o.long_cases;
+  context = std::max(context, o.context);
+  longest = std::max(longest, o.longest);
+  cases_at_context += o.cases_at_context;
+  AddAll(lengths, o.lengths);
+  AddAll(call_sizes, o.call_sizes);
+  AddAll(conversations, o.conversations);
+  AddAll(ops, o.ops);
+  AddAll(bigrams, o.bigrams);
+  AddAll(shapes, o.shapes);
+  for (const BoundaryCoverage& ob : o.boundaries) {
+    auto it = std::find_if(boundaries.begin(), boundaries.end(),
+                           [&](const BoundaryCoverage& b) { return b.size == ob.size; });
+    if (it == boundaries.end()) {
+      boundaries.push_back(ob);
+      continue;
+    }
+    it->calls_at += ob.calls_at;
+    it->calls_over += ob.calls_over;
+    it->rows_at += ob.rows_at;
+    it->rows_over += ob.rows_over;
+    if (it->declared_by.empty()) it->declared_by = ob.declared_by;
+  }
+  std::sort(boundaries.begin(), boundaries.end(),
+            [](const BoundaryCoverage& a, const BoundaryCoverage& b) { return a.size < b.size; });
+}
+
+std::vector<std::string> Coverage::Warnings() const {
+  std::vector<std::string> out;
+  for (const BoundaryCoverage& b : boundaries) {
+    if (b.declared_by.empty()) continue;
+    if (b.calls_at == 0 || b.calls_over == 0) {
+      out.push_back(fmt::format(
+          "warning: boundary {} (declared by {}) not crossed by a forward call: {} calls of {} or "
+          "{} tokens, {} of more",
+          b.size, b.declared_by, b.calls_at, b.size - 1, b.size, b.calls_over));
+    }
+    if (b.rows_at == 0 || b.rows_over == 0) {
+      out.push_back(fmt::format(
+          "warning: boundary {} (declared by {}) not crossed by a history: {} rows at position "
+          "{}, {} at {} or beyond",
+          b.size, b.declared_by, b.rows_at, b.size - 1, b.rows_over, b.size));
+    }
+  }
+  return out;
+}
+
+std::string Coverage::Text() const {
+  std::string out =
+      fmt::format("coverage: {} cases ({} long); longest history {} of {}, reached by {} cases\n",
+                  cases, long_cases, longest, context, cases_at_context);
+  out += fmt::format("  lengths:       {}\n", Histogram(lengths));
+  out += fmt::format("  call sizes:    {}\n", Histogram(call_sizes));
+  std::string ops_text;
+  for (const auto& [op, n] : ops)
+    ops_text += fmt::format("{}{} {}", ops_text.empty() ? "" : ", ", op, n);
+  out += fmt::format("  ops:           {}\n", ops_text);
+  // The bigrams a campaign can make: every op after every op (6 x 6).
+  constexpr int64_t kOpKinds = 6;
+  std::vector<std::pair<int64_t, std::string>> seen;
+  for (const auto& [bigram, n] : bigrams) seen.push_back({-n, bigram});
+  std::sort(seen.begin(), seen.end());
+  std::string rare;
+  for (auto it = seen.rbegin(); it != seen.rend() && it - seen.rbegin() < 4; ++it)
+    rare += fmt::format("{}{} {}", rare.empty() ? "" : ", ", it->second, -it->first);
+  out += fmt::format("  op bigrams:    {} of {} seen; rarest: {}\n", bigrams.size(),
+                     kOpKinds * kOpKinds, rare);
+  std::string convs;
+  for (const auto& [n, count] : conversations)
+    convs += fmt::format("{}{}: {}", convs.empty() ? "" : ", ", n, count);
+  out += fmt::format("  conversations: {}\n", convs);
+  for (const auto& [shape, n] : shapes)
+    out += fmt::format("  shape:         {} ({} cases)\n", shape, n);
+  out += "  boundaries (calls of b-1..b tokens / longer; rows at position b-1 / at b or beyond):\n";
+  for (const BoundaryCoverage& b : boundaries) {
+    out += fmt::format("    {:>5} {:<14} calls {}/{}  rows {}/{}\n", b.size,
+                       b.declared_by.empty() ? "(power of 2)" : b.declared_by, b.calls_at,
+                       b.calls_over, b.rows_at, b.rows_over);
+  }
+  for (const std::string& w : Warnings()) out += w + "\n";
+  return out;
+}
+
+nlohmann::json Coverage::ToJson() const {
+  nlohmann::json bounds = nlohmann::json::array();
+  for (const BoundaryCoverage& b : boundaries) {
+    bounds.push_back({{"size", b.size},
+                      {"declared_by", b.declared_by},
+                      {"calls_at", b.calls_at},
+                      {"calls_over", b.calls_over},
+                      {"rows_at", b.rows_at},
+                      {"rows_over", b.rows_over}});
+  }
+  nlohmann::json convs = nlohmann::json::object();
+  for (const auto& [n, count] : conversations) convs[std::to_string(n)] = count;
+  return {{"cases", cases},
+          {"long_cases", long_cases},
+          {"context", context},
+          {"longest", longest},
+          {"cases_at_context", cases_at_context},
+          {"lengths", HistogramJson(lengths)},
+          {"call_sizes", HistogramJson(call_sizes)},
+          {"conversations", convs},
+          {"ops", ops},
+          {"bigrams", bigrams},
+          {"shapes", shapes},
+          {"boundaries", bounds},
+          {"warnings", Warnings()}};
+}
+
+}  // namespace kvdiff::harness

@@ -1,0 +1,59 @@
+// What a campaign exercised, as a fuzzer's coverage line is to a fuzzer: the lengths, forward-call
+// (chunk) sizes, op kinds and op bigrams, conversation counts and model shapes of its cases, and
+// for every boundary whether the campaign reached it from both sides.
+//
+// Every field is a count (or a maximum), so the coverage of shards adds up: Merge() of the shards'
+// coverage is the coverage of the whole campaign. The JSON form is documented in the README
+// ("Coverage").
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "format/model_files.h"
+#include "harness/case_generator.h"
+#include "harness/scenario.h"
+
+namespace kvdiff::harness {
+
+// For one boundary b: forward calls of b-1 or b tokens ("at") and of more than b ("over"), and
+// rows written at positions b-1 ("at") and b or beyond ("over") — a history that crossed it.
+struct BoundaryCoverage {
+  int64_t size = 0;
+  std::string declared_by;  // empty: a power of two
+  int64_t calls_at = 0, calls_over = 0;
+  int64_t rows_at = 0, rows_over = 0;
+};
+
+struct Coverage {
+  int64_t cases = 0, long_cases = 0;
+  int64_t context = 0;           // the campaign's longest allowed history
+  int64_t longest = 0;           // the longest history any case reached
+  int64_t cases_at_context = 0;  // cases that reached `context`
+  // Histograms keyed by the lower end of a power-of-two bucket [2^i, 2^(i+1)): 1, 2, 4, 8...
+  std::map<int64_t, int64_t> lengths;        // per case, its longest history
+  std::map<int64_t, int64_t> call_sizes;     // per forward call (a prefill chunk; decode: 1)
+  std::map<int64_t, int64_t> conversations;  // per case, how many conversations it used
+  std::map<std::string, int64_t> ops;        // "prefill", "decode", ... per step
+  std::map<std::string, int64_t> bigrams;    // "fork>truncate": consecutive steps
+  std::map<std::string, int64_t> shapes;     // DescribeModel of the case's model -> cases
+  std::vector<BoundaryCoverage> boundaries;  // ascending by size
+
+  // Counts the scenario's steps (it must be valid for its model).
+  void Add(const Scenario& scenario, const std::string& shape, bool long_case);
+  void Merge(const Coverage& other);
+  // Declared boundaries the campaign never crossed, one line each ("" when all were).
+  std::vector<std::string> Warnings() const;
+  std::string Text() const;  // the report's coverage lines for the terminal
+  nlohmann::json ToJson() const;
+  // The inverse of ToJson (a shard report's "coverage", for `kvdiff merge`); InputError naming
+  // `where` and the field when it is not of that form.
+  static Coverage FromJson(const nlohmann::json& j, const std::string& where);
+};
+
+Coverage NewCoverage(const std::vector<Boundary>& boundaries, int64_t context);
+
+}  // namespace kvdiff::harness

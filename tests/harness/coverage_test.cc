@@ -1,0 +1,112 @@
+// The reach of the campaign's generator, and the coverage report that shows it.
+#include "harness/coverage.h"
+
+#include <gtest/gtest.h>
+
+#include "format/error.h"
+#include "harness/case_generator.h"
+#include "harness/registry.h"
+#include "harness/runner.h"
+
+namespace kvdiff::harness {
+namespace {
+
+format::LlamaConfig Tiny() { return format::PresetConfig("tiny"); }
+
+ModelSpec TinySpec() {
+  ModelSpec m;
+  m.preset = "tiny";
+  m.seed = 7;
+  return m;
+}
+
+TEST(CaseGenerator, BoundariesArePowersOfTwoAndDeclaredSizes) {
+  auto weights = LoadModelFor(TinySpec());
+  const auto impl = MakeBackend("impl", weights, 1);
+  const std::vector<Boundary> b = CampaignBoundaries({impl.get()}, 512);
+  std::vector<int64_t> sizes;
+  for (const Boundary& x : b) sizes.push_back(x.size);
+  EXPECT_EQ(sizes, (std::vector<int64_t>{2, 4, 8, 16, 32, 64, 128, 256}));
+  EXPECT_EQ(b[2].declared_by, "impl");  // 8: LinearRows
+  EXPECT_EQ(b[6].declared_by, "impl");  // 128: the attention query tile
+  EXPECT_EQ(b[0].declared_by, "");
+  EXPECT_EQ(CampaignBoundaries({impl.get()}, 100).back().size, 64);
+}
+
+TEST(CaseGenerator, ShortCasesDoNotDependOnTheLongFraction) {
+  const auto config = Tiny();
+  GenerationOptions none, some;
+  none.long_fraction = 0;
+  some.long_fraction = 0.5;
+  int64_t long_cases = 0;
+  for (int64_t k = 0; k < 100; ++k) {
+    if (IsLongCase(3, k, some.long_fraction, 512)) {
+      ++long_cases;
+      continue;
+    }
+    EXPECT_EQ(GenerateCase(config, TinySpec(), 3, k, none).ToJson(),
+              GenerateCase(config, TinySpec(), 3, k, some).ToJson());
+  }
+  EXPECT_GT(long_cases, 30);
+  EXPECT_LT(long_cases, 70);
+  EXPECT_FALSE(IsLongCase(3, 0, 1.0, kShortCaseLength));  // no room to go long
+  GenerationOptions bad;
+  bad.long_fraction = 1.5;
+  EXPECT_THROW(GenerateCase(config, TinySpec(), 0, 0, bad), InputError);
+  EXPECT_THROW(CampaignMaxLength(config, -1), InputError);
+  EXPECT_EQ(CampaignMaxLength(config, 100000), 512);
+}
+
+TEST(Coverage, CountsCallsRowsAndBoundariesOfAScenario) {
+  Scenario sc;
+  sc.steps = {Step::Prefill("main", Tokens(10, 1), {3, 7}), Step::Decode("main", 2),
+              Step::Fork("main", "b"), Step::Truncate("b", 4), Step::Decode("b", 1)};
+  Coverage c = NewCoverage({{8, "impl"}, {16, ""}}, 512);
+  c.Add(sc, "shape", false);
+  EXPECT_EQ(c.cases, 1);
+  EXPECT_EQ(c.longest, 12);
+  EXPECT_EQ(c.ops.at("decode"), 2);
+  EXPECT_EQ(c.bigrams.at("fork>truncate"), 1);
+  EXPECT_EQ(c.conversations.at(2), 1);
+  EXPECT_EQ(c.call_sizes.at(1), 3);  // three decode rows
+  EXPECT_EQ(c.call_sizes.at(2), 1);  // the chunk of 3
+  EXPECT_EQ(c.call_sizes.at(4), 1);  // the chunk of 7
+  // 8: the chunk of 7 is "at"; no call is longer; rows at position 7 (the chunk 3..9) and at 8 or
+  // beyond: 8, 9 of that chunk and the decodes at 10, 11.
+  EXPECT_EQ(c.boundaries[0].calls_at, 1);
+  EXPECT_EQ(c.boundaries[0].calls_over, 0);
+  EXPECT_EQ(c.boundaries[0].rows_at, 1);
+  EXPECT_EQ(c.boundaries[0].rows_over, 4);
+  // Only the declared boundary warns, and only for the side it missed (calls).
+  ASSERT_EQ(c.Warnings().size(), 1u);
+  EXPECT_NE(c.Warnings()[0].find("boundary 8 (declared by impl) not crossed by a forward call"),
+            std::string::npos);
+  // Counts add up: merging two shards' coverage is the coverage of both.
+  Coverage twice = c;
+  twice.Merge(c);
+  EXPECT_EQ(twice.cases, 2);
+  EXPECT_EQ(twice.boundaries[0].rows_over, 8);
+  EXPECT_EQ(twice.ops.at("decode"), 4);
+  EXPECT_EQ(twice.longest, 12);
+  EXPECT_EQ(twice.ToJson()["boundaries"][0]["rows_over"], 8);
+}
+
+TEST(Coverage, TheDefaultGeneratorReachesTheContextAndCrossesImplsBoundaries) {
+  auto weights = LoadModelFor(TinySpec());
+  const auto impl = MakeBackend("impl", weights, 1);
+  GenerationOptions g;
+  const int64_t context = CampaignMaxLength(weights->config, g.max_length);
+  g.boundaries = CampaignBoundaries({impl.get()}, context);
+  Coverage c = NewCoverage(g.boundaries, context);
+  for (int64_t k = 0; k < 200; ++k) {
+    const Scenario sc = GenerateCase(weights->config, TinySpec(), 0, k, g);
+    ValidateScenario(sc, weights->config);
+    c.Add(sc, "tiny", IsLongCase(0, k, g.long_fraction, context));
+  }
+  EXPECT_GT(c.cases_at_context, 0) << c.Text();
+  EXPECT_TRUE(c.Warnings().empty()) << c.Text();
+  EXPECT_GT(c.boundaries[6].calls_over, 0) << "a chunk of more than 128 tokens";
+}
+
+}  // namespace
+}  // namespace kvdiff::harness
