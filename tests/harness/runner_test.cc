@@ -1,6 +1,7 @@
 // The runner on the tiny model (impl backend, in process): the session driver agrees with the
 // oracle, the misuse drivers diverge exactly where the seed says, errors are outcomes, and the
 // JSON / JUnit / terminal reports carry it all.
+#include "harness/registry.h"
 #include "harness/runner.h"
 
 #include <fmt/format.h>
@@ -153,6 +154,9 @@ TEST_F(RunnerTest, ReuseWithAOneTokenPromptIsSilentAndWrong) {
 }
 
 TEST(PlanBackends, Pos0IsRefusedForANamedReferenceAndLeftOutOfTheDefault) {
+  if (!BackendRegistry::Global().Has("ref")) {
+    GTEST_SKIP() << "needs the LibTorch reference (this build has KVDIFF_WITH_TORCH=OFF)";
+  }
   Scenario sc = ParseScenario(Scenario5Then10("pos0"));
   try {
     PlanBackends({"impl", "ref"}, sc, nullptr);
