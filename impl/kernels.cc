@@ -225,6 +225,33 @@ void DotRows(const typename Load::T* __restrict w, const float* __restrict x, in
   }
 }
 
+// Dots of R consecutive weight rows w, w + w_stride, ... with one input row x: out[r] =
+// Dot(w_r, x, cols), each summed in exactly Dot's order. The decode matrix-vector product: one
+// row alone is 2 vector chains of adds, bound by their latency; R rows at once are 2R independent
+// chains, so the loop waits on memory, as a matrix-vector product should, not on the adder.
+template <int R, class Load = LoadF32>
+void DotWeightRows(const typename Load::T* __restrict w, int64_t w_stride,
+                   const float* __restrict x, int64_t cols, float* out) {
+  constexpr int kLanes = 32;
+  float acc[R][kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= cols; i += kLanes) {
+    for (int r = 0; r < R; ++r) {
+      const typename Load::T* wr = w + r * w_stride;
+      for (int j = 0; j < kLanes; ++j) acc[r][j] += Load::Get(wr + i + j) * x[i + j];
+    }
+  }
+  for (int j = 0; i < cols; ++i, ++j) {
+    for (int r = 0; r < R; ++r) acc[r][j] += Load::Get(w + r * w_stride + i) * x[i];
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int width = kLanes / 2; width >= 1; width /= 2) {
+      for (int j = 0; j < width; ++j) acc[r][j] += acc[r][j + width];
+    }
+    out[r] = acc[r][0];
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -277,6 +304,29 @@ void RowsOfOne(const float* x, int64_t s, const typename Load::T* wr, int64_t ro
   }
 }
 
+// y[r .. r + n) of one output for a single input row (decode), kDecodeRows weight rows at a time.
+constexpr int64_t kDecodeRows = 4;
+template <class Load>
+void DecodeRows(const float* x, const typename Load::T* w, int64_t cols, int64_t r, int64_t n,
+                float* y) {
+  int64_t i = 0;
+  for (; i + kDecodeRows <= n; i += kDecodeRows) {
+    DotWeightRows<kDecodeRows, Load>(w + (r + i) * cols, cols, x, cols, y + r + i);
+  }
+  for (; i < n; ++i) DotWeightRows<1, Load>(w + (r + i) * cols, cols, x, cols, y + r + i);
+}
+
+void DecodeRows(const float* x, const WeightView& w, int64_t r, int64_t n, float* y) {
+  switch (w.dtype) {
+    case WeightDtype::kF32:
+      return DecodeRows<LoadF32>(x, w.data, w.cols, r, n, y);
+    case WeightDtype::kBF16:
+      return DecodeRows<LoadBF16>(x, w.half, w.cols, r, n, y);
+    case WeightDtype::kF16:
+      return DecodeRows<LoadF16>(x, w.half, w.cols, r, n, y);
+  }
+}
+
 void RowsOfOne(const float* x, int64_t s, const WeightView& w, int64_t r, float* y) {
   switch (w.dtype) {
     case WeightDtype::kF32:
@@ -302,6 +352,15 @@ void RunLinear(ThreadPool& pool, const float* x, int64_t s, const LinearOutput* 
   // Rows: chunk boundaries every 16 rows keep the split even; tiles are big enough alone.
   pool.ParallelFor(items.Total(), gemm ? 1 : kMatVecGrain, [&](int64_t begin, int64_t end, int) {
     int k = items.Owner(begin);
+    if (!gemm && s == 1) {  // runs of rows of one output at a time
+      for (int64_t item = begin; item < end;) {
+        while (item >= items.begin[k + 1]) ++k;
+        const int64_t n = std::min(end, items.begin[k + 1]) - item;
+        DecodeRows(x, outputs[k].w, item - items.begin[k], n, outputs[k].y);
+        item += n;
+      }
+      return;
+    }
     for (int64_t item = begin; item < end; ++item) {
       while (item >= items.begin[k + 1]) ++k;
       const LinearOutput& o = outputs[k];
