@@ -107,7 +107,8 @@ Coverage NewCoverage(const std::vector<Boundary>& boundaries, int64_t context) {
   return c;
 }
 
-void Coverage::Add(const Scenario& sc, const std::string& shape, bool long_case) {
+void Coverage::Add(const Scenario& sc, const std::string& shape, bool long_case,
+                   int64_t case_context) {
   ++cases;
   long_cases += long_case ? 1 : 0;
   ++shapes[shape];
@@ -161,7 +162,8 @@ void Coverage::Add(const Scenario& sc, const std::string& shape, bool long_case)
   ++lengths[Bucket(case_longest)];
   ++conversations[static_cast<int64_t>(length.size())];
   longest = std::max(longest, case_longest);
-  cases_at_context += case_longest >= context && context > 0 ? 1 : 0;
+  const int64_t reachable = case_context > 0 ? case_context : context;
+  cases_at_context += case_longest >= reachable && reachable > 0 ? 1 : 0;
 }
 
 void Coverage::Merge(const Coverage& o) {
