@@ -14,6 +14,7 @@
 #include "harness/backend.h"
 #include "harness/campaign.h"
 #include "harness/jobs.h"
+#include "harness/shape_generator.h"
 #include "harness/shard_env.h"
 #include "harness/cli/cli_util.h"
 #include "harness/cli/commands.h"
@@ -87,6 +88,26 @@ void WriteReports(const CheckArgs& args, const harness::CampaignReport& report) 
   if (!args.junit.empty()) harness::WriteTextFile(args.junit, report.ToJUnit());
 }
 
+// The tolerance profile follows what the backends attend in (BackendInfo::cache_dtype), which no
+// shape changes; it is asked of one set of the backends built on the shape of the campaign's
+// first case they all accept (an engine may refuse some shapes: those cases fail, saying so).
+// When they refuse the first kProbeShapes, the last refusal is the error.
+BackendSet ProbeBackends(const std::vector<std::string>& names,
+                         const harness::BackendOptions& backend_options,
+                         const harness::CampaignOptions& options) {
+  constexpr size_t kProbeShapes = 20;
+  const std::vector<int64_t> cases = harness::ShardCases(options.cases, options.shard);
+  for (size_t i = 0;; ++i) {
+    const int64_t k = i < cases.size() ? cases[i] : static_cast<int64_t>(i);
+    try {
+      return MakeBackends(names, harness::LoadModelFor(harness::ShapeModel(options.seed, k)),
+                          backend_options);
+    } catch (const InputError&) {
+      if (i + 1 >= kProbeShapes) throw;
+    }
+  }
+}
+
 // --shapes random: a model per case, drawn from (--seed, k); backends built per case.
 int CheckRandomShapes(const CheckArgs& args, bool model_seed_given) {
   KVDIFF_CHECK(args.model.empty(),
@@ -101,11 +122,7 @@ int CheckRandomShapes(const CheckArgs& args, bool model_seed_given) {
   const std::vector<std::string> names =
       args.backends.empty() ? harness::DefaultBackends() : harness::ParseBackendList(args.backends);
   const harness::BackendOptions backend_options = WithThreads(args.isolation, args.threads);
-  // The tolerance profile follows what the backends attend in, which no shape changes: asked of
-  // one set built on the tiny preset, which every engine loads.
-  harness::ModelSpec probe_model;
-  probe_model.preset = "tiny";
-  const BackendSet probe = MakeBackends(names, harness::LoadModelFor(probe_model), backend_options);
+  const BackendSet probe = ProbeBackends(names, backend_options, options);
   std::string profile_note;
   options.tolerance_abs =
       harness::ResolveRunTolerance(args.tolerance, std::nullopt, probe.all, &profile_note);
