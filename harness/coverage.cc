@@ -239,8 +239,24 @@ std::string Coverage::Text() const {
   for (const auto& [n, count] : conversations)
     convs += fmt::format("{}{}: {}", convs.empty() ? "" : ", ", n, count);
   out += fmt::format("  conversations: {}\n", convs);
-  for (const auto& [shape, n] : shapes)
-    out += fmt::format("  shape:         {} ({} cases)\n", shape, n);
+  // Every shape while there are few (a fixed campaign has one); with a shape per case
+  // (--shapes random) the commonest kShapeLines and a count, the rest being in --json.
+  constexpr size_t kShapeLines = 10;
+  std::vector<std::pair<int64_t, std::string>> by_count;
+  for (const auto& [shape, n] : shapes) by_count.push_back({-n, shape});
+  std::stable_sort(by_count.begin(), by_count.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  if (by_count.size() > kShapeLines) by_count.resize(kShapeLines);
+  std::sort(by_count.begin(), by_count.end(),
+            [](const auto& a, const auto& b) { return a.second < b.second; });
+  for (const auto& [minus_n, shape] : by_count)
+    out += fmt::format("  shape:         {} ({} cases)\n", shape, -minus_n);
+  if (shapes.size() > kShapeLines) {
+    int64_t shown = 0;
+    for (const auto& [minus_n, shape] : by_count) shown -= minus_n;
+    out += fmt::format("  shapes:        {} distinct; {} more ({} cases) in --json\n", shapes.size(),
+                       shapes.size() - kShapeLines, cases - shown);
+  }
   out += "  boundaries (calls of b-1..b tokens / longer; rows at position b-1 / at b or beyond):\n";
   for (const BoundaryCoverage& b : boundaries) {
     out += fmt::format("    {:>5} {:<14} calls {}/{}  rows {}/{}\n", b.size,
