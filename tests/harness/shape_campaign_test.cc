@@ -169,6 +169,13 @@ TEST(RandomShapeCampaign, PassesOnThisBuildsBackendsAndOneJobEqualsTwo) {
   EXPECT_EQ(one.ToJson().at("shapes"), "random");
   EXPECT_EQ(one.ToJson().at("model").at("source"), "random shapes");
   for (const CaseResult& r : one.results) EXPECT_THAT(r.shape, HasSubstr("layers="));
+  // Each case's history is capped by its own context; the coverage's context is the largest.
+  int64_t largest = 0;
+  for (int64_t k = 0; k < 200; ++k) {
+    largest = std::max(largest, CampaignMaxLength(DrawShape(0, k), kDefaultMaxLength));
+  }
+  EXPECT_EQ(one.coverage.context, largest);
+  EXPECT_GT(one.coverage.cases_at_context, 0) << "short contexts are reached";
   const CampaignReport two =
       RunRandomShapeCampaign(backends, BackendOptions{1}, 2, Options(200, tmp.path() / "one"));
   EXPECT_EQ(WithoutSeconds(two.ToJson()), WithoutSeconds(one.ToJson()));
@@ -290,6 +297,57 @@ TEST(RandomShapeCampaign, CatchesABugTheFixedPresetCannotAndItsFileReplaysIt) {
                                     run.first_divergence->params)));
 }
 
+// ---- An engine that refuses some shapes ------------------------------------------------------
+
+constexpr const char* kPicky = "impl-picky";
+
+// impl, except that it refuses a model whose head_dim is not a multiple of 32 when built (as
+// llama.cpp's q8_0 cache does).
+void RegisterPickyOnce() {
+  if (BackendRegistry::Global().Has(kPicky)) return;
+  BackendInfo info;
+  info.name = kPicky;
+  info.description = "impl, refusing head_dim not a multiple of 32";
+  info.dtype = "float32";
+  BackendRegistry::Global().Register(
+      info, [](const BackendInfo&, std::shared_ptr<const format::ModelWeights> w,
+               const BackendOptions&) -> std::unique_ptr<Backend> {
+        if (w->config.head_dim % 32 != 0) {
+          throw InputError(fmt::format("head_dim {} is not a multiple of 32", w->config.head_dim));
+        }
+        return MakeBackend("impl", std::move(w), 1);
+      });
+}
+
+TEST(RandomShapeCampaign, ABackendRefusingAShapeFailsThatCaseSayingWhy) {
+  RegisterPickyOnce();
+  TempDir tmp;
+  const std::vector<std::string> names = {"impl", kPicky};
+  const CampaignReport r =
+      RunRandomShapeCampaign(names, BackendOptions{1}, 2, Options(40, tmp.path() / "f"));
+  int64_t refused = 0;
+  for (const CaseResult& c : r.results) {
+    const format::LlamaConfig shape = DrawShape(0, c.index);
+    if (shape.head_dim % 32 == 0) {
+      EXPECT_TRUE(c.passed) << c.shape << ": " << c.failure;
+      continue;
+    }
+    ++refused;
+    EXPECT_FALSE(c.passed);
+    EXPECT_EQ(c.failure, fmt::format("backend impl-picky could not be built for this shape: "
+                                     "head_dim {} is not a multiple of 32",
+                                     shape.head_dim));
+    // Its file names the shape, and building the backend for it refuses it again.
+    const Scenario sc = LoadScenario(c.scenario_file);
+    EXPECT_THAT([&] { BackendRegistry::Global().Make(kPicky, LoadModelFor(sc.model)); },
+                ::testing::ThrowsMessage<InputError>(HasSubstr("is not a multiple of 32")));
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_LT(refused, 40);
+  EXPECT_EQ(r.Failures(), refused);
+  EXPECT_EQ(r.coverage.cases, 40 - refused) << "the coverage counts the cases that ran";
+}
+
 // ---- The command line ------------------------------------------------------------------------
 
 TEST(RandomShapeCampaign, TheCommandLineRefusesAModelAndRunsItsOwnFailingCase) {
@@ -323,6 +381,28 @@ TEST(RandomShapeCampaign, TheCommandLineRefusesAModelAndRunsItsOwnFailingCase) {
   EXPECT_EQ(RunKvdiff("run fails/check-seed0-case0.json --tolerance 1e-4", tmp.path()).exit_code,
             0)
       << "within the default gate (the file records the campaign's tolerance, 0)";
+}
+
+TEST(RandomShapeCampaign, ShardsMergeIntoTheWholeCampaign) {
+  TempDir tmp;
+  const std::string common = "check --shapes random --cases 12 --backends impl --seed 5 ";
+  ASSERT_EQ(RunKvdiff(common + "--json whole.json", tmp.path()).exit_code, 0);
+  ASSERT_EQ(RunKvdiff(common + "--shard 1/2 --json s1.json", tmp.path()).exit_code, 0);
+  ASSERT_EQ(RunKvdiff(common + "--shard 2/2 --json s2.json", tmp.path()).exit_code, 0);
+  const CommandResult merge = RunKvdiff("merge s1.json s2.json --json merged.json", tmp.path());
+  ASSERT_EQ(merge.exit_code, 0) << merge.out << merge.err;
+  const auto whole = nlohmann::json::parse(ReadFile(tmp.path() / "whole.json"));
+  const auto merged = nlohmann::json::parse(ReadFile(tmp.path() / "merged.json"));
+  EXPECT_EQ(merged.at("shapes"), "random");
+  ASSERT_EQ(merged.at("results").size(), 12u);
+  for (size_t i = 0; i < 12; ++i) {
+    nlohmann::json a = whole.at("results")[i], b = merged.at("results")[i];
+    EXPECT_EQ(a, b) << "case " << i << ": the same shape, steps and figures";
+  }
+  nlohmann::json wc = whole.at("coverage"), mc = merged.at("coverage");
+  EXPECT_EQ(wc.at("shapes"), mc.at("shapes"));
+  EXPECT_EQ(wc.at("context"), mc.at("context"));
+  EXPECT_EQ(wc.at("cases_at_context"), mc.at("cases_at_context"));
 }
 
 }  // namespace
