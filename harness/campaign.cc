@@ -155,14 +155,18 @@ CampaignReport NewReport(const std::vector<std::string>& backend_names,
   return report;
 }
 
-CaseResult RunCase(const format::LlamaConfig& config, const ModelSpec& model,
-                   const std::vector<std::string>& backend_names,
-                   const std::vector<const Backend*>& backends, const CampaignOptions& options,
-                   const GenerationOptions& generation, int64_t k, Scenario& sc) {
-  sc = GenerateCase(config, model, options.seed, k, generation);
+Scenario NewCase(const format::LlamaConfig& config, const ModelSpec& model,
+                 const std::vector<std::string>& backend_names, const CampaignOptions& options,
+                 const GenerationOptions& generation, int64_t k) {
+  Scenario sc = GenerateCase(config, model, options.seed, k, generation);
   sc.backends = backend_names;
   sc.tolerance_abs = options.tolerance_abs;
-  ValidateScenario(sc, config);  // a generator bug must not pass as a backend bug
+  ValidateScenario(sc, config);
+  return sc;
+}
+
+CaseResult RunCase(const Scenario& sc, const std::vector<const Backend*>& backends,
+                   const CampaignOptions& options, int64_t k) {
   const RunReport run = RunScenario(sc, backends, options.run);
   CaseResult result;
   result.index = k;
@@ -231,8 +235,9 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model,
   RunJobs(
       static_cast<int64_t>(indices.size()), static_cast<int>(jobs.size()),
       [&](int job, int64_t i) {
-        results[i] = campaign_case::RunCase(config, model, report.backends, jobs[job], options,
-                                            generation, indices[i], scenarios[i]);
+        scenarios[i] = campaign_case::NewCase(config, model, report.backends, options,
+                                              generation, indices[i]);
+        results[i] = campaign_case::RunCase(scenarios[i], jobs[job], options, indices[i]);
       },
       [&](int64_t i) {
         ++done;

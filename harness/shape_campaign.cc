@@ -46,6 +46,13 @@ ShapeCase RunShapeCase(const std::vector<std::string>& names, const BackendOptio
   std::vector<std::unique_ptr<Backend>> owned;
   std::vector<const Backend*> backends;
   GenerationOptions generation = options.generation;
+  // The case as its file says how to get it again.
+  auto new_case = [&] {
+    Scenario sc = campaign_case::NewCase(config, model, names, options, generation, k);
+    sc.description = fmt::format("kvdiff check --shapes random --seed {}: case {}{}", options.seed,
+                                 k, out.long_case ? " (long)" : "");
+    return sc;
+  };
   for (const std::string& name : names) {
     try {
       owned.push_back(BackendRegistry::Global().Make(name, weights, backend_options));
@@ -54,9 +61,7 @@ ShapeCase RunShapeCase(const std::vector<std::string>& names, const BackendOptio
       // An engine that refuses this shape: the case fails saying so, and its file (the steps it
       // would have run) reproduces the refusal with `kvdiff run`.
       generation.boundaries = CampaignBoundaries({}, out.context);
-      out.scenario = GenerateCase(config, model, options.seed, k, generation);
-      out.scenario.backends = names;
-      out.scenario.tolerance_abs = options.tolerance_abs;
+      out.scenario = new_case();
       out.result.passed = false;
       out.result.steps = static_cast<int64_t>(out.scenario.steps.size());
       out.result.failure =
@@ -66,9 +71,9 @@ ShapeCase RunShapeCase(const std::vector<std::string>& names, const BackendOptio
     }
   }
   generation.boundaries = out.boundaries = CampaignBoundaries(backends, out.context);
+  out.scenario = new_case();
   const std::string shape = std::move(out.result.shape);
-  out.result = campaign_case::RunCase(config, model, names, backends, options, generation, k,
-                                      out.scenario);
+  out.result = campaign_case::RunCase(out.scenario, backends, options, k);
   out.result.shape = shape;
   out.ran = true;
   return out;
