@@ -62,7 +62,7 @@ format::LlamaConfig DrawShape(uint64_t seed, int64_t k) {
   // q_proj maps hidden to heads x head_dim: equal in most models, not in all (HF's explicit
   // head_dim), and a port that assumes they are equal reads the wrong strides.
   c.hidden_size = rng.Chance(80) ? c.QDim() : 8 * rng.Between(kMinShapeWidth / 8, kMaxShapeWidth / 8);
-  c.intermediate_size = rng.Between(16, std::min<int64_t>(3 * c.hidden_size, 2 * kMaxShapeWidth));
+  c.intermediate_size = rng.Between(8, std::min<int64_t>(3 * c.hidden_size, 2 * kMaxShapeWidth));
   c.vocab_size = rng.Between(32, 1024);  // odd half the time
   c.max_position_embeddings = DrawContext(rng);
   const double thetas[] = {10000.0, 100000.0, 500000.0};
