@@ -124,7 +124,8 @@ JUnitSuite CampaignReport::ToJUnitSuite() const {
       c.outcome = JUnitOutcome::kFailure;
       c.type = "divergence";
       c.message = r.failure;
-      c.text = "replay: kvdiff run " + r.scenario_file;
+      c.text = (r.shape.empty() ? "" : "shape: " + r.shape + "\n") +
+               "replay: kvdiff run " + r.scenario_file;
     }
     suite.cases.push_back(std::move(c));
   }

@@ -371,7 +371,9 @@ TEST(RandomShapeCampaign, TheCommandLineRefusesAModelAndRunsItsOwnFailingCase) {
   EXPECT_EQ(check.exit_code, 1) << check.out << check.err;
   EXPECT_THAT(check.out, HasSubstr("kvdiff check: random shapes"));
   EXPECT_THAT(check.out, HasSubstr("FAIL case 0 (layers="));
-  EXPECT_EQ(XmlProblem(ReadFile(tmp.path() / "r.xml"), nullptr), "");
+  const std::string junit = ReadFile(tmp.path() / "r.xml");
+  EXPECT_EQ(XmlProblem(junit, nullptr), "");
+  EXPECT_THAT(junit, HasSubstr("shape: layers=")) << "a CI failure names the case's shape";
   const nlohmann::json report = nlohmann::json::parse(ReadFile(tmp.path() / "r.json"));
   EXPECT_EQ(report.at("shapes"), "random");
   const CommandResult run =
