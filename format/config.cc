@@ -291,19 +291,66 @@ LlamaConfig ParseConfig(const std::string& json_text) {
   return c;
 }
 
+namespace {
+
+// ParseConfig's error, its "config.json" replaced by `source`: "config.json field \"x\": ..."
+// becomes "DIR/config.json field \"x\": ...", not "DIR/config.json: config.json field ...".
+[[noreturn]] void RethrowNamingSource(const InputError& e, const std::string& source) {
+  const std::string message = e.what();
+  const std::string prefix = "config.json";
+  if (message.rfind(prefix, 0) == 0) throw InputError(source + message.substr(prefix.size()));
+  throw InputError(fmt::format("{}: {}", source, message));
+}
+
+// The keys ParseConfig reads (RefuseUnsupportedFeatures included) and ConfigToJson writes.
+const char* const kConfigFields[] = {
+    "architectures",       "model_type",          "hidden_act",
+    "attention_bias",      "mlp_bias",            "hidden_size",
+    "intermediate_size",   "num_hidden_layers",   "num_attention_heads",
+    "num_key_value_heads", "head_dim",            "vocab_size",
+    "max_position_embeddings", "rope_theta",      "rope_scaling",
+    "rms_norm_eps",        "tie_word_embeddings", "bos_token_id",
+    "eos_token_id",        "torch_dtype",         "dtype"};
+const char* const kRopeScalingFields[] = {"rope_type", "type", "factor", "low_freq_factor",
+                                          "high_freq_factor",
+                                          "original_max_position_embeddings"};
+
+template <size_t N>
+void RefuseUnknownKeys(const json& object, const char* const (&known)[N], const std::string& where) {
+  for (const auto& [key, value] : object.items()) {
+    bool found = false;
+    for (const char* k : known) found = found || key == k;
+    if (found) continue;
+    std::string list;
+    for (const char* k : known) list += fmt::format("{}{}", list.empty() ? "" : ", ", k);
+    throw InputError(
+        fmt::format("{}: unknown field \"{}\" (expected one of: {})", where, key, list));
+  }
+}
+
+}  // namespace
+
 LlamaConfig LoadConfig(const std::filesystem::path& config_json) {
   const std::string text = ReadInputFile(config_json, "config file");
   try {
     return ParseConfig(text);
   } catch (const InputError& e) {
-    // "config.json field \"x\": ..." becomes "DIR/config.json field \"x\": ...", not
-    // "DIR/config.json: config.json field ...".
-    const std::string message = e.what();
-    const std::string prefix = "config.json";
-    if (message.rfind(prefix, 0) == 0) {
-      throw InputError(config_json.string() + message.substr(prefix.size()));
+    RethrowNamingSource(e, config_json.string());
+  }
+}
+
+LlamaConfig ParseConfigStrict(const std::string& json_text, const std::string& source) {
+  try {
+    const json root = ParseJsonDocument(json_text, "config.json");
+    if (root.is_object()) {
+      RefuseUnknownKeys(root, kConfigFields, "config.json");
+      if (const json* rs = Find(root, "rope_scaling"); rs && rs->is_object()) {
+        RefuseUnknownKeys(*rs, kRopeScalingFields, "config.json field \"rope_scaling\"");
+      }
     }
-    throw InputError(fmt::format("{}: {}", config_json.string(), message));
+    return ParseConfig(json_text);
+  } catch (const InputError& e) {
+    RethrowNamingSource(e, source);
   }
 }
 

@@ -55,6 +55,11 @@ struct LlamaConfig {
 // missing or ill-typed field, an unsupported rope_scaling, or a config that fails Validate().
 LlamaConfig ParseConfig(const std::string& json_text);
 LlamaConfig LoadConfig(const std::filesystem::path& config_json);
+// ParseConfig for a config written by hand, such as a scenario's inline "model": {"config": ...}:
+// every key (and every key of rope_scaling) must be one ParseConfig reads or ConfigToJson writes,
+// so a misspelt field is refused instead of silently taking its default. Messages name the
+// document `source` where ParseConfig's say config.json ("model.config field \"head_dim\": ...").
+LlamaConfig ParseConfigStrict(const std::string& json_text, const std::string& source);
 // The config.json text for a config (stable key order, so files are byte-identical across runs).
 std::string ConfigToJson(const LlamaConfig& config);
 

@@ -1,4 +1,5 @@
 #include "harness/campaign.h"
+#include "harness/campaign_case.h"
 
 #include "harness/jobs.h"
 #include "harness/junit.h"
@@ -53,8 +54,8 @@ std::string CampaignReport::Summary() const {
   int64_t listed = 0;
   for (const auto& r : results) {
     if (r.passed || listed++ >= kListed) continue;
-    out += fmt::format("FAIL case {}: {}\n  replay: kvdiff run {}\n", r.index, r.failure,
-                       r.scenario_file);
+    out += fmt::format("FAIL case {}{}: {}\n  replay: kvdiff run {}\n", r.index,
+                       r.shape.empty() ? "" : " (" + r.shape + ")", r.failure, r.scenario_file);
   }
   if (listed > kListed) {
     out += fmt::format("... and {} more failing cases (all listed in --json)\n", listed - kListed);
@@ -78,15 +79,18 @@ nlohmann::json CampaignReport::ToJson() const {
                         {"steps", r.steps},
                         {"rows_compared", r.rows_compared},
                         {"worst_diff", Number(r.worst_diff)}};
+    if (!r.shape.empty()) j["shape"] = r.shape;
     if (!r.passed) {
       j["failure"] = r.failure;
       j["scenario_file"] = r.scenario_file;
     }
     cases_json.push_back(j);
   }
-  return {{"kvdiff_version", KVDIFF_VERSION},
+  nlohmann::json out = {{"kvdiff_version", KVDIFF_VERSION},
           {"command", "check"},
-          {"model", {{"source", model.Describe()}, {"description", model_description}}},
+          {"model",
+           {{"source", random_shapes ? std::string("random shapes") : model.Describe()},
+            {"description", model_description}}},
           {"backends", backends},
           {"tolerance", {{"abs", tolerance}}},
           {"seed", seed},
@@ -100,6 +104,8 @@ nlohmann::json CampaignReport::ToJson() const {
           {"seconds", seconds},
           {"coverage", coverage.ToJson()},
           {"results", cases_json}};
+  if (random_shapes) out["shapes"] = "random";  // absent: fixed (reports of before --shapes)
+  return out;
 }
 
 std::string CampaignReport::ToJUnit() const {
@@ -118,7 +124,8 @@ JUnitSuite CampaignReport::ToJUnitSuite() const {
       c.outcome = JUnitOutcome::kFailure;
       c.type = "divergence";
       c.message = r.failure;
-      c.text = "replay: kvdiff run " + r.scenario_file;
+      c.text = (r.shape.empty() ? "" : "shape: " + r.shape + "\n") +
+               "replay: kvdiff run " + r.scenario_file;
     }
     suite.cases.push_back(std::move(c));
   }
@@ -130,18 +137,37 @@ CampaignReport RunCampaign(const ModelSpec& model, const std::vector<const Backe
   return RunCampaignOnJobs(model, {backends}, options);
 }
 
-namespace {
+namespace campaign_case {
 
-// Case k of the campaign on one job's backends; the scenario it ran is left in `sc` for the
-// coverage fold.
-CaseResult RunCase(const format::LlamaConfig& config, const ModelSpec& model,
-                   const std::vector<std::string>& backend_names,
-                   const std::vector<const Backend*>& backends, const CampaignOptions& options,
-                   const GenerationOptions& generation, int64_t k, Scenario& sc) {
-  sc = GenerateCase(config, model, options.seed, k, generation);
+void CheckOptions(const CampaignOptions& options) {
+  KVDIFF_CHECK(options.cases >= 0, "--cases: expected a count >= 0, got {}", options.cases);
+  KVDIFF_CHECK(options.tolerance_abs >= 0 && std::isfinite(options.tolerance_abs),
+               "--tolerance: expected a finite number >= 0, got {}", options.tolerance_abs);
+}
+
+CampaignReport NewReport(const std::vector<std::string>& backend_names,
+                         const CampaignOptions& options) {
+  CampaignReport report;
+  report.backends = backend_names;
+  report.seed = options.seed;
+  report.cases = options.cases;
+  report.shard = options.shard;
+  report.tolerance = options.tolerance_abs;
+  return report;
+}
+
+Scenario NewCase(const format::LlamaConfig& config, const ModelSpec& model,
+                 const std::vector<std::string>& backend_names, const CampaignOptions& options,
+                 const GenerationOptions& generation, int64_t k) {
+  Scenario sc = GenerateCase(config, model, options.seed, k, generation);
   sc.backends = backend_names;
   sc.tolerance_abs = options.tolerance_abs;
-  ValidateScenario(sc, config);  // a generator bug must not pass as a backend bug
+  ValidateScenario(sc, config);
+  return sc;
+}
+
+CaseResult RunCase(const Scenario& sc, const std::vector<const Backend*>& backends,
+                   const CampaignOptions& options, int64_t k) {
   const RunReport run = RunScenario(sc, backends, options.run);
   CaseResult result;
   result.index = k;
@@ -160,16 +186,26 @@ CaseResult RunCase(const format::LlamaConfig& config, const ModelSpec& model,
       result.failure =
           fmt::format("step {} {}: {} threw: {}", e.step, e.params, e.backend, e.message);
     }
-    const auto file = options.out_dir / fmt::format("check-seed{}-case{}.json", options.seed, k);
-    static std::mutex write_mutex;  // jobs share the out-dir, which the first write creates
-    std::lock_guard<std::mutex> lock(write_mutex);
-    WriteTextFile(file, sc.ToText());
-    result.scenario_file = file.string();
+    result.scenario_file = WriteFailingCase(options, k, sc);
   }
   return result;
 }
 
-}  // namespace
+std::string WriteFailingCase(const CampaignOptions& options, int64_t k, const Scenario& sc) {
+  const auto file = options.out_dir / fmt::format("check-seed{}-case{}.json", options.seed, k);
+  static std::mutex write_mutex;  // jobs share the out-dir, which the first write creates
+  std::lock_guard<std::mutex> lock(write_mutex);
+  WriteTextFile(file, sc.ToText());
+  return file.string();
+}
+
+void AddResult(CampaignReport& report, CaseResult result) {
+  report.rows_compared += result.rows_compared;
+  if (!(result.worst_diff <= report.worst_diff)) report.worst_diff = result.worst_diff;
+  report.results.push_back(std::move(result));
+}
+
+}  // namespace campaign_case
 
 CampaignReport RunCampaignOnJobs(const ModelSpec& model,
                                  const std::vector<std::vector<const Backend*>>& jobs,
@@ -180,18 +216,13 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model,
     KVDIFF_CHECK(job.size() == backends.size(), "check: every job needs the same backends");
   }
   const format::LlamaConfig& config = backends[0]->config();
-  KVDIFF_CHECK(options.cases >= 0, "--cases: expected a count >= 0, got {}", options.cases);
-  KVDIFF_CHECK(options.tolerance_abs >= 0 && std::isfinite(options.tolerance_abs),
-               "--tolerance: expected a finite number >= 0, got {}", options.tolerance_abs);
+  campaign_case::CheckOptions(options);
   const auto start = std::chrono::steady_clock::now();
-  CampaignReport report;
+  std::vector<std::string> backend_names;
+  for (const Backend* b : backends) backend_names.push_back(b->Name());
+  CampaignReport report = campaign_case::NewReport(backend_names, options);
   report.model = model;
   report.model_description = DescribeModel(config);
-  for (const Backend* b : backends) report.backends.push_back(b->Name());
-  report.seed = options.seed;
-  report.cases = options.cases;
-  report.shard = options.shard;
-  report.tolerance = options.tolerance_abs;
   const std::vector<int64_t> indices = ShardCases(options.cases, options.shard);
   GenerationOptions generation = options.generation;
   const int64_t context = CampaignMaxLength(config, generation.max_length);
@@ -205,8 +236,9 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model,
   RunJobs(
       static_cast<int64_t>(indices.size()), static_cast<int>(jobs.size()),
       [&](int job, int64_t i) {
-        results[i] = RunCase(config, model, report.backends, jobs[job], options, generation,
-                             indices[i], scenarios[i]);
+        scenarios[i] = campaign_case::NewCase(config, model, report.backends, options,
+                                              generation, indices[i]);
+        results[i] = campaign_case::RunCase(scenarios[i], jobs[job], options, indices[i]);
       },
       [&](int64_t i) {
         ++done;
@@ -218,10 +250,7 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model,
   for (size_t i = 0; i < results.size(); ++i) {
     report.coverage.Add(scenarios[i], report.model_description,
                         IsLongCase(options.seed, indices[i], generation.long_fraction, context));
-    CaseResult& result = results[i];
-    report.rows_compared += result.rows_compared;
-    if (!(result.worst_diff <= report.worst_diff)) report.worst_diff = result.worst_diff;
-    report.results.push_back(std::move(result));
+    campaign_case::AddResult(report, std::move(results[i]));
   }
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;

@@ -49,11 +49,13 @@ struct CaseResult {
   double worst_diff = 0;
   std::string failure;        // first divergence or error, one line
   std::string scenario_file;  // written when it failed
+  std::string shape;          // --shapes random: the case's model (ShapeParams); else empty
 };
 
 struct CampaignReport {
-  ModelSpec model;
+  ModelSpec model;  // --shapes fixed: the model every case ran on
   std::string model_description;
+  bool random_shapes = false;  // --shapes random: each case its own model (CaseResult::shape)
   std::vector<std::string> backends;
   double tolerance = kDefaultTolerance;
   uint64_t seed = 0;
@@ -82,5 +84,16 @@ CampaignReport RunCampaign(const ModelSpec& model, const std::vector<const Backe
 CampaignReport RunCampaignOnJobs(const ModelSpec& model,
                                  const std::vector<std::vector<const Backend*>>& jobs,
                                  const CampaignOptions& options);
+
+// --shapes random: case k runs on a model of its own, ShapeModel(options.seed, k)
+// (harness/shape_generator.h), with backends built for it by the registry from `backend_names`
+// (every one for every case, on whichever of the `jobs` threads runs it). Its history is capped
+// by its own context, and its boundaries are the powers of two and declared sizes below that
+// context; the coverage's boundaries are the union of the cases' and its context the largest
+// (README, "Random shapes"). A backend that cannot be built for a shape (an engine that refuses
+// it) fails that case, naming the backend and saying why. The report is the same for any jobs.
+CampaignReport RunRandomShapeCampaign(const std::vector<std::string>& backend_names,
+                                      const BackendOptions& backend_options, int jobs,
+                                      const CampaignOptions& options);
 
 }  // namespace kvdiff::harness

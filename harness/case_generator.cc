@@ -7,24 +7,12 @@
 #include <map>
 
 #include "format/error.h"
-#include "format/prng.h"
+#include "harness/case_rng.h"
 
 namespace kvdiff::harness {
 namespace {
 
-// format/prng.h's SplitMix64 stream: the same sequence everywhere (std distributions are not).
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t Next() { return format::SplitMix64(state_); }
-  // Uniform in [0, n), n >= 1 (the modulo bias is irrelevant at these sizes).
-  int64_t Below(int64_t n) { return static_cast<int64_t>(Next() % static_cast<uint64_t>(n)); }
-  int64_t Between(int64_t lo, int64_t hi) { return lo + Below(hi - lo + 1); }  // inclusive
-  bool Chance(int percent) { return Below(100) < percent; }
-
- private:
-  uint64_t state_;
-};
+using Rng = CaseRng;
 
 constexpr int64_t kMaxConversations = 4;
 
@@ -33,12 +21,6 @@ struct GenConv {
   int64_t length = 0;
   bool has_last_row = false;
 };
-
-// The stream of case k: seed and k mixed so neighbouring cases (and seeds) start far apart.
-uint64_t CaseStream(uint64_t seed, int64_t k) {
-  Rng mix(seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull);
-  return mix.Next() ^ (static_cast<uint64_t>(k) * 0xD1B54A32D192ED03ull);
-}
 
 // How a case draws its sizes. A short case: uniform, small (today's generator, unchanged). A long
 // case: half the draws land on a boundary or a neighbour of one, the rest are uniform.

@@ -107,7 +107,8 @@ Coverage NewCoverage(const std::vector<Boundary>& boundaries, int64_t context) {
   return c;
 }
 
-void Coverage::Add(const Scenario& sc, const std::string& shape, bool long_case) {
+void Coverage::Add(const Scenario& sc, const std::string& shape, bool long_case,
+                   int64_t case_context) {
   ++cases;
   long_cases += long_case ? 1 : 0;
   ++shapes[shape];
@@ -161,7 +162,8 @@ void Coverage::Add(const Scenario& sc, const std::string& shape, bool long_case)
   ++lengths[Bucket(case_longest)];
   ++conversations[static_cast<int64_t>(length.size())];
   longest = std::max(longest, case_longest);
-  cases_at_context += case_longest >= context && context > 0 ? 1 : 0;
+  const int64_t reachable = case_context > 0 ? case_context : context;
+  cases_at_context += case_longest >= reachable && reachable > 0 ? 1 : 0;
 }
 
 void Coverage::Merge(const Coverage& o) {
@@ -237,8 +239,24 @@ std::string Coverage::Text() const {
   for (const auto& [n, count] : conversations)
     convs += fmt::format("{}{}: {}", convs.empty() ? "" : ", ", n, count);
   out += fmt::format("  conversations: {}\n", convs);
-  for (const auto& [shape, n] : shapes)
-    out += fmt::format("  shape:         {} ({} cases)\n", shape, n);
+  // Every shape while there are few (a fixed campaign has one); with a shape per case
+  // (--shapes random) the commonest kShapeLines and a count, the rest being in --json.
+  constexpr size_t kShapeLines = 10;
+  std::vector<std::pair<int64_t, std::string>> by_count;
+  for (const auto& [shape, n] : shapes) by_count.push_back({-n, shape});
+  std::stable_sort(by_count.begin(), by_count.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  if (by_count.size() > kShapeLines) by_count.resize(kShapeLines);
+  std::sort(by_count.begin(), by_count.end(),
+            [](const auto& a, const auto& b) { return a.second < b.second; });
+  for (const auto& [minus_n, shape] : by_count)
+    out += fmt::format("  shape:         {} ({} cases)\n", shape, -minus_n);
+  if (shapes.size() > kShapeLines) {
+    int64_t shown = 0;
+    for (const auto& [minus_n, shape] : by_count) shown -= minus_n;
+    out += fmt::format("  shapes:        {} distinct; {} more ({} cases) in --json\n", shapes.size(),
+                       shapes.size() - kShapeLines, cases - shown);
+  }
   out += "  boundaries (calls of b-1..b tokens / longer; rows at position b-1 / at b or beyond):\n";
   for (const BoundaryCoverage& b : boundaries) {
     out += fmt::format("    {:>5} {:<14} calls {}/{}  rows {}/{}\n", b.size,

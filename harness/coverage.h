@@ -32,7 +32,7 @@ struct Coverage {
   int64_t cases = 0, long_cases = 0;
   int64_t context = 0;           // the campaign's longest allowed history
   int64_t longest = 0;           // the longest history any case reached
-  int64_t cases_at_context = 0;  // cases that reached `context`
+  int64_t cases_at_context = 0;  // cases that reached `context` (or their own, case_context)
   // Histograms keyed by the lower end of a power-of-two bucket [2^i, 2^(i+1)): 1, 2, 4, 8...
   std::map<int64_t, int64_t> lengths;        // per case, its longest history
   std::map<int64_t, int64_t> call_sizes;     // per forward call (a prefill chunk; decode: 1)
@@ -42,8 +42,10 @@ struct Coverage {
   std::map<std::string, int64_t> shapes;     // DescribeModel of the case's model -> cases
   std::vector<BoundaryCoverage> boundaries;  // ascending by size
 
-  // Counts the scenario's steps (it must be valid for its model).
-  void Add(const Scenario& scenario, const std::string& shape, bool long_case);
+  // Counts the scenario's steps (it must be valid for its model). case_context: the longest
+  // history this case may reach, when it has a context of its own (--shapes random); 0: `context`.
+  void Add(const Scenario& scenario, const std::string& shape, bool long_case,
+           int64_t case_context = 0);
   void Merge(const Coverage& other);
   // Declared boundaries the campaign never crossed, one line each ("" when all were).
   std::vector<std::string> Warnings() const;

@@ -36,6 +36,7 @@ CaseResult CaseFromJson(const json& j) {
   r.steps = j.at("steps").get<int64_t>();
   r.rows_compared = j.at("rows_compared").get<int64_t>();
   r.worst_diff = DiffOf(j.at("worst_diff"));
+  r.shape = j.value("shape", "");  // --shapes random
   if (!r.passed) {
     r.failure = j.value("failure", "");
     r.scenario_file = j.value("scenario_file", "");

@@ -237,6 +237,10 @@ std::shared_ptr<const format::ModelWeights> LoadModelFor(const ModelSpec& spec) 
     }
     return weights;
   }
+  if (spec.config) {
+    return std::make_shared<const format::ModelWeights>(
+        format::MakeRandomModel(*spec.config, spec.seed));
+  }
   return std::make_shared<const format::ModelWeights>(
       format::MakeRandomModel(format::PresetConfig(spec.preset.value_or("")), spec.seed));
 }
@@ -287,10 +291,11 @@ std::vector<std::filesystem::path> ModelDataFiles(const ModelSpec& spec) {
 
 std::string DescribeModel(const format::LlamaConfig& c) {
   return fmt::format(
-      "{} layers, hidden {}, {}/{} heads (head_dim {}), intermediate {}, vocab {}, {} positions{}",
+      "{} layers, hidden {}, {}/{} heads (head_dim {}), intermediate {}, vocab {}, {} positions{}{}",
       c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
       c.intermediate_size, c.vocab_size, c.max_position_embeddings,
-      c.tie_word_embeddings ? ", tied head" : "");
+      c.tie_word_embeddings ? ", tied head" : "",
+      c.rope_scaling ? fmt::format(", llama3 rope scaling x{}", c.rope_scaling->factor) : "");
 }
 
 std::vector<std::string> PlanBackends(const std::vector<std::string>& requested,
@@ -343,10 +348,11 @@ void PrepareScenario(Scenario& scenario, const format::ModelWeights& weights) {
         if ((s.text || s.messages) && s.tokens.empty()) {
           const char* field = s.text ? "text" : "messages";
           if (!tokenizer) {
-            KVDIFF_CHECK(!scenario.model.preset,
-                         "steps[{}].{}: text prompts need a tokenizer, and a preset model has "
+            KVDIFF_CHECK(!scenario.model.preset && !scenario.model.config,
+                         "steps[{}].{}: text prompts need a tokenizer, and a {} model has "
                          "none; give \"tokens\" or a model directory with {} or {}",
-                         i, field, format::kHfTokenizerFileName, format::kTokenizerFileName);
+                         i, field, scenario.model.preset ? "preset" : "random (inline config)",
+                         format::kHfTokenizerFileName, format::kTokenizerFileName);
             tokenizer = LoadTokenizerFor(scenario.model, weights.config.vocab_size);
             KVDIFF_CHECK(!scenario.model.llama2c || tokenizer,
                          "steps[{}].{}: text prompts need a tokenizer; add \"tokenizer\": "

@@ -108,8 +108,9 @@ struct RunOptions {
   bool localize = false;
 };
 
-// The model of a spec: format::LoadModel(path), MakeRandomModel(PresetConfig(preset), seed), or a
-// llama2.c checkpoint converted in memory (format::ReadLlama2cCheckpoint). InputError naming the
+// The model of a spec: format::LoadModel(path), MakeRandomModel(PresetConfig(preset), seed),
+// MakeRandomModel(config, seed), or a llama2.c checkpoint converted in memory
+// (format::ReadLlama2cCheckpoint). InputError naming the
 // missing file when the model's data is absent.
 std::shared_ptr<const format::ModelWeights> LoadModelFor(const ModelSpec& spec);
 // The model's tokenizer: tokenizer.kvdiff.json of a directory, or a llama2c spec's tokenizer.bin
@@ -121,7 +122,8 @@ std::string MissingModelData(const ModelSpec& spec);
 // The files the model is read from, for recording their hashes: config.json and the safetensors
 // files of a directory; the checkpoint and tokenizer of a llama2c model; none for a preset.
 std::vector<std::filesystem::path> ModelDataFiles(const ModelSpec& spec);
-// "2 layers, hidden 64, 4/2 heads (head_dim 16), intermediate 172, vocab 256, 2048 positions"
+// "2 layers, hidden 64, 4/2 heads (head_dim 16), intermediate 172, vocab 256, 2048 positions",
+// then ", tied head" and ", llama3 rope scaling x8" when they apply
 std::string DescribeModel(const format::LlamaConfig& config);
 
 // The backends to run: requested (e.g. --backends) if given, else the scenario's, else the

@@ -12,6 +12,7 @@
 
 #include "format/error.h"
 #include "harness/registry.h"
+#include "harness/shape_generator.h"
 
 namespace kvdiff::harness {
 namespace {
@@ -190,11 +191,20 @@ std::filesystem::path ResolvePath(const json& obj, const std::string& key, const
   return p.lexically_normal();
 }
 
+// "seed" of a preset or inline config: the random weights' seed, 0 when absent.
+uint64_t ParseWeightSeed(const json& m) {
+  if (!m.contains("seed")) return 0;
+  const json& seed = m.at("seed");
+  KVDIFF_CHECK(seed.is_number_unsigned() || (seed.is_number_integer() && seed.get<int64_t>() >= 0),
+               "model.seed: expected an integer >= 0, got {}", JsonSnippet(seed));
+  return seed.get<uint64_t>();
+}
+
 ModelSpec ParseModel(const json& m, const std::filesystem::path& base_dir) {
   KVDIFF_CHECK(m.is_object(),
                "model: expected an object like {{\"preset\": \"tiny\", \"seed\": 3}}, "
-               "{{\"path\": \"DIR\"}} or {{\"llama2c\": {{\"checkpoint\": \"FILE.bin\", "
-               "\"tokenizer\": \"FILE.bin\"}}}}, got {}",
+               "{{\"path\": \"DIR\"}}, {{\"llama2c\": {{\"checkpoint\": \"FILE.bin\", "
+               "\"tokenizer\": \"FILE.bin\"}}}} or {{\"config\": {{...}}, \"seed\": 3}}, got {}",
                JsonSnippet(m));
   ModelSpec spec;
   if (m.contains("path")) {
@@ -215,18 +225,23 @@ ModelSpec ParseModel(const json& m, const std::filesystem::path& base_dir) {
     if (l.contains("tokenizer"))
       spec_l.tokenizer = ResolvePath(l, "tokenizer", "model.llama2c", base_dir);
     spec.llama2c = spec_l;
+  } else if (m.contains("config")) {
+    CheckKeys(m, "model", {"config", "seed"});
+    const json& c = m.at("config");
+    KVDIFF_CHECK(c.is_object(),
+                 "model.config: expected an object of config.json's fields (\"hidden_size\", "
+                 "\"num_attention_heads\", ...), got {}",
+                 JsonSnippet(c));
+    // config.json's own parser and validator, held to the fields it knows.
+    spec.config = format::ParseConfigStrict(c.dump(), "model.config");
+    spec.seed = ParseWeightSeed(m);
   } else {
     CheckKeys(m, "model", {"preset", "seed"});
     KVDIFF_CHECK(m.contains("preset"),
-                 "model: needs \"preset\" (with \"seed\"), \"path\" or \"llama2c\"");
+                 "model: needs \"preset\" (with \"seed\"), \"path\", \"llama2c\" or "
+                 "\"config\" (with \"seed\")");
     spec.preset = GetString(m, "preset", "model");
-    if (m.contains("seed")) {
-      const json& seed = m.at("seed");
-      KVDIFF_CHECK(
-          seed.is_number_unsigned() || (seed.is_number_integer() && seed.get<int64_t>() >= 0),
-          "model.seed: expected an integer >= 0, got {}", JsonSnippet(seed));
-      spec.seed = seed.get<uint64_t>();
-    }
+    spec.seed = ParseWeightSeed(m);
   }
   return spec;
 }
@@ -345,6 +360,7 @@ std::string ModelSpec::Describe() const {
                        llama2c->tokenizer ? "tokenizer " + llama2c->tokenizer->string()
                                           : std::string("no tokenizer"));
   }
+  if (config) return fmt::format("config({}), seed {}", ShapeParams(*config), seed);
   return fmt::format("preset {}, seed {}", preset.value_or("?"), seed);
 }
 
@@ -355,6 +371,7 @@ nlohmann::json ModelSpec::ToJson() const {
     if (llama2c->tokenizer) l["tokenizer"] = llama2c->tokenizer->string();
     return {{"llama2c", l}};
   }
+  if (config) return {{"config", json::parse(format::ConfigToJson(*config))}, {"seed", seed}};
   return {{"preset", preset.value_or("")}, {"seed", seed}};
 }
 
@@ -432,7 +449,8 @@ Scenario ParseScenario(const std::string& json_text, const std::filesystem::path
   if (root.contains("description")) sc.description = GetString(root, "description", "scenario");
   KVDIFF_CHECK(root.contains("model"),
                "scenario: missing field \"model\" ({{\"preset\": \"tiny\", \"seed\": 3}}, "
-               "{{\"path\": \"DIR\"}} or {{\"llama2c\": {{\"checkpoint\": \"FILE.bin\"}}}})");
+               "{{\"path\": \"DIR\"}}, {{\"llama2c\": {{\"checkpoint\": \"FILE.bin\"}}}} or "
+               "{{\"config\": {{...}}, \"seed\": 3}})");
   sc.model = ParseModel(root.at("model"), base_dir);
   if (root.contains("tolerance")) {
     const json& t = root.at("tolerance");

@@ -62,14 +62,18 @@ struct Llama2cSpec {
   std::optional<std::filesystem::path> tokenizer;  // tokenizer.bin; needed for "text" prompts
 };
 
-// Exactly one of preset, path and llama2c is set.
+// Exactly one of preset, path, llama2c and config is set.
 struct ModelSpec {
   std::optional<std::string> preset;  // {"preset": "tiny", "seed": 3}
-  uint64_t seed = 0;
+  uint64_t seed = 0;                  // the random weights' seed (preset and config)
   std::optional<std::filesystem::path> path;  // {"path": "DIR"}, resolved against the file's folder
   // {"llama2c": {"checkpoint": "FILE.bin", "tokenizer": "FILE.bin"}}, the tokenizer optional
   std::optional<Llama2cSpec> llama2c;
-  // "preset tiny, seed 3", "path /abs/dir" or "llama2c /abs/ck.bin, tokenizer /abs/tok.bin"
+  // {"config": {...config.json's fields...}, "seed": 3}: random weights for a config written in
+  // the file itself (check --shapes random records each case's shape so).
+  std::optional<format::LlamaConfig> config;
+  // "preset tiny, seed 3", "path /abs/dir", "llama2c /abs/ck.bin, tokenizer /abs/tok.bin" or
+  // "config(layers=2, heads=8/2kv, ...), seed 3" (harness/shape_generator.h's ShapeParams)
   std::string Describe() const;
   // The "model" object of a scenario file; ParseScenario reads it back to the same spec.
   nlohmann::json ToJson() const;

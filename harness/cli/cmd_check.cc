@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,6 +14,7 @@
 #include "harness/backend.h"
 #include "harness/campaign.h"
 #include "harness/jobs.h"
+#include "harness/shape_generator.h"
 #include "harness/shard_env.h"
 #include "harness/cli/cli_util.h"
 #include "harness/cli/commands.h"
@@ -41,9 +43,104 @@ struct CheckArgs {
   double long_fraction = harness::kDefaultLongFraction;
   int threads = 1;
   harness::BackendOptions isolation;  // --isolate, --isolate-timeout
+  std::string shapes = "fixed";       // --shapes: fixed (one model) or random (one per case)
 };
 
+// The terminal's progress line: at most ten updates a second (a tiny case takes well under a
+// millisecond); nothing when stderr is not a terminal.
+std::function<void(int64_t, int64_t, int64_t)> ProgressLine() {
+  if (isatty(fileno(stderr)) == 0) return {};
+  return [last = std::chrono::steady_clock::time_point{}](int64_t done, int64_t total,
+                                                          int64_t failures) mutable {
+    const auto now = std::chrono::steady_clock::now();
+    if (done < total && now - last < std::chrono::milliseconds(100)) return;
+    last = now;
+    fmt::print(stderr, "\r[{}/{}] {} failed", done, total, failures);
+    if (done == total) fmt::print(stderr, "\r\033[K");
+    std::fflush(stderr);
+  };
+}
+
+// The campaign options every kind of check shares (all but the tolerance).
+harness::CampaignOptions BaseOptions(const CheckArgs& args, harness::ShardSelection& shard) {
+  harness::CampaignOptions options;
+  options.seed = args.seed;
+  options.cases = args.cases;
+  shard = harness::SelectShard(args.shard, args.shard_count, harness::ProcessEnvironment());
+  options.shard = shard.shard;
+  if (!shard.status_file.empty()) harness::TouchShardStatusFile(shard.status_file);
+  options.out_dir = args.out_dir;
+  options.generation.max_length = args.max_length;
+  options.generation.long_fraction = args.long_fraction;
+  options.progress = ProgressLine();
+  return options;
+}
+
+void PrintShardSource(const harness::ShardSelection& shard, const harness::CampaignOptions& options) {
+  if (!shard.source.empty() && shard.source != "--shard") {
+    fmt::print("shard {}/{} from {}\n", options.shard.index, options.shard.count, shard.source);
+  }
+}
+
+void WriteReports(const CheckArgs& args, const harness::CampaignReport& report) {
+  fmt::print("{}", report.Summary());
+  if (!args.json.empty()) harness::WriteTextFile(args.json, report.ToJson().dump(2) + "\n");
+  if (!args.junit.empty()) harness::WriteTextFile(args.junit, report.ToJUnit());
+}
+
+// The tolerance profile follows what the backends attend in (BackendInfo::cache_dtype), which no
+// shape changes; it is asked of one set of the backends built on the shape of the campaign's
+// first case they all accept (an engine may refuse some shapes: those cases fail, saying so).
+// When they refuse the first kProbeShapes, the last refusal is the error.
+BackendSet ProbeBackends(const std::vector<std::string>& names,
+                         const harness::BackendOptions& backend_options,
+                         const harness::CampaignOptions& options) {
+  constexpr size_t kProbeShapes = 20;
+  const std::vector<int64_t> cases = harness::ShardCases(options.cases, options.shard);
+  for (size_t i = 0;; ++i) {
+    const int64_t k = i < cases.size() ? cases[i] : static_cast<int64_t>(i);
+    try {
+      return MakeBackends(names, harness::LoadModelFor(harness::ShapeModel(options.seed, k)),
+                          backend_options);
+    } catch (const InputError&) {
+      if (i + 1 >= kProbeShapes) throw;
+    }
+  }
+}
+
+// --shapes random: a model per case, drawn from (--seed, k); backends built per case.
+int CheckRandomShapes(const CheckArgs& args, bool model_seed_given) {
+  KVDIFF_CHECK(args.model.empty(),
+               "--shapes random cannot be combined with --model: each case draws its own model "
+               "shape from (--seed, case), and a model directory has one fixed shape (use "
+               "--shapes fixed, the default, to run a campaign on it)");
+  KVDIFF_CHECK(args.preset.empty() && !model_seed_given,
+               "--shapes random cannot be combined with --preset/--model-seed: each case draws its "
+               "own shape and weight seed from (--seed, case)");
+  harness::ShardSelection shard;
+  harness::CampaignOptions options = BaseOptions(args, shard);
+  const std::vector<std::string> names =
+      args.backends.empty() ? harness::DefaultBackends() : harness::ParseBackendList(args.backends);
+  const harness::BackendOptions backend_options = WithThreads(args.isolation, args.threads);
+  const BackendSet probe = ProbeBackends(names, backend_options, options);
+  std::string profile_note;
+  options.tolerance_abs =
+      harness::ResolveRunTolerance(args.tolerance, std::nullopt, probe.all, &profile_note);
+  const int jobs = harness::ResolveJobs(
+      args.jobs, static_cast<int64_t>(harness::ShardCases(args.cases, options.shard).size()));
+  fmt::print("kvdiff check: random shapes (a model per case, from --seed {}), backends {}\n",
+             args.seed, fmt::join(names, ","));
+  if (!profile_note.empty()) fmt::print("{}\n", profile_note);
+  PrintShardSource(shard, options);
+  std::fflush(stdout);
+  const harness::CampaignReport report =
+      harness::RunRandomShapeCampaign(names, backend_options, jobs, options);
+  WriteReports(args, report);
+  return report.ExitCode();
+}
+
 int Check(const CheckArgs& args, bool model_seed_given) {
+  if (args.shapes == "random") return CheckRandomShapes(args, model_seed_given);
   KVDIFF_CHECK(args.model.empty() || (args.preset.empty() && !model_seed_given),
                "--model cannot be combined with --preset/--model-seed (a model directory has its "
                "own weights)");
@@ -54,16 +151,8 @@ int Check(const CheckArgs& args, bool model_seed_given) {
     model.preset = args.preset.empty() ? "tiny" : args.preset;
     model.seed = args.model_seed;
   }
-  harness::CampaignOptions options;
-  options.seed = args.seed;
-  options.cases = args.cases;
-  const harness::ShardSelection shard =
-      harness::SelectShard(args.shard, args.shard_count, harness::ProcessEnvironment());
-  options.shard = shard.shard;
-  if (!shard.status_file.empty()) harness::TouchShardStatusFile(shard.status_file);
-  options.out_dir = args.out_dir;
-  options.generation.max_length = args.max_length;
-  options.generation.long_fraction = args.long_fraction;
+  harness::ShardSelection shard;
+  harness::CampaignOptions options = BaseOptions(args, shard);
   const std::vector<std::string> names =
       args.backends.empty() ? harness::DefaultBackends() : harness::ParseBackendList(args.backends);
   auto weights = harness::LoadModelFor(model);
@@ -79,30 +168,13 @@ int Check(const CheckArgs& args, bool model_seed_given) {
   std::string profile_note;
   options.tolerance_abs =
       harness::ResolveRunTolerance(args.tolerance, std::nullopt, job_lists[0], &profile_note);
-  const bool tty = isatty(fileno(stderr)) != 0;
-  if (tty) {
-    // At most ten updates a second: a tiny case takes well under a millisecond.
-    options.progress = [last = std::chrono::steady_clock::time_point{}](int64_t done, int64_t total,
-                                                                        int64_t failures) mutable {
-      const auto now = std::chrono::steady_clock::now();
-      if (done < total && now - last < std::chrono::milliseconds(100)) return;
-      last = now;
-      fmt::print(stderr, "\r[{}/{}] {} failed", done, total, failures);
-      if (done == total) fmt::print(stderr, "\r\033[K");
-      std::fflush(stderr);
-    };
-  }
   fmt::print("kvdiff check: model {} ({}), backends {}\n", model.Describe(),
              harness::DescribeModel(weights->config), fmt::join(names, ","));
   if (!profile_note.empty()) fmt::print("{}\n", profile_note);
-  if (!shard.source.empty() && shard.source != "--shard") {
-    fmt::print("shard {}/{} from {}\n", options.shard.index, options.shard.count, shard.source);
-  }
+  PrintShardSource(shard, options);
   std::fflush(stdout);
   const harness::CampaignReport report = harness::RunCampaignOnJobs(model, job_lists, options);
-  fmt::print("{}", report.Summary());
-  if (!args.json.empty()) harness::WriteTextFile(args.json, report.ToJson().dump(2) + "\n");
-  if (!args.junit.empty()) harness::WriteTextFile(args.junit, report.ToJUnit());
+  WriteReports(args, report);
   return report.ExitCode();
 }
 
@@ -164,6 +236,12 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--threads", args->threads, "Threads per backend (0: every core)")
       ->default_val(1)
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--shapes", args->shapes,
+                  "fixed: every case on the one model (--model, or --preset and --model-seed); "
+                  "random: case k on a small random Llama shape of its own, drawn from (--seed, k) "
+                  "(GQA ratios, head sizes, tied heads, rope scaling, contexts, vocabularies)")
+      ->default_val("fixed")
+      ->check(CLI::IsMember({"fixed", "random"}));
   AddIsolateFlag(cmd, args->isolation);
   cmd->callback(
       [args, model_seed, &exit_code] { exit_code = Check(*args, model_seed->count() > 0); });

@@ -348,5 +348,32 @@ TEST(Config, SmolLm2PresetMatchesEmbeddedConfig) {
   EXPECT_EQ(ConfigToJson(PresetConfig("smollm2-135m")), ConfigToJson(ParseConfig(kSmolLm2Config)));
 }
 
+// The strict form (a scenario's inline config): whatever ConfigToJson writes and config.json's
+// parser reads is accepted; anything else is refused naming the field and the source.
+TEST(Config, StrictParseAcceptsWhatTheWriterWritesAndRefusesUnknownFields) {
+  for (const std::string& preset : PresetNames()) {
+    LlamaConfig c = PresetConfig(preset);
+    EXPECT_EQ(ConfigToJson(ParseConfigStrict(ConfigToJson(c), "inline")), ConfigToJson(c));
+    c.rope_scaling = RopeScaling{};
+    EXPECT_EQ(ConfigToJson(ParseConfigStrict(ConfigToJson(c), "inline")), ConfigToJson(c));
+  }
+  // A real checkpoint's config.json carries bookkeeping keys kvdiff does not read: strict refuses
+  // them too (in a hand-written config an unknown key is likelier a typo than bookkeeping).
+  EXPECT_THAT([] { ParseConfigStrict(kSmolLm2Config, "inline"); },
+              ::testing::ThrowsMessage<InputError>(
+                  HasSubstr("inline: unknown field \"_name_or_path\"")));
+  nlohmann::json j = nlohmann::json::parse(ConfigToJson(PresetConfig("tiny")));
+  j["hiden_size"] = 64;
+  EXPECT_NO_THROW(ParseConfig(j.dump())) << "config.json itself ignores unknown keys";
+  EXPECT_THAT([&] { ParseConfigStrict(j.dump(), "model.config"); },
+              ::testing::ThrowsMessage<InputError>(
+                  HasSubstr("model.config: unknown field \"hiden_size\" (expected one of: ")));
+  j.erase("hiden_size");
+  j["head_dim"] = 15;
+  EXPECT_THAT([&] { ParseConfigStrict(j.dump(), "model.config"); },
+              ::testing::ThrowsMessage<InputError>(
+                  HasSubstr("model.config field \"head_dim\": expected an even number")));
+}
+
 }  // namespace
 }  // namespace kvdiff::format

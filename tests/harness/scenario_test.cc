@@ -192,7 +192,7 @@ TEST(ScenarioParse, Llama2cModelErrorsNameTheField) {
   EXPECT_THAT(ModelError(R"({"llama2c": "s.bin"})"),
               HasSubstr("model.llama2c: expected an object like {\"checkpoint\": \"FILE.bin\""));
   EXPECT_THAT(ModelError(R"({"seed": 3})"),
-              HasSubstr("model: needs \"preset\" (with \"seed\"), \"path\" or \"llama2c\""));
+              HasSubstr("model: needs \"preset\" (with \"seed\"), \"path\", \"llama2c\" or \"config\""));
   EXPECT_THAT(ModelError(R"("tiny")"), HasSubstr("{\"llama2c\": {\"checkpoint\": \"FILE.bin\""));
 }
 

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "harness/shape_generator.h"
+
 namespace kvdiff::props {
 
 rc::Gen<int64_t> GenUniform(int64_t lo, int64_t hi) {
@@ -27,18 +29,8 @@ std::shared_ptr<const format::ModelWeights> ModelCase::MakeWeights() const {
 }
 
 std::ostream& operator<<(std::ostream& os, const ModelCase& model) {
-  const auto& c = model.config;
   if (!model.preset.empty()) os << model.preset << " ";
-  os << fmt::format(
-      "model(layers={}, heads={}/{}kv, head_dim={}, hidden={}, ffn={}, vocab={}, "
-      "ctx={}, theta={}, {}",
-      c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.hidden_size,
-      c.intermediate_size, c.vocab_size, c.max_position_embeddings, c.rope_theta,
-      c.tie_word_embeddings ? "tied" : "untied");
-  if (c.rope_scaling) {
-    os << fmt::format(", llama3(factor={}, orig={})", c.rope_scaling->factor,
-                      c.rope_scaling->original_max_position_embeddings);
-  }
+  os << "model(" << harness::ShapeParams(model.config);
   return os << fmt::format(", seed={})", model.seed);
 }
 
@@ -50,13 +42,9 @@ rc::Gen<ModelCase> GenSmallModel() {
     c.num_key_value_heads = Pick<int64_t>({1, 2});
     c.num_attention_heads = c.num_key_value_heads * Pick<int64_t>({1, 2, 3});  // n_rep 1..3
     c.head_dim = Pick<int64_t>({4, 8, 16});
-    // At least 32 wide: narrower models are ill-conditioned in float32. Measured over 10000
-    // generated cases against the f64 arbiter (ref64), 0.4% of 8-wide models drift > 3e-5 and
-    // some > 1e-4 in impl and ref alike (a 4-wide one: 2e-4), which would make the gate flaky
-    // without saying anything about caches; at 16 it is ~1 in 10^4 above 3e-5, and a CI run still
-    // met a 16-wide, 3-layer model where impl and ref differed by 1.01e-4 with no cache involved
-    // (ImplEqualsRef.Stateful, one 12-token prefill). 32 wide keeps the gate about caches.
-    while (c.num_attention_heads * c.head_dim < 32) c.head_dim *= 2;
+    // At least kMinShapeWidth wide, as check --shapes random draws (harness/shape_generator.h
+    // says why: narrower models are ill-conditioned in float32).
+    while (c.num_attention_heads * c.head_dim < harness::kMinShapeWidth) c.head_dim *= 2;
     c.hidden_size = c.num_attention_heads * c.head_dim;
     c.intermediate_size = *rc::gen::inRange<int64_t>(8, 65);
     c.vocab_size = *rc::gen::inRange<int64_t>(32, 513);

@@ -30,10 +30,13 @@ struct ModelCase {
 std::ostream& operator<<(std::ostream& os, const ModelCase& model);
 
 // A small random Llama: layers 1-3, kv heads 1-2 dividing 1-3x as many query heads, head_dim in
-// {4, 8, 16} (even, as RoPE's rotate-half needs; hidden = heads * head_dim >= 16), vocab 32-512,
+// {4, 8, 16} doubled until heads * head_dim >= harness::kMinShapeWidth (32; even, as RoPE's
+// rotate-half needs; hidden = heads * head_dim), vocab 32-512,
 // tied or untied head, with or without llama3 rope scaling (original context 8-32, so the scaled
 // and the kept frequency bands both occur at the positions a test reaches), capacity 8-32
-// positions. One case runs in ms.
+// positions. One case runs in ms. A subset of what `check --shapes random` draws
+// (harness/shape_generator.h: GQA ratios up to 8, head_dim up to 128, longer contexts), kept
+// smaller so that the properties' hundreds of cases per test stay fast and shrink well.
 rc::Gen<ModelCase> GenSmallModel();
 // A fixed preset ("tiny", "smollm2-135m") with random weights from a generated seed.
 rc::Gen<ModelCase> GenPresetModel(const std::string& preset);

@@ -1,0 +1,32 @@
+// What the two kinds of campaign share (campaign.cc, shape_campaign.cc): the options check, the
+// report's head, one case run on a set of backends, a failing case's scenario file, and the fold
+// of a case into the report. Not for use outside the campaign.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "harness/campaign.h"
+
+namespace kvdiff::harness::campaign_case {
+
+// InputError naming --cases or --tolerance.
+void CheckOptions(const CampaignOptions& options);
+// The report's seed, cases, shard, tolerance and backends; its cases and figures come after.
+CampaignReport NewReport(const std::vector<std::string>& backend_names,
+                         const CampaignOptions& options);
+// Case k's scenario on `model` (whose config is `config`), with the campaign's backends and
+// tolerance, validated (a generator bug must not pass as a backend bug).
+Scenario NewCase(const format::LlamaConfig& config, const ModelSpec& model,
+                 const std::vector<std::string>& backend_names, const CampaignOptions& options,
+                 const GenerationOptions& generation, int64_t k);
+// Runs case k's scenario on one job's backends; writes its file when it fails.
+CaseResult RunCase(const Scenario& sc, const std::vector<const Backend*>& backends,
+                   const CampaignOptions& options, int64_t k);
+// Writes case k's scenario into options.out_dir (safe from several jobs); returns its path.
+std::string WriteFailingCase(const CampaignOptions& options, int64_t k, const Scenario& sc);
+// Adds a finished case's figures to the report (in case order).
+void AddResult(CampaignReport& report, CaseResult result);
+
+}  // namespace kvdiff::harness::campaign_case

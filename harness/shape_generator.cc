@@ -1,0 +1,111 @@
+#include "harness/shape_generator.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "harness/case_rng.h"
+
+namespace kvdiff::harness {
+namespace {
+
+constexpr int64_t kMinHeadDim = 8, kMaxHeadDim = 128;
+
+// A stream of its own, so the shape of case k does not depend on how its steps are drawn.
+uint64_t ShapeStream(uint64_t seed, int64_t k) { return CaseStream(seed, k) ^ 0x5348415045530000ull; }
+
+// An even head_dim in [8, 128] with heads x head_dim in [kMinShapeWidth, kMaxShapeWidth]: half the
+// time a power of two (what real models use), else any even size (odd strides: 18, 22, 54...).
+int64_t DrawHeadDim(CaseRng& rng, int64_t heads) {
+  const int64_t need = std::max(kMinHeadDim, (kMinShapeWidth + heads - 1) / heads);
+  const int64_t lo = (need + 1) / 2 * 2;
+  const int64_t hi = std::min(kMaxHeadDim, kMaxShapeWidth / heads) / 2 * 2;
+  std::vector<int64_t> powers;
+  for (int64_t p = kMinHeadDim; p <= hi; p *= 2)
+    if (p >= lo) powers.push_back(p);
+  if (!powers.empty() && rng.Chance(50)) return powers[rng.Below(static_cast<int64_t>(powers.size()))];
+  return 2 * rng.Between(lo / 2, hi / 2);
+}
+
+// A few positions (short cases reach the end of the cache), the usual powers of two, or anything
+// between.
+int64_t DrawContext(CaseRng& rng) {
+  const int64_t roll = rng.Below(100);
+  if (roll < 30) return rng.Between(8, 64);
+  if (roll < 70) return int64_t{1} << rng.Between(7, 12);  // 128 .. 4096
+  return rng.Between(65, 2048);
+}
+
+// llama3 scaling with an original context of 8..64, so that at any head_dim and theta drawn both
+// the scaled (long-wavelength) and the kept (short-wavelength) bands of frequencies occur.
+format::RopeScaling DrawRopeScaling(CaseRng& rng) {
+  format::RopeScaling s;
+  const double factors[] = {2.0, 4.0, 8.0, 32.0};
+  s.factor = rng.Pick(factors);
+  const double smoothing[][2] = {{1.0, 4.0}, {2.0, 8.0}, {1.0, 2.0}};
+  const auto& band = smoothing[rng.Below(3)];
+  s.low_freq_factor = band[0];
+  s.high_freq_factor = band[1];
+  s.original_max_position_embeddings = rng.Between(8, 64);
+  return s;
+}
+
+}  // namespace
+
+format::LlamaConfig DrawShape(uint64_t seed, int64_t k) {
+  CaseRng rng(ShapeStream(seed, k));
+  format::LlamaConfig c;
+  c.num_hidden_layers = rng.Between(1, 3);
+  c.num_key_value_heads = rng.Between(1, 4);
+  c.num_attention_heads = c.num_key_value_heads * rng.Between(1, 8);  // n_rep 1..8
+  c.head_dim = DrawHeadDim(rng, c.num_attention_heads);
+  // q_proj maps hidden to heads x head_dim: equal in most models, not in all (HF's explicit
+  // head_dim), and a port that assumes they are equal reads the wrong strides.
+  c.hidden_size = rng.Chance(80) ? c.QDim() : 8 * rng.Between(kMinShapeWidth / 8, kMaxShapeWidth / 8);
+  c.intermediate_size = rng.Between(8, std::min<int64_t>(3 * c.hidden_size, 2 * kMaxShapeWidth));
+  c.vocab_size = rng.Between(32, 1024);  // odd half the time
+  c.max_position_embeddings = DrawContext(rng);
+  const double thetas[] = {10000.0, 100000.0, 500000.0};
+  c.rope_theta = rng.Chance(70) ? rng.Pick(thetas) : static_cast<double>(rng.Between(100, 1000000));
+  const double epsilons[] = {1e-6, 1e-5, 1e-4};
+  c.rms_norm_eps = rng.Pick(epsilons);
+  c.tie_word_embeddings = rng.Chance(50);
+  if (rng.Chance(40)) c.rope_scaling = DrawRopeScaling(rng);
+  c.bos_token_id = 1;
+  c.eos_token_id = 2;
+  c.torch_dtype = "float32";
+  c.Validate();
+  return c;
+}
+
+ModelSpec ShapeModel(uint64_t seed, int64_t k) {
+  ModelSpec spec;
+  spec.config = DrawShape(seed, k);
+  // Drawn from the shape's own stream after the config: the seed does not move the shape.
+  CaseRng rng(ShapeStream(seed, k) ^ 0x5745494748545300ull);
+  spec.seed = static_cast<uint64_t>(rng.Below(int64_t{1} << 31));
+  return spec;
+}
+
+std::string AttentionKind(const format::LlamaConfig& c) {
+  if (c.num_key_value_heads == c.num_attention_heads) return "MHA";
+  if (c.num_key_value_heads == 1) return "MQA";
+  return fmt::format("GQA n_rep={}", c.NumRep());
+}
+
+std::string ShapeParams(const format::LlamaConfig& c) {
+  std::string out = fmt::format(
+      "layers={}, heads={}/{}kv, head_dim={}, hidden={}, ffn={}, vocab={}, ctx={}, theta={}, "
+      "eps={}, {}",
+      c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+      c.hidden_size, c.intermediate_size, c.vocab_size, c.max_position_embeddings, c.rope_theta,
+      c.rms_norm_eps, c.tie_word_embeddings ? "tied" : "untied");
+  if (c.rope_scaling) {
+    const format::RopeScaling& s = *c.rope_scaling;
+    out += fmt::format(", llama3(factor={}, low={}, high={}, orig={})", s.factor,
+                       s.low_freq_factor, s.high_freq_factor, s.original_max_position_embeddings);
+  }
+  return out;
+}
+
+}  // namespace kvdiff::harness

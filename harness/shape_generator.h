@@ -1,0 +1,45 @@
+// `kvdiff check --shapes random`: the model of case k, a small random Llama drawn from (seed, k)
+// alone with kvdiff's own PRNG (harness/case_rng.h), so a case has the same shape on every machine,
+// shard and job. The shapes cover what a port gets wrong when it was only tried on one model:
+// grouped-query ratios 1..8 (MHA, GQA, MQA), head_dim 8..128 (powers of two and odd multiples of
+// two), a hidden size that is not heads x head_dim now and then, 1-3 layers, tied and untied heads,
+// llama3 rope scaling or none, rope_theta, rms_norm_eps, odd vocabularies, and contexts from a few
+// positions (a case reaches the end) to thousands. Every shape is small enough for a case to run
+// in milliseconds. The property generators (tests/props/generators.h) draw from the same limits.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "format/config.h"
+#include "harness/scenario.h"
+
+namespace kvdiff::harness {
+
+// The narrowest attention (num_attention_heads x head_dim) a random shape has. Narrower models
+// are ill-conditioned in float32. Measured over 10000 generated cases against the f64 arbiter
+// (ref64), 0.4% of 8-wide models drift > 3e-5 and some > 1e-4 in impl and ref alike (a 4-wide
+// one: 2e-4), which would make the gate flaky without saying anything about caches; at 16 it is
+// ~1 in 10^4 above 3e-5, and a CI run still met a 16-wide, 3-layer model where impl and ref
+// differed by 1.01e-4 with no cache involved (ImplEqualsRef.Stateful, one 12-token prefill).
+// 32 wide keeps the gate about caches.
+inline constexpr int64_t kMinShapeWidth = 32;
+// The widest (attention and hidden): a 3-layer model of this width with a 1024-token vocabulary
+// still runs a short case in milliseconds.
+inline constexpr int64_t kMaxShapeWidth = 256;
+
+// The config of case k of the campaign seeded `seed` (valid: LlamaConfig::Validate passes).
+format::LlamaConfig DrawShape(uint64_t seed, int64_t k);
+// Case k's model: DrawShape's config with random weights of a seed drawn alongside it, as the
+// inline-config ModelSpec a failing case's replay file records.
+ModelSpec ShapeModel(uint64_t seed, int64_t k);
+
+// How the query heads share the KV heads: "MHA" (as many KV heads as query heads, one head
+// included), "MQA" (one KV head for several), else "GQA n_rep=R".
+std::string AttentionKind(const format::LlamaConfig& config);
+// Every field a shape draws, as one parameter string:
+// "layers=2, heads=8/2kv, head_dim=16, hidden=128, ffn=300, vocab=377, ctx=512, theta=500000,
+//  eps=1e-05, tied, llama3(factor=8, low=1, high=4, orig=32)".
+std::string ShapeParams(const format::LlamaConfig& config);
+
+}  // namespace kvdiff::harness
