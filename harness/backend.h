@@ -72,6 +72,11 @@ struct BackendInfo {
   // What K/V are attended in, when narrower than the compute dtype ("f16"): selects a tolerance
   // profile (harness/tolerance_profile.h). Empty for float32 and float64 caches.
   std::string cache_dtype;
+  // "f32" when RoPE angles are computed in float32 (pos · inv_freq rounded to float, as
+  // transformers and llama.cpp do): they drift from the exact angles as the position grows, so
+  // comparisons with another backend are held to the rope-f32 profile (tolerance_profile.h).
+  // Empty: angles computed in double and rounded once (impl, ref64).
+  std::string rope_angles;
 };
 
 class Backend {

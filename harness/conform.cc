@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "format/error.h"
+#include "harness/tolerance_profile.h"
 #include "format/prng.h"
 #include "harness/campaign.h"
 #include "harness/junit.h"
@@ -35,8 +36,13 @@ class NotApplicable : public std::runtime_error {
 // history is tracked, appends compared with the oracle, expected refusals.
 class Probe {
  public:
-  Probe(const Backend& engine, const Backend& oracle, double tolerance, uint64_t seed)
-      : engine_(engine), oracle_(oracle), tolerance_(tolerance), rng_(seed) {}
+  Probe(const Backend& engine, const Backend& oracle, double tolerance,
+        double rope_f32_per_position, uint64_t seed)
+      : engine_(engine),
+        oracle_(oracle),
+        tolerance_(tolerance),
+        rope_f32_per_position_(rope_f32_per_position),
+        rng_(seed) {}
 
   struct Conversation {
     std::unique_ptr<BackendSession> session;
@@ -69,12 +75,16 @@ class Probe {
       const int64_t position = static_cast<int64_t>(c.history.size()) - n + r;
       const std::string nonfinite = DescribeNonFinite(got.row(r).data(), vocab());
       if (!nonfinite.empty()) Fail("{}: position {}: non-finite logits: {}", what, position, nonfinite);
-      const RowComparison cmp = CompareRows(got.row(r).data(), want.row(r).data(), vocab(), tolerance_);
+      const double tolerance = CrossTolerance(tolerance_, rope_f32_per_position_, engine_.Info(),
+                                              oracle_.Info(), position);
+      const RowComparison cmp =
+          CompareRows(got.row(r).data(), want.row(r).data(), vocab(), tolerance);
       worst_ = std::max(worst_, cmp.max_abs_diff);
       ++rows_;
       if (!cmp.within_tolerance) {
-        Fail("{}: position {} differs from {}'s uncached forward by {:.3e} > {} (argmax {} vs {})",
-             what, position, oracle_.Name(), cmp.max_abs_diff, tolerance_, cmp.argmax_a,
+        Fail("{}: position {} differs from {}'s uncached forward by {:.3e} > {:.3e} (argmax {} "
+             "vs {})",
+             what, position, oracle_.Name(), cmp.max_abs_diff, tolerance, cmp.argmax_a,
              cmp.argmax_b);
       }
     }
@@ -122,6 +132,7 @@ class Probe {
   const Backend& engine_;
   const Backend& oracle_;
   double tolerance_;
+  double rope_f32_per_position_;
   uint64_t rng_;
   int64_t rows_ = 0;
   double worst_ = 0;
@@ -355,7 +366,8 @@ ConformReport RunConformance(const ModelSpec& model, const Backend& engine, cons
   };
   for (size_t i = 0; i < checks.size(); ++i) {
     // Each check draws its own tokens: one check's outcome never moves another's inputs.
-    Probe probe(engine, oracle, options.tolerance, options.seed * 1000 + i);
+    Probe probe(engine, oracle, options.tolerance, options.rope_f32_per_position,
+                options.seed * 1000 + i);
     report.checks.push_back(RunOne(checks[i], probe));
   }
 
@@ -369,6 +381,7 @@ ConformReport RunConformance(const ModelSpec& model, const Backend& engine, cons
     campaign.cases = options.campaign_cases;
     campaign.out_dir = options.out_dir;
     campaign.tolerance_abs = options.tolerance;
+    campaign.run.rope_f32_per_position = options.rope_f32_per_position;
     const CampaignReport r = RunCampaign(model, {&oracle, &engine}, campaign);
     check.seconds = r.seconds;
     if (r.Passed()) {

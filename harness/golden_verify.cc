@@ -124,6 +124,7 @@ GoldenCheck CheckBackend(const GoldenInput& in, const Golden& g, const std::stri
   GoldenCheck c;
   c.backend = name;
   Recording rec;
+  double rope_f32_per_position = 0;
   try {
     const BackendRegistry& registry = BackendRegistry::Global();
     const std::string why = DriverNotApplicable(in.scenario.driver, registry.Info(name));
@@ -134,6 +135,13 @@ GoldenCheck CheckBackend(const GoldenInput& in, const Golden& g, const std::stri
     }
     const auto backend = registry.Make(name, in.weights, options);
     c.tolerance = ResolveRunTolerance(flag, g.tolerance, {backend.get()}, &c.tolerance_note);
+    // Goldens are made by the arbiter (exact angles): a float32-angle backend gets the rope-f32
+    // allowance against them.
+    std::string rope_note;
+    rope_f32_per_position = ResolveRopeAllowance(flag, {backend.get()}, &rope_note);
+    if (!rope_note.empty()) {
+      c.tolerance_note += (c.tolerance_note.empty() ? "" : "; ") + rope_note;
+    }
     rec = Replay(in.scenario, *backend);
   } catch (const std::exception& e) {
     c.status = PathStatus::kError;
@@ -162,7 +170,9 @@ GoldenCheck CheckBackend(const GoldenInput& in, const Golden& g, const std::stri
       diff = INFINITY;
     } else {
       const std::vector<float>* full = gr.full.empty() ? nullptr : &g.full_rows.at(gr.full);
-      detail = CompareWithGolden(gr, full, r, c.tolerance, &diff);
+      detail = CompareWithGolden(
+          gr, full, r, c.tolerance + rope_f32_per_position * static_cast<double>(gr.position),
+          &diff);
     }
     ++c.rows_compared;
     if (!(diff <= c.worst_diff)) c.worst_diff = diff;

@@ -134,15 +134,16 @@ std::pair<BackendInfo, BackendFactory> ResolvePluginBackend(const std::string& s
 
 void RegisterNamedPlugin(BackendRegistry& registry, const std::string& name,
                          const std::string& description, const std::filesystem::path& path,
-                         const std::string& options) {
+                         const std::string& options, const std::string& rope_angles) {
   // NAME, and NAME?key=value&... with the options after the built-in ones (a later key wins).
   // A plugin built with kvdiff knows the key "threads": unless one is given, it gets the
   // command's --threads, as every other backend does.
-  auto entry = [name, description, path, options](const std::string& spec) {
+  auto entry = [name, description, path, options, rope_angles](const std::string& spec) {
     BackendInfo info;
     info.name = spec;
     info.description = description;
     info.dtype = "float32";
+    info.rope_angles = rope_angles;
     info.raw_call = RawCall::kNone;
     const size_t q = spec.find('?');
     std::string all = options;

@@ -94,12 +94,13 @@ void RegisterReferenceBackends(BackendRegistry& registry) {
     const char* dtype;
     ref::Precision precision;
     bool in_default_set;
+    const char* rope_angles;  // transformers' float32 angles in ref; float64 in ref64
   };
   const Variant variants[] = {
       {"ref", "LibTorch, float32, transformers' semantics", "float32", ref::Precision::kFloat32,
-       true},
+       true, "f32"},
       {"ref64", "LibTorch, float64 throughout: the arbiter", "float64", ref::Precision::kFloat64,
-       false},
+       false, ""},
   };
   for (const Variant& v : variants) {
     BackendInfo info;
@@ -108,6 +109,7 @@ void RegisterReferenceBackends(BackendRegistry& registry) {
     info.dtype = v.dtype;
     info.raw_call = RawCall::kPositionFromCache;
     info.in_default_set = v.in_default_set;
+    info.rope_angles = v.rope_angles;
     const ref::Precision precision = v.precision;
     registry.Register(std::move(info), [precision](const BackendInfo& info,
                                                    std::shared_ptr<const format::ModelWeights> w,

@@ -18,7 +18,8 @@ BackendRegistry& BackendRegistry::Global() {
 #ifdef KVDIFF_LLAMACPP_ENGINE_PATH
     // Flash attention off and an f32 cache: the settings held to the 1e-4 gate (README).
     RegisterNamedPlugin(*r, "llama.cpp", "llama.cpp through its C API, f32 KV cache",
-                        KVDIFF_LLAMACPP_ENGINE_PATH, "kv=f32,flash_attn=off");
+                        KVDIFF_LLAMACPP_ENGINE_PATH, "kv=f32,flash_attn=off",
+                        /*rope_angles=*/"f32");  // ggml's rope: theta = p · base^(-2i/d) in float
 #endif
 #ifdef KVDIFF_HAVE_TORCH
     RegisterReferenceBackends(*r);

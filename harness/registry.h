@@ -80,8 +80,9 @@ void RegisterReferenceBackends(BackendRegistry& registry);
 inline constexpr const char* kPluginPrefix = "plugin:";
 std::pair<BackendInfo, BackendFactory> ResolvePluginBackend(const std::string& spec);
 // A plugin built with kvdiff, registered under a plain name ("llama.cpp").
+// rope_angles: what the engine is known to compute its RoPE angles in (BackendInfo::rope_angles).
 void RegisterNamedPlugin(BackendRegistry& registry, const std::string& name,
                          const std::string& description, const std::filesystem::path& path,
-                         const std::string& options);
+                         const std::string& options, const std::string& rope_angles = "");
 
 }  // namespace kvdiff::harness

@@ -149,6 +149,7 @@ json ComparisonToJson(const RowComparison& c) {
             {"argmax_b", c.argmax_b},
             {"argmax_agrees", c.argmax_agrees()},
             {"top5_overlap", c.top5_overlap},
+            {"kl_divergence", c.kl_divergence},
             {"margin", Number(c.margin)},
             {"nonfinite", c.nonfinite}};
   if (c.nonfinite) {
@@ -249,6 +250,7 @@ std::string FormatTerminal(const RunReport& r, bool color) {
     }
   }
   if (r.first_divergence || r.first_error) out += "\n";
+  out += DistributionLines(r.distributions);
   int64_t failed = 0;
   for (const auto& s : r.steps) failed += s.Passed() ? 0 : 1;
   const std::string verdict =
@@ -256,6 +258,23 @@ std::string FormatTerminal(const RunReport& r, bool color) {
   out += fmt::format(
       "{}: {} of {} steps failed; {} rows compared, worst difference {} ({:.2f} s)\n", verdict,
       failed, r.steps.size(), r.rows_compared, FormatDiff(r.worst_diff), r.seconds);
+  return out;
+}
+
+json DistributionToJson(const DistributionStats& s) {
+  const double n = s.rows > 0 ? static_cast<double>(s.rows) : 1.0;
+  return {{"rows", s.rows},
+          {"argmax_agree", s.argmax_agree},
+          {"top5_overlap_mean", static_cast<double>(s.top5_overlap_sum) / n},
+          {"kl_mean", s.kl_sum / n},
+          {"kl_max", s.kl_max}};
+}
+
+std::string DistributionLines(const std::map<std::string, DistributionStats>& distributions) {
+  std::string out;
+  for (const auto& [path, stats] : distributions) {
+    out += fmt::format("distribution {}: {}\n", path, stats.Text());
+  }
   return out;
 }
 
@@ -297,7 +316,8 @@ json ReportToJson(const RunReport& r) {
              {{"source", r.model_source},
               {"description", r.model_description},
               {"config", ConfigToJsonObject(r.config)}}},
-            {"tolerance", {{"abs", r.tolerance}}},
+            {"tolerance",
+             {{"abs", r.tolerance}, {"rope_f32_per_position", r.rope_f32_per_position}}},
             {"driver", DriverName(r.driver)},
             {"backends", r.backends},
             {"notes", r.notes},
@@ -307,6 +327,11 @@ json ReportToJson(const RunReport& r) {
             {"worst_diff", Number(r.worst_diff)},
             {"seconds", r.seconds},
             {"steps", steps}};
+  if (!r.distributions.empty()) {
+    json d = json::object();
+    for (const auto& [path, stats] : r.distributions) d[path] = DistributionToJson(stats);
+    j["distributions"] = d;
+  }
   if (r.first_divergence) {
     const Divergence& d = *r.first_divergence;
     j["first_divergence"] = {{"step", d.step},

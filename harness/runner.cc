@@ -10,6 +10,7 @@
 #include <map>
 
 #include "harness/drivers.h"
+#include "harness/tolerance_profile.h"
 #include "harness/registry.h"
 #include "format/chat_template.h"
 #include "format/error.h"
@@ -140,7 +141,8 @@ PathOutcome OracleOutcome(const Backend& backend, const Recording& rec, size_t s
 
 // A step's column for two backends, row by row, where both saw the same history.
 PathOutcome CrossOutcome(const Backend& bx, const Recording& rx, const Backend& by,
-                         const Recording& ry, size_t step, double tolerance) {
+                         const Recording& ry, size_t step, double tolerance,
+                         double rope_f32_per_position) {
   const StepRecord& sx = rx.steps[step];
   const StepRecord& sy = ry.steps[step];
   PathOutcome o;
@@ -156,9 +158,9 @@ PathOutcome CrossOutcome(const Backend& bx, const Recording& rx, const Backend& 
     const RecordedRow& row = rx.rows[k];
     auto it = ys.find(row.row);
     if (it == ys.end() || !rx.SameHistory(row, ry, *it->second)) continue;
-    const RowComparison c =
-        CompareRows(row.logits.data(), it->second->logits.data(),
-                    static_cast<int64_t>(row.logits.size()), tolerance);
+    const RowComparison c = CompareRows(
+        row.logits.data(), it->second->logits.data(), static_cast<int64_t>(row.logits.size()),
+        CrossTolerance(tolerance, rope_f32_per_position, bx.Info(), by.Info(), row.position));
     o.rows.push_back(ToCompared(row, c));
     o.max_abs_diff = std::max(o.max_abs_diff, c.max_abs_diff);
     all_within = all_within && c.within_tolerance;
@@ -395,9 +397,12 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
   report.config = backends[0]->config();
   report.model_description = DescribeModel(report.config);
   report.tolerance = sc.tolerance_abs;
+  report.rope_f32_per_position = options.rope_f32_per_position;
   report.driver = sc.driver;
   for (const Backend* b : backends) report.backends.push_back(b->Name());
 
+  std::vector<bool> profiled;  // held to a tolerance profile: its paths' distributions are reported
+  for (const Backend* b : backends) profiled.push_back(ProfileFor(b->Info().cache_dtype) != nullptr);
   std::vector<Recording> recs;
   for (const Backend* b : backends) {
     recs.push_back(Replay(sc, *b));
@@ -414,12 +419,17 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
     for (size_t x = 0; x < backends.size(); ++x) {
       for (size_t y = x + 1; y < backends.size(); ++y) {
         step_report.outcomes.push_back(
-            CrossOutcome(*backends[x], recs[x], *backends[y], recs[y], i, sc.tolerance_abs));
+            CrossOutcome(*backends[x], recs[x], *backends[y], recs[y], i, sc.tolerance_abs,
+                         options.rope_f32_per_position));
         step_report.outcomes.back().a_index = x;
         step_report.outcomes.back().b_index = y;
       }
     }
     for (const PathOutcome& o : step_report.outcomes) {
+      if (profiled[o.a_index] || profiled[o.b_index]) {
+        DistributionStats& stats = report.distributions[o.path];
+        for (const ComparedRow& r : o.rows) stats.Add(r.cmp);
+      }
       for (const ComparedRow& r : o.rows) {
         ++report.rows_compared;
         if (!(r.cmp.max_abs_diff <= report.worst_diff)) report.worst_diff = r.cmp.max_abs_diff;

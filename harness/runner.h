@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -89,6 +90,7 @@ struct RunReport {
   std::string model_description;  // DescribeModel(config)
   format::LlamaConfig config;
   double tolerance = kDefaultTolerance;
+  double rope_f32_per_position = 0;  // RunOptions', recorded
   DriverKind driver = DriverKind::kSession;
   std::vector<std::string> backends;
   std::vector<std::string> notes;
@@ -99,6 +101,9 @@ struct RunReport {
   int64_t rows_compared = 0;
   double worst_diff = 0;  // over every comparison (+inf when a row was not finite)
   double seconds = 0;
+  // Per path ("impl~llama.cpp?kv=f16") of a backend held to a tolerance profile: its argmax, top-5
+  // and KL metrics over every compared row.
+  std::map<std::string, DistributionStats> distributions;
 
   bool Passed() const { return !first_divergence && !first_error; }
   int ExitCode() const { return Passed() ? 0 : 1; }
@@ -106,6 +111,9 @@ struct RunReport {
 
 struct RunOptions {
   bool localize = false;
+  // The rope-f32 profile's allowance (ResolveRopeAllowance): a row compared between two backends,
+  // either of which computes RoPE angles in float32, is held to tolerance + this · its position.
+  double rope_f32_per_position = 0;
 };
 
 // The model of a spec: format::LoadModel(path), MakeRandomModel(PresetConfig(preset), seed),

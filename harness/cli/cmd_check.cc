@@ -76,6 +76,28 @@ harness::CampaignOptions BaseOptions(const CheckArgs& args, harness::ShardSelect
   return options;
 }
 
+// The campaign's gates, resolved once over one set of its backends: --tolerance, else the default
+// raised to the loosest tolerance profile, and the rope-f32 allowance. Returns the profiles'
+// notes, which the report prints.
+std::vector<std::string> ResolveGates(const CheckArgs& args,
+                                      const std::vector<const harness::Backend*>& backends,
+                                      harness::CampaignOptions& options) {
+  std::string profile_note, rope_note;
+  options.tolerance_abs =
+      harness::ResolveRunTolerance(args.tolerance, std::nullopt, backends, &profile_note);
+  options.run.rope_f32_per_position =
+      harness::ResolveRopeAllowance(args.tolerance, backends, &rope_note);
+  std::vector<std::string> notes;
+  for (std::string* note : {&profile_note, &rope_note}) {
+    if (!note->empty()) notes.push_back(std::move(*note));
+  }
+  return notes;
+}
+
+void PrintGates(const std::vector<std::string>& notes) {
+  for (const std::string& note : notes) fmt::print("{}\n", note);
+}
+
 void PrintShardSource(const harness::ShardSelection& shard, const harness::CampaignOptions& options) {
   if (!shard.source.empty() && shard.source != "--shard") {
     fmt::print("shard {}/{} from {}\n", options.shard.index, options.shard.count, shard.source);
@@ -123,14 +145,12 @@ int CheckRandomShapes(const CheckArgs& args, bool model_seed_given) {
       args.backends.empty() ? harness::DefaultBackends() : harness::ParseBackendList(args.backends);
   const harness::BackendOptions backend_options = WithThreads(args.isolation, args.threads);
   const BackendSet probe = ProbeBackends(names, backend_options, options);
-  std::string profile_note;
-  options.tolerance_abs =
-      harness::ResolveRunTolerance(args.tolerance, std::nullopt, probe.all, &profile_note);
+  const std::vector<std::string> gate_notes = ResolveGates(args, probe.all, options);
   const int jobs = harness::ResolveJobs(
       args.jobs, static_cast<int64_t>(harness::ShardCases(args.cases, options.shard).size()));
   fmt::print("kvdiff check: random shapes (a model per case, from --seed {}), backends {}\n",
              args.seed, fmt::join(names, ","));
-  if (!profile_note.empty()) fmt::print("{}\n", profile_note);
+  PrintGates(gate_notes);
   PrintShardSource(shard, options);
   std::fflush(stdout);
   const harness::CampaignReport report =
@@ -165,12 +185,10 @@ int Check(const CheckArgs& args, bool model_seed_given) {
     job_backends.push_back(MakeBackends(names, weights, WithThreads(args.isolation, args.threads)));
     job_lists.push_back(job_backends.back().all);
   }
-  std::string profile_note;
-  options.tolerance_abs =
-      harness::ResolveRunTolerance(args.tolerance, std::nullopt, job_lists[0], &profile_note);
+  const std::vector<std::string> gate_notes = ResolveGates(args, job_lists[0], options);
   fmt::print("kvdiff check: model {} ({}), backends {}\n", model.Describe(),
              harness::DescribeModel(weights->config), fmt::join(names, ","));
-  if (!profile_note.empty()) fmt::print("{}\n", profile_note);
+  PrintGates(gate_notes);
   PrintShardSource(shard, options);
   std::fflush(stdout);
   const harness::CampaignReport report = harness::RunCampaignOnJobs(model, job_lists, options);

@@ -65,6 +65,9 @@ int Conform(const ConformArgs& args, bool model_seed_given) {
   std::string profile_note;
   options.tolerance =
       harness::ResolveRunTolerance(args.tolerance, std::nullopt, backends.all, &profile_note);
+  std::string rope_note;
+  options.rope_f32_per_position =
+      harness::ResolveRopeAllowance(args.tolerance, backends.all, &rope_note);
   options.campaign_cases = args.cases;
   options.seed = args.seed;
   options.out_dir = args.out_dir;
@@ -72,6 +75,7 @@ int Conform(const ConformArgs& args, bool model_seed_given) {
              backends.all[0]->Info().description, args.against, model.Describe(),
              harness::DescribeModel(weights->config));
   if (!profile_note.empty()) fmt::print("{}\n", profile_note);
+  if (!rope_note.empty()) fmt::print("{}\n", rope_note);
   std::fflush(stdout);
   const harness::ConformReport report =
       harness::RunConformance(model, *backends.all[0], *backends.all[1], options);

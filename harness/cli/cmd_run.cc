@@ -59,6 +59,9 @@ int Run(const RunArgs& args) {
   if (!profile_note.empty()) notes.push_back(profile_note);
   harness::RunOptions options;
   options.localize = args.localize;
+  options.rope_f32_per_position =
+      harness::ResolveRopeAllowance(args.tolerance, backends.all, &profile_note);
+  if (!profile_note.empty()) notes.push_back(profile_note);
   harness::RunReport report = harness::RunScenario(sc, backends.all, options);
   report.notes = notes;
   fmt::print("{}", harness::FormatTerminal(report, isatty(fileno(stdout)) != 0));

@@ -3,9 +3,16 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <memory>
+#include <vector>
+
 #include "harness/backend.h"
 #include "harness/runner.h"
 #include "harness/scenario.h"
+#include "harness/tolerance_profile.h"
 
 namespace kvdiff::harness {
 namespace {
@@ -81,6 +88,62 @@ TEST_F(TorchRunnerTest, ReusingADynamicCacheIsSilentAndWrong) {
   EXPECT_TRUE(r.localization->found);
   EXPECT_EQ(r.localization->layer, 0);
   EXPECT_EQ(r.localization->block, "attention") << "the stale cache is read by attention";
+}
+
+// The rope-f32 profile, measured: on a 512-position prefill, ref (transformers' float32 angles)
+// drifts from ref64 past the flat 1e-4 gate at high positions while impl (angles in double) stays
+// within it; with the profile's allowance every cross path passes, and every backend's own
+// cached-vs-uncached path is held to the flat gate either way.
+TEST(RopeF32Profile, Float32AnglesDriftWithThePositionAndTheProfileAllowsExactlyThat) {
+  ModelSpec spec;
+  spec.preset = "tiny";
+  spec.seed = 7;
+  const auto weights = LoadModelFor(spec);
+  std::vector<std::unique_ptr<Backend>> owned;
+  std::vector<const Backend*> backends;
+  for (const char* name : {"impl", "ref", "ref64"}) {
+    owned.push_back(MakeBackend(name, weights, 1));
+    backends.push_back(owned.back().get());
+  }
+  std::vector<int64_t> tokens;
+  uint64_t x = 1;
+  for (int i = 0; i < 512; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    tokens.push_back(static_cast<int64_t>((x >> 33) % 256));
+  }
+  Scenario sc = ParseScenario(fmt::format(
+      R"({{"model": {{"preset": "tiny", "seed": 7}}, "steps": [{{"op": "prefill",
+          "tokens": [{}], "chunks": [128, 128, 128, 128]}}]}})",
+      fmt::join(tokens, ",")));
+  PrepareScenario(sc, *weights);
+
+  std::string note;
+  const double allowance = ResolveRopeAllowance(std::nullopt, backends, &note);
+  EXPECT_EQ(allowance, RopeF32Profile().per_position);
+  EXPECT_THAT(note, HasSubstr("tolerance profile rope-f32"));
+  EXPECT_THAT(note, HasSubstr("for ref:"));
+  EXPECT_EQ(ResolveRopeAllowance(std::nullopt, {backends[0], backends[2]}, &note), 0.0);
+  EXPECT_EQ(note, "");  // impl and ref64 compute their angles in double
+  EXPECT_EQ(ResolveRopeAllowance(1e-4, backends, &note), 0.0);  // a --tolerance flag wins
+
+  auto status = [](const RunReport& r, const std::string& path) {
+    for (const PathOutcome& o : r.steps[0].outcomes)
+      if (o.path == path) return o.status;
+    ADD_FAILURE() << "no path " << path;
+    return PathStatus::kSkipped;
+  };
+  const RunReport flat = RunScenario(sc, backends, RunOptions{});
+  EXPECT_EQ(status(flat, "impl~ref64"), PathStatus::kPass);
+  EXPECT_EQ(status(flat, "ref~ref64"), PathStatus::kFail);  // the drift, beyond 1e-4
+  RunOptions with_profile;
+  with_profile.rope_f32_per_position = allowance;
+  const RunReport profiled = RunScenario(sc, backends, with_profile);
+  EXPECT_TRUE(profiled.Passed());
+  for (const char* own : {"impl", "ref", "ref64"}) {
+    EXPECT_EQ(status(flat, own), PathStatus::kPass) << own;
+    EXPECT_EQ(status(profiled, own), PathStatus::kPass) << own;
+  }
+  EXPECT_EQ(profiled.rope_f32_per_position, allowance);
 }
 
 }  // namespace
