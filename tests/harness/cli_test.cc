@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/tolerance_profile.h"
 #include "harness/registry.h"
 #include "tests/harness/harness_test_util.h"
 #include "tests/test_support.h"
@@ -198,9 +199,10 @@ TEST(CheckCli, SmallCampaignPassesAndReportsItsCases) {
   const auto j = nlohmann::json::parse(ReadFile(dir / "c.json"));
   EXPECT_EQ(j.at("case_indices").size(), 40u);
   EXPECT_EQ(j.at("coverage").at("cases"), 40);
-  EXPECT_EQ(j.at("coverage").at("context"), 256);
+  EXPECT_EQ(j.at("coverage").at("context"), 512);  // the tiny preset's whole context
   EXPECT_GT(j.at("rows_compared").get<int64_t>(), 40);
-  EXPECT_LE(j.at("worst_diff").get<double>(), 1e-4);
+  // impl~ref at the last position is held to the rope-f32 profile's gate there.
+  EXPECT_LE(j.at("worst_diff").get<double>(), 1e-4 + harness::RopeF32Profile().per_position * 511);
   const std::string xml = ReadFile(dir / "c.xml");
   EXPECT_EQ(XmlProblem(xml, nullptr), "");
   EXPECT_EQ(XmlAttribute(xml, "testsuite", "tests"), "40");

@@ -11,6 +11,7 @@
 
 #include "format/error.h"
 #include "format/model_files.h"
+#include "harness/tolerance_profile.h"
 #include "harness/campaign.h"
 #include "harness/registry.h"
 #include "harness/runner.h"
@@ -147,6 +148,9 @@ CampaignOptions Options(int64_t cases, const std::filesystem::path& out_dir) {
   CampaignOptions options;
   options.cases = cases;
   options.out_dir = out_dir;
+  // As `kvdiff check` resolves it: pairs with a float32-angle backend (ref) get the rope-f32
+  // allowance; any other pair keeps the flat gate.
+  options.run.rope_f32_per_position = RopeF32Profile().per_position;
   return options;
 }
 
