@@ -61,6 +61,7 @@ std::string CampaignReport::Summary() const {
     out += fmt::format("... and {} more failing cases (all listed in --json)\n", listed - kListed);
   }
   out += coverage.Text();
+  out += DistributionLines(distributions);
   out += fmt::format(
       "{}: {} of {} cases run (shard {}/{}, seed {}), {} failed; {} rows compared, worst "
       "difference {} (tolerance {}); {:.2f} s\n",
@@ -86,6 +87,10 @@ nlohmann::json CampaignReport::ToJson() const {
     }
     cases_json.push_back(j);
   }
+  nlohmann::json distributions_json = nlohmann::json::object();
+  for (const auto& [path, stats] : distributions) {
+    distributions_json[path] = DistributionToJson(stats);
+  }
   nlohmann::json out = {{"kvdiff_version", KVDIFF_VERSION},
           {"command", "check"},
           {"model",
@@ -103,6 +108,7 @@ nlohmann::json CampaignReport::ToJson() const {
           {"worst_diff", Number(worst_diff)},
           {"seconds", seconds},
           {"coverage", coverage.ToJson()},
+          {"distributions", distributions_json},
           {"results", cases_json}};
   if (random_shapes) out["shapes"] = "random";  // absent: fixed (reports of before --shapes)
   return out;
@@ -175,6 +181,7 @@ CaseResult RunCase(const Scenario& sc, const std::vector<const Backend*>& backen
   result.steps = static_cast<int64_t>(sc.steps.size());
   result.rows_compared = run.rows_compared;
   result.worst_diff = run.worst_diff;
+  result.distributions = run.distributions;
   if (!run.Passed()) {
     if (run.first_divergence) {
       const Divergence& d = *run.first_divergence;
@@ -201,6 +208,7 @@ std::string WriteFailingCase(const CampaignOptions& options, int64_t k, const Sc
 
 void AddResult(CampaignReport& report, CaseResult result) {
   report.rows_compared += result.rows_compared;
+  for (const auto& [path, stats] : result.distributions) report.distributions[path].Merge(stats);
   if (!(result.worst_diff <= report.worst_diff)) report.worst_diff = result.worst_diff;
   report.results.push_back(std::move(result));
 }

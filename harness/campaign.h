@@ -50,6 +50,7 @@ struct CaseResult {
   std::string failure;        // first divergence or error, one line
   std::string scenario_file;  // written when it failed
   std::string shape;          // --shapes random: the case's model (ShapeParams); else empty
+  std::map<std::string, DistributionStats> distributions;  // RunReport's
 };
 
 struct CampaignReport {
@@ -66,6 +67,8 @@ struct CampaignReport {
   double worst_diff = 0;
   double seconds = 0;
   Coverage coverage;  // what the cases exercised (of the cases run: this shard's)
+  // Per path of a backend held to a tolerance profile, over every case (RunReport's).
+  std::map<std::string, DistributionStats> distributions;
 
   int64_t Failures() const;
   bool Passed() const { return Failures() == 0; }

@@ -29,6 +29,25 @@ std::vector<int64_t> TopK(const float* row, int64_t n, int64_t k) {
   return idx;
 }
 
+// KL(softmax(b) || softmax(a)) over finite rows, every sum in double: with the log-sum-exps
+// la, lb, log p_x[i] = x[i] - lx, so KL = sum p_b[i] · ((b[i] - lb) - (a[i] - la)).
+double KlDivergence(const float* a, const float* b, int64_t n) {
+  auto log_sum_exp = [n](const float* x) {
+    double m = x[0];
+    for (int64_t i = 1; i < n; ++i) m = std::max(m, static_cast<double>(x[i]));
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) s += std::exp(static_cast<double>(x[i]) - m);
+    return m + std::log(s);
+  };
+  const double la = log_sum_exp(a), lb = log_sum_exp(b);
+  double kl = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double log_pb = static_cast<double>(b[i]) - lb;
+    kl += std::exp(log_pb) * (log_pb - (static_cast<double>(a[i]) - la));
+  }
+  return std::max(kl, 0.0);  // rounding can leave -1e-17 for equal rows
+}
+
 }  // namespace
 
 double ResolveTolerance(const std::optional<double>& flag, std::optional<double> from_file) {
@@ -83,6 +102,32 @@ int64_t Argmax(const float* row, int64_t n) {
   return best;
 }
 
+void DistributionStats::Add(const RowComparison& c) {
+  ++rows;
+  argmax_agree += c.argmax_agrees() ? 1 : 0;
+  top5_overlap_sum += c.top5_overlap;
+  kl_sum += c.kl_divergence;
+  kl_max = std::max(kl_max, c.kl_divergence);
+}
+
+void DistributionStats::Merge(const DistributionStats& o) {
+  rows += o.rows;
+  argmax_agree += o.argmax_agree;
+  top5_overlap_sum += o.top5_overlap_sum;
+  kl_sum += o.kl_sum;
+  kl_max = std::max(kl_max, o.kl_max);
+}
+
+std::string DistributionStats::Text() const {
+  if (rows == 0) return "no rows compared";
+  const double n = static_cast<double>(rows);
+  return fmt::format(
+      "argmax agrees on {} of {} rows ({:.2f}%), top-5 overlap {:.2f}/5, KL mean {:.1e} max "
+      "{:.1e}",
+      argmax_agree, rows, 100.0 * static_cast<double>(argmax_agree) / n,
+      static_cast<double>(top5_overlap_sum) / n, kl_sum / n, kl_max);
+}
+
 RowComparison CompareRows(const float* a, const float* b, int64_t n, double tolerance) {
   KVDIFF_CHECK(n >= 1, "CompareRows: rows must have at least one value, got n = {}", n);
   RowComparison c;
@@ -115,6 +160,7 @@ RowComparison CompareRows(const float* a, const float* b, int64_t n, double tole
   if (!c.nonfinite && n >= 2) {
     c.margin = static_cast<double>(b[top_b[0]]) - static_cast<double>(b[top_b[1]]);
   }
+  if (!c.nonfinite) c.kl_divergence = KlDivergence(a, b, n);
   c.within_tolerance = !c.nonfinite && c.max_abs_diff <= tolerance;
   return c;
 }

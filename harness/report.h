@@ -26,6 +26,10 @@ std::string ReportToJUnit(const RunReport& report);
 nlohmann::json ComparisonToJson(const RowComparison& c);
 // A double as JSON: null when not finite.
 nlohmann::json Number(double value);
+// {"rows", "argmax_agree", "top5_overlap_mean", "kl_mean", "kl_max"}
+nlohmann::json DistributionToJson(const DistributionStats& stats);
+// One "distribution PATH: ..." line per path, for the terminal.
+std::string DistributionLines(const std::map<std::string, DistributionStats>& distributions);
 // Escapes text for XML attributes and content; characters XML 1.0 cannot hold become '?'.
 std::string XmlEscape(const std::string& text);
 

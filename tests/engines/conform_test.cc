@@ -155,6 +155,10 @@ TEST(ConformCli, AnF16CacheIsHeldToItsMeasuredProfileWhichStillCatchesCacheBugs)
   EXPECT_EQ(pass.exit_code, 0) << pass.out << pass.err;
   EXPECT_THAT(pass.out, HasSubstr("tolerance profile f16 (max |a-b| <= 1.0e-01) for " + f16));
   EXPECT_THAT(pass.out, HasSubstr("(tolerance 1.0e-01)"));
+  // The profile's distribution metrics: the f16 cache moves the argmax of near-ties only, and
+  // the next-token distribution by a KL far below a cache bug's.
+  EXPECT_THAT(pass.out, HasSubstr("distribution impl~" + f16 + ": argmax agrees on "));
+  EXPECT_THAT(pass.out, HasSubstr("top-5 overlap 5.00/5"));
   const CommandResult gate = RunKvdiff(
       fmt::format("check --backends 'impl,{}' --cases 20 --tolerance 1e-4", f16), dir.path());
   EXPECT_EQ(gate.exit_code, 1) << gate.out;  // the flag wins over the profile

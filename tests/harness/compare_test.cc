@@ -87,6 +87,33 @@ TEST(CompareRows, ArgmaxTakesTheFirstOfATie) {
   EXPECT_EQ(c.margin, 0.0) << "a tie has no margin";
 }
 
+TEST(CompareRows, KlDivergenceOfTheSoftmaxes) {
+  const std::vector<float> a = {0.0f, 0.0f}, b = {std::log(3.0f), 0.0f};
+  // p_b = (3/4, 1/4), p_a = (1/2, 1/2): KL(p_b || p_a) = 3/4 ln(3/2) + 1/4 ln(1/2).
+  const double want = 0.75 * std::log(1.5) + 0.25 * std::log(0.5);
+  EXPECT_NEAR(Compare(a, b, 1.0).kl_divergence, want, 1e-7);
+  EXPECT_EQ(Compare(b, b, 0.0).kl_divergence, 0.0);
+  // A shift of every logit leaves the distribution, and so the KL, unchanged.
+  const std::vector<float> shifted = {std::log(3.0f) + 100.0f, 100.0f};
+  EXPECT_NEAR(Compare(shifted, b, 1000.0).kl_divergence, 0.0, 1e-9);
+  EXPECT_EQ(Compare({kNaN, 0.0f}, b, 1.0).kl_divergence, 0.0);  // not finite: no KL
+}
+
+TEST(DistributionStats, CountsAgreementOverlapAndKl) {
+  DistributionStats s;
+  s.Add(Compare({1.0f, 0.0f}, {1.0f, 0.0f}, 0.0));
+  s.Add(Compare({0.0f, 1.0f}, {1.0f, 0.0f}, 1.0));  // the argmax differs
+  DistributionStats other;
+  other.Add(Compare({1.0f, 0.0f}, {1.0f, 0.0f}, 0.0));
+  s.Merge(other);
+  EXPECT_EQ(s.rows, 3);
+  EXPECT_EQ(s.argmax_agree, 2);
+  EXPECT_EQ(s.top5_overlap_sum, 6);  // rows of two values: both always shared
+  EXPECT_GT(s.kl_max, 0.4);          // (e - 1)/(e + 1) ~ 0.46
+  EXPECT_DOUBLE_EQ(s.kl_sum, s.kl_max);
+  EXPECT_EQ(s.Text().substr(0, 40), "argmax agrees on 2 of 3 rows (66.67%), t");
+}
+
 TEST(CompareRows, RefusesAnEmptyRow) {
   const float x = 0;
   EXPECT_THROW(CompareRows(&x, &x, 0, 1e-4), InputError);
