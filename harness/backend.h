@@ -72,6 +72,10 @@ struct BackendInfo {
   // What K/V are attended in, when narrower than the compute dtype ("f16"): selects a tolerance
   // profile (harness/tolerance_profile.h). Empty for float32 and float64 caches.
   std::string cache_dtype;
+  // Not empty: the backend reproduces, on purpose, an arithmetic that overflows on demanding
+  // models (make-model --scale demanding), and says why; the campaign's demanding cases leave it
+  // out (harness/demanding.h). ref: transformers' float32 LlamaRMSNorm.
+  std::string overflows_on_demanding_models;
 };
 
 class Backend {

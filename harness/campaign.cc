@@ -60,6 +60,7 @@ std::string CampaignReport::Summary() const {
     out += fmt::format("... and {} more failing cases (all listed in --json)\n", listed - kListed);
   }
   out += coverage.Text();
+  out += demanding.Text();
   out += fmt::format(
       "{}: {} of {} cases run (shard {}/{}, seed {}), {} failed; {} rows compared, worst "
       "difference {} (tolerance {}); {:.2f} s\n",
@@ -78,6 +79,10 @@ nlohmann::json CampaignReport::ToJson() const {
                         {"steps", r.steps},
                         {"rows_compared", r.rows_compared},
                         {"worst_diff", Number(r.worst_diff)}};
+    if (r.demanding) {
+      j["demanding"] = true;
+      j["worst_relative_diff"] = Number(r.worst_relative_diff);
+    }
     if (!r.passed) {
       j["failure"] = r.failure;
       j["scenario_file"] = r.scenario_file;
@@ -99,7 +104,31 @@ nlohmann::json CampaignReport::ToJson() const {
           {"worst_diff", Number(worst_diff)},
           {"seconds", seconds},
           {"coverage", coverage.ToJson()},
+          {"demanding", demanding.ToJson()},
           {"results", cases_json}};
+}
+
+std::string CampaignReport::Demanding::Text() const {
+  std::string out;
+  for (const std::string& note : notes) out += note + "\n";
+  if (!skipped.empty()) return out + "demanding part skipped: " + skipped + "\n";
+  return out + fmt::format(
+                   "demanding part: {} cases on {} ({}), gate max |a-b| <= {} x max |logit| of "
+                   "the row; {} failed, worst {} of max |logit|\n",
+                   cases, model.Describe(), fmt::join(backends, ","), FormatDiff(rtol), failures,
+                   FormatDiff(worst_relative_diff));
+}
+
+nlohmann::json CampaignReport::Demanding::ToJson() const {
+  if (!skipped.empty()) return {{"skipped", skipped}, {"notes", notes}};
+  return {{"model", model.Describe()},
+          {"backends", backends},
+          {"fraction", fraction},
+          {"rtol", rtol},
+          {"cases", cases},
+          {"failures", failures},
+          {"worst_relative_diff", Number(worst_relative_diff)},
+          {"notes", notes}};
 }
 
 std::string CampaignReport::ToJUnit() const {
@@ -134,13 +163,17 @@ namespace {
 
 // Case k of the campaign on one job's backends; the scenario it ran is left in `sc` for the
 // coverage fold.
+// A demanding case (DemandingPart) runs with the relative gate tolerance_rel.
 CaseResult RunCase(const format::LlamaConfig& config, const ModelSpec& model,
                    const std::vector<std::string>& backend_names,
                    const std::vector<const Backend*>& backends, const CampaignOptions& options,
-                   const GenerationOptions& generation, int64_t k, Scenario& sc) {
+                   const GenerationOptions& generation, int64_t k, bool demanding,
+                   double tolerance_rel, Scenario& sc) {
   sc = GenerateCase(config, model, options.seed, k, generation);
   sc.backends = backend_names;
   sc.tolerance_abs = options.tolerance_abs;
+  sc.tolerance_rel = tolerance_rel;
+  if (demanding) sc.description += " (demanding)";
   ValidateScenario(sc, config);  // a generator bug must not pass as a backend bug
   const RunReport run = RunScenario(sc, backends, options.run);
   CaseResult result;
@@ -149,12 +182,19 @@ CaseResult RunCase(const format::LlamaConfig& config, const ModelSpec& model,
   result.steps = static_cast<int64_t>(sc.steps.size());
   result.rows_compared = run.rows_compared;
   result.worst_diff = run.worst_diff;
+  result.demanding = demanding;
+  result.worst_relative_diff = run.worst_relative_diff;
   if (!run.Passed()) {
     if (run.first_divergence) {
       const Divergence& d = *run.first_divergence;
       result.failure = fmt::format(
-          "step {} {}: {} vs {} at conversation {}, position {}: max |a-b| {}", d.step, d.params,
-          d.a, d.b, d.row.conversation, d.row.position, FormatDiff(d.row.cmp.max_abs_diff));
+          "step {} {}: {} vs {} at conversation {}, position {}: max |a-b| {}{}", d.step,
+          d.params, d.a, d.b, d.row.conversation, d.row.position,
+          FormatDiff(d.row.cmp.max_abs_diff),
+          result.demanding ? fmt::format(" ({} of max |logit| {}; demanding case)",
+                                         FormatDiff(d.row.cmp.relative_diff()),
+                                         FormatDiff(d.row.cmp.scale))
+                           : std::string());
     } else {
       const BackendFailure& e = *run.first_error;
       result.failure =
@@ -199,14 +239,38 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model,
   report.coverage = NewCoverage(generation.boundaries, context);
   // Results land in case order whichever job ran them; the report (and the coverage) is folded
   // from them after, so it is the same for any number of jobs.
+  const DemandingPart& demanding = options.demanding;
+  if (demanding.Active()) {
+    ValidateDemandingOptions(demanding.options);
+    KVDIFF_CHECK(demanding.jobs.size() == jobs.size(),
+                 "check: the demanding part needs one backend set per job ({} for {} jobs)",
+                 demanding.jobs.size(), jobs.size());
+  }
+  report.demanding.skipped = demanding.Active() || !demanding.skipped.empty()
+                                 ? demanding.skipped
+                                 : "--demanding-fraction 0";
+  report.demanding.notes = demanding.notes;
+  report.demanding.model = demanding.model;
+  report.demanding.backends = demanding.backends;
+  report.demanding.fraction = demanding.options.fraction;
+  report.demanding.rtol = demanding.options.rtol;
+  auto is_demanding = [&](int64_t k) {
+    return demanding.Active() && IsDemandingCase(options.seed, k, demanding.options.fraction);
+  };
   std::vector<CaseResult> results(indices.size());
   std::vector<Scenario> scenarios(indices.size());
   int64_t done = 0, failures = 0;
   RunJobs(
       static_cast<int64_t>(indices.size()), static_cast<int>(jobs.size()),
       [&](int job, int64_t i) {
-        results[i] = RunCase(config, model, report.backends, jobs[job], options, generation,
-                             indices[i], scenarios[i]);
+        if (is_demanding(indices[i])) {
+          results[i] = RunCase(config, demanding.model, demanding.backends, demanding.jobs[job],
+                               options, generation, indices[i], true, demanding.options.rtol,
+                               scenarios[i]);
+        } else {
+          results[i] = RunCase(config, model, report.backends, jobs[job], options, generation,
+                               indices[i], false, 0.0, scenarios[i]);
+        }
       },
       [&](int64_t i) {
         ++done;
@@ -220,7 +284,14 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model,
                         IsLongCase(options.seed, indices[i], generation.long_fraction, context));
     CaseResult& result = results[i];
     report.rows_compared += result.rows_compared;
-    if (!(result.worst_diff <= report.worst_diff)) report.worst_diff = result.worst_diff;
+    if (result.demanding) {
+      ++report.demanding.cases;
+      report.demanding.failures += result.passed ? 0 : 1;
+      if (!(result.worst_relative_diff <= report.demanding.worst_relative_diff))
+        report.demanding.worst_relative_diff = result.worst_relative_diff;
+    } else if (!(result.worst_diff <= report.worst_diff)) {
+      report.worst_diff = result.worst_diff;
+    }
     report.results.push_back(std::move(result));
   }
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -89,6 +89,7 @@ struct RunReport {
   std::string model_description;  // DescribeModel(config)
   format::LlamaConfig config;
   double tolerance = kDefaultTolerance;
+  double tolerance_rel = 0;  // Scenario::tolerance_rel
   DriverKind driver = DriverKind::kSession;
   std::vector<std::string> backends;
   std::vector<std::string> notes;
@@ -98,6 +99,8 @@ struct RunReport {
   std::optional<Localization> localization;
   int64_t rows_compared = 0;
   double worst_diff = 0;  // over every comparison (+inf when a row was not finite)
+  // max over the comparisons of max |a-b| / max |b_i| (RowComparison::relative_diff)
+  double worst_relative_diff = 0;
   double seconds = 0;
 
   bool Passed() const { return !first_divergence && !first_error; }

@@ -11,6 +11,7 @@
 
 #include "format/chat_template.h"
 #include "format/config.h"
+#include "format/model_files.h"
 #include "format/tensor.h"
 #include "harness/compare.h"
 #include "harness/drivers.h"
@@ -66,10 +67,15 @@ struct Llama2cSpec {
 struct ModelSpec {
   std::optional<std::string> preset;  // {"preset": "tiny", "seed": 3}
   uint64_t seed = 0;
+  // A preset's weights pushed beyond the defaults (format::RandomModelScale):
+  // {"preset": "tiny", "seed": 3, "scale": "demanding"}, or "scores=25,logits=300", or an object
+  // {"scores": 25, "activations": 1e19, "logits": 300}. Absent: the default model.
+  format::RandomModelScale scale;
   std::optional<std::filesystem::path> path;  // {"path": "DIR"}, resolved against the file's folder
   // {"llama2c": {"checkpoint": "FILE.bin", "tokenizer": "FILE.bin"}}, the tokenizer optional
   std::optional<Llama2cSpec> llama2c;
-  // "preset tiny, seed 3", "path /abs/dir" or "llama2c /abs/ck.bin, tokenizer /abs/tok.bin"
+  // "preset tiny, seed 3" ("preset tiny, seed 3, scale demanding"), "path /abs/dir" or
+  // "llama2c /abs/ck.bin, tokenizer /abs/tok.bin"
   std::string Describe() const;
   // The "model" object of a scenario file; ParseScenario reads it back to the same spec.
   nlohmann::json ToJson() const;
@@ -80,6 +86,10 @@ struct Scenario {
   std::string description;
   ModelSpec model;
   double tolerance_abs = kDefaultTolerance;
+  // {"tolerance": {"abs": 1e-4, "rel": 2e-6}}: also within when max |a-b| <= rel * max |logit| of
+  // the row (Tolerance); 0 (absent): the absolute gate alone. The campaign's demanding cases set it.
+  double tolerance_rel = 0;
+  Tolerance tolerance() const { return {tolerance_abs, tolerance_rel}; }
   std::vector<std::string> backends;  // empty: the default for this build
   DriverKind driver = DriverKind::kSession;
   std::vector<Step> steps;

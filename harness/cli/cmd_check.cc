@@ -12,6 +12,8 @@
 #include "format/error.h"
 #include "harness/backend.h"
 #include "harness/campaign.h"
+#include "harness/demanding.h"
+#include "harness/registry.h"
 #include "harness/jobs.h"
 #include "harness/shard_env.h"
 #include "harness/cli/cli_util.h"
@@ -41,7 +43,39 @@ struct CheckArgs {
   double long_fraction = harness::kDefaultLongFraction;
   int threads = 1;
   harness::BackendOptions isolation;  // --isolate, --isolate-timeout
+  harness::DemandingOptions demanding;  // --demanding-fraction, --demanding-rtol
 };
+
+// The demanding part of the campaign: its model, backends (one set per job, kept alive in
+// *owned) or why it is skipped.
+harness::DemandingPart PlanDemandingPart(const CheckArgs& args, const harness::ModelSpec& model,
+                                         const std::vector<std::string>& names, int jobs,
+                                         std::vector<BackendSet>* owned) {
+  harness::DemandingPart part;
+  part.options = args.demanding;
+  harness::ValidateDemandingOptions(part.options);
+  const std::optional<harness::ModelSpec> variant = harness::DemandingVariant(model);
+  if (part.options.fraction == 0) {
+    part.skipped = "--demanding-fraction 0";
+  } else if (!variant) {
+    part.skipped = model.preset ? "the campaign's model is already scaled (every case is as "
+                                  "demanding as its scale)"
+                                : "a model directory or checkpoint is taken as it is (kvdiff "
+                                  "cannot rescale its weights; use a preset)";
+  } else if (!harness::BackendRegistry::Global().Has("ref64")) {
+    part.skipped = "this build has no float64 backend to compare with (ref64 needs LibTorch)";
+  }
+  if (!part.skipped.empty()) return part;
+  part.model = *variant;
+  part.backends = harness::DemandingBackends(names, &part.notes);
+  auto weights = harness::LoadModelFor(part.model);
+  for (int j = 0; j < jobs; ++j) {
+    owned->push_back(
+        MakeBackends(part.backends, weights, WithThreads(args.isolation, args.threads)));
+    part.jobs.push_back(owned->back().all);
+  }
+  return part;
+}
 
 int Check(const CheckArgs& args, bool model_seed_given) {
   KVDIFF_CHECK(args.model.empty() || (args.preset.empty() && !model_seed_given),
@@ -76,6 +110,8 @@ int Check(const CheckArgs& args, bool model_seed_given) {
     job_backends.push_back(MakeBackends(names, weights, WithThreads(args.isolation, args.threads)));
     job_lists.push_back(job_backends.back().all);
   }
+  std::vector<BackendSet> demanding_backends;
+  options.demanding = PlanDemandingPart(args, model, names, jobs, &demanding_backends);
   std::string profile_note;
   options.tolerance_abs =
       harness::ResolveRunTolerance(args.tolerance, std::nullopt, job_lists[0], &profile_note);
@@ -164,6 +200,17 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--threads", args->threads, "Threads per backend (0: every core)")
       ->default_val(1)
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--demanding-fraction", args->demanding.fraction,
+                  fmt::format("Share of cases run on the demanding variant of the preset "
+                              "(make-model --scale demanding) against ref64, with a gate relative "
+                              "to the logits' scale (default {}; 0: none)",
+                              harness::kDefaultDemandingFraction))
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--demanding-rtol", args->demanding.rtol,
+                  fmt::format("The demanding cases' gate: max |a-b| <= RTOL x max |logit| of the "
+                              "row (default {})",
+                              harness::kDefaultDemandingRtol))
+      ->check(CLI::Range(0.0, 0.999999));
   AddIsolateFlag(cmd, args->isolation);
   cmd->callback(
       [args, model_seed, &exit_code] { exit_code = Check(*args, model_seed->count() > 0); });
