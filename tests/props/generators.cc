@@ -23,7 +23,7 @@ T Pick(const std::vector<T>& options) {  // uniform choice, shrinks to options[0
 }  // namespace
 
 std::shared_ptr<const format::ModelWeights> ModelCase::MakeWeights() const {
-  return std::make_shared<const format::ModelWeights>(format::MakeRandomModel(config, seed));
+  return std::make_shared<const format::ModelWeights>(format::MakeRandomModel(config, seed, scale));
 }
 
 std::ostream& operator<<(std::ostream& os, const ModelCase& model) {
@@ -39,6 +39,7 @@ std::ostream& operator<<(std::ostream& os, const ModelCase& model) {
     os << fmt::format(", llama3(factor={}, orig={})", c.rope_scaling->factor,
                       c.rope_scaling->original_max_position_embeddings);
   }
+  if (!model.scale.IsDefault()) os << ", scale=" << model.scale.ToString();
   return os << fmt::format(", seed={})", model.seed);
 }
 
@@ -72,6 +73,13 @@ rc::Gen<ModelCase> GenSmallModel() {
     c.bos_token_id = 1;
     c.eos_token_id = 2;
     model.seed = *rc::gen::inRange<uint64_t>(0, 1u << 20);
+    return model;
+  });
+}
+
+rc::Gen<ModelCase> GenDemandingModel() {
+  return rc::gen::map(GenSmallModel(), [](ModelCase model) {
+    model.scale = format::RandomModelScale::Demanding();
     return model;
   });
 }
