@@ -67,13 +67,13 @@ struct Llama2cSpec {
 struct ModelSpec {
   std::optional<std::string> preset;  // {"preset": "tiny", "seed": 3}
   uint64_t seed = 0;
-  // A preset's weights pushed beyond the defaults (format::RandomModelScale):
-  // {"preset": "tiny", "seed": 3, "scale": "demanding"}, or "scores=25,logits=300", or an object
-  // {"scores": 25, "activations": 1e19, "logits": 300}. Absent: the default model.
-  format::RandomModelScale scale;
   std::optional<std::filesystem::path> path;  // {"path": "DIR"}, resolved against the file's folder
   // {"llama2c": {"checkpoint": "FILE.bin", "tokenizer": "FILE.bin"}}, the tokenizer optional
   std::optional<Llama2cSpec> llama2c;
+  // preset only: its weights pushed beyond the defaults (format::RandomModelScale):
+  // {"preset": "tiny", "seed": 3, "scale": "demanding"}, or "scores=25,logits=300", or an object
+  // {"scores": 25, "activations": 1e19, "logits": 300}. Absent: the default model.
+  format::RandomModelScale scale;
   // "preset tiny, seed 3" ("preset tiny, seed 3, scale demanding"), "path /abs/dir" or
   // "llama2c /abs/ck.bin, tokenizer /abs/tok.bin"
   std::string Describe() const;

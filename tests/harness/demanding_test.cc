@@ -20,7 +20,9 @@ TEST(Demanding, CasesAreAFunctionOfSeedIndexAndFraction) {
   for (int64_t k = 0; k < 2000; ++k) {
     const bool d = IsDemandingCase(5, k, 0.1);
     EXPECT_EQ(d, IsDemandingCase(5, k, 0.1));
-    if (d) EXPECT_TRUE(IsDemandingCase(5, k, 0.5)) << "a larger fraction keeps the case";
+    if (d) {
+      EXPECT_TRUE(IsDemandingCase(5, k, 0.5)) << "a larger fraction keeps the case";
+    }
     demanding += d ? 1 : 0;
   }
   EXPECT_GT(demanding, 150);
