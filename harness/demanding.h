@@ -53,9 +53,11 @@ std::optional<ModelSpec> DemandingVariant(const ModelSpec& model);
 
 // The backends of the demanding cases: the campaign's, except those that declare they reproduce
 // an arithmetic that overflows there (BackendInfo::overflows_on_demanding_models; each left out
-// with a line in *notes), then the registry's arbiter (ref64) once. InputError when the build has
+// with a line in *notes) and those that attend in a narrower type (BackendInfo::cache_dtype: their
+// tolerance profile is measured on ordinary models only), then the registry's arbiter (ref64) once. InputError when the build has
 // no float64 backend (the caller says the part is skipped instead).
-std::vector<std::string> DemandingBackends(const std::vector<std::string>& campaign_backends,
+// The campaign's backends are asked as built (a plugin declares what it attends in when opened).
+std::vector<std::string> DemandingBackends(const std::vector<const Backend*>& campaign_backends,
                                            std::vector<std::string>* notes);
 
 // Whether case k of the campaign seeded `seed` is demanding: a function of (seed, k) and the

@@ -49,7 +49,8 @@ struct CheckArgs {
 // The demanding part of the campaign: its model, backends (one set per job, kept alive in
 // *owned) or why it is skipped.
 harness::DemandingPart PlanDemandingPart(const CheckArgs& args, const harness::ModelSpec& model,
-                                         const std::vector<std::string>& names, int jobs,
+                                         const std::vector<const harness::Backend*>& backends,
+                                         int jobs,
                                          std::vector<BackendSet>* owned) {
   harness::DemandingPart part;
   part.options = args.demanding;
@@ -67,7 +68,7 @@ harness::DemandingPart PlanDemandingPart(const CheckArgs& args, const harness::M
   }
   if (!part.skipped.empty()) return part;
   part.model = *variant;
-  part.backends = harness::DemandingBackends(names, &part.notes);
+  part.backends = harness::DemandingBackends(backends, &part.notes);
   auto weights = harness::LoadModelFor(part.model);
   for (int j = 0; j < jobs; ++j) {
     owned->push_back(
@@ -111,7 +112,7 @@ int Check(const CheckArgs& args, bool model_seed_given) {
     job_lists.push_back(job_backends.back().all);
   }
   std::vector<BackendSet> demanding_backends;
-  options.demanding = PlanDemandingPart(args, model, names, jobs, &demanding_backends);
+  options.demanding = PlanDemandingPart(args, model, job_lists[0], jobs, &demanding_backends);
   std::string profile_note;
   options.tolerance_abs =
       harness::ResolveRunTolerance(args.tolerance, std::nullopt, job_lists[0], &profile_note);

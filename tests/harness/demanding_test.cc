@@ -49,13 +49,19 @@ TEST(Demanding, TheVariantIsThePresetWithTheDemandingScale) {
 
 TEST(Demanding, BackendsLeaveOutWhatOverflowsAndEndWithTheArbiter) {
   if (!BackendRegistry::Global().Has("ref64")) GTEST_SKIP() << "needs LibTorch (ref64)";
+  ModelSpec model;
+  model.preset = "tiny";
+  auto weights = LoadModelFor(model);
+  auto impl = MakeBackend("impl", weights, 1);
+  auto ref = MakeBackend("ref", weights, 1);
+  auto ref64 = MakeBackend("ref64", weights, 1);
   std::vector<std::string> notes;
-  EXPECT_EQ(DemandingBackends({"impl", "ref"}, &notes),
+  EXPECT_EQ(DemandingBackends({impl.get(), ref.get()}, &notes),
             (std::vector<std::string>{"impl", "ref64"}));
   ASSERT_EQ(notes.size(), 1u);
   EXPECT_THAT(notes[0], HasSubstr("demanding cases leave out ref: transformers' LlamaRMSNorm"));
   notes.clear();
-  EXPECT_EQ(DemandingBackends({"ref64", "impl"}, &notes),
+  EXPECT_EQ(DemandingBackends({ref64.get(), impl.get()}, &notes),
             (std::vector<std::string>{"impl", "ref64"}));
   EXPECT_TRUE(notes.empty());
 }
