@@ -160,9 +160,15 @@ Checkpoint OpenCheckpoint(const std::filesystem::path& dir) {
 // tests/format/model_files_test.cc measures the score and logit statistics.
 struct WeightScales {
   double embed, norm_noise, qk, v, o, gate_up, down, lm_head;
+  double final_norm;  // model.norm.weight's factor (1 + noise, times this)
 };
 
-WeightScales ScalesFor(const LlamaConfig& c) {
+// The scale knob (RandomModelScale) multiplies these: `scores` the product of the q and k scales
+// (sqrt on each), `activations` every tensor that writes the residual stream (embedding, o_proj,
+// down_proj: the residual unit r), `logits` the head. A tied head is the embedding, so there the
+// final norm's weight carries logits / activations instead (RMSNorm's output times that weight,
+// times the embedding scaled by activations, gives logits scaled by `logits`).
+WeightScales ScalesFor(const LlamaConfig& c, const RandomModelScale& k) {
   const double hidden = static_cast<double>(c.hidden_size);
   WeightScales s{};
   const double layers = static_cast<double>(c.num_hidden_layers);
@@ -187,6 +193,12 @@ WeightScales ScalesFor(const LlamaConfig& c) {
   s.gate_up = 1.0 / std::sqrt(hidden);
   s.down = r / std::sqrt(0.356 * static_cast<double>(c.intermediate_size));
   s.lm_head = logit_std / std::sqrt(hidden);
+  s.qk *= std::sqrt(k.scores);
+  s.embed *= k.activations;
+  s.o *= k.activations;
+  s.down *= k.activations;
+  s.lm_head *= k.logits;
+  s.final_norm = c.tie_word_embeddings ? k.logits / k.activations : 1.0;
   return s;
 }
 
@@ -362,9 +374,86 @@ LlamaConfig PresetConfig(const std::string& preset) {
   return c;
 }
 
-ModelWeights MakeRandomModel(const LlamaConfig& config, uint64_t seed) {
+RandomModelScale RandomModelScale::Demanding() {
+  RandomModelScale s;
+  s.scores = 25;
+  s.activations = 1e19;
+  s.logits = 300;
+  return s;
+}
+
+std::string RandomModelScale::ToString() const {
+  if (IsDefault()) return "default";
+  if (*this == Demanding()) return "demanding";
+  std::vector<std::string> parts;
+  if (scores != 1) parts.push_back(fmt::format("scores={}", scores));
+  if (activations != 1) parts.push_back(fmt::format("activations={}", activations));
+  if (logits != 1) parts.push_back(fmt::format("logits={}", logits));
+  return fmt::format("{}", fmt::join(parts, ","));
+}
+
+namespace {
+// Beyond 1e30 a factor pushes some weight or product out of float32's range (3.4e38) for any
+// model shape; the limit is a plain bound, not a promise that everything below it is finite.
+constexpr double kMaxScaleFactor = 1e30;
+
+void CheckFactor(double value, const std::string& what, const char* name) {
+  KVDIFF_CHECK(std::isfinite(value) && value > 0 && value <= kMaxScaleFactor,
+               "{}: {} must be a finite number > 0 and <= 1e30, got {}", what, name, value);
+}
+}  // namespace
+
+void ValidateRandomModelScale(const RandomModelScale& scale, const std::string& what) {
+  CheckFactor(scale.scores, what, "scores");
+  CheckFactor(scale.activations, what, "activations");
+  CheckFactor(scale.logits, what, "logits");
+}
+
+RandomModelScale ParseRandomModelScale(const std::string& text, const std::string& what) {
+  if (text == "default") return {};
+  if (text == "demanding") return RandomModelScale::Demanding();
+  const std::string expected =
+      "expected \"default\", \"demanding\" or factors like "
+      "\"scores=25,activations=1e19,logits=300\"";
+  KVDIFF_CHECK(!text.empty(), "{}: {}, got an empty string", what, expected);
+  RandomModelScale scale;
+  std::set<std::string> seen;
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    const size_t end = std::min(text.find(',', begin), text.size());
+    const std::string part = text.substr(begin, end - begin);
+    const size_t eq = part.find('=');
+    KVDIFF_CHECK(eq != std::string::npos, "{}: {}, got \"{}\" in \"{}\"", what, expected, part,
+                 text);
+    const std::string name = part.substr(0, eq), value_text = part.substr(eq + 1);
+    double* field = name == "scores"        ? &scale.scores
+                    : name == "activations" ? &scale.activations
+                    : name == "logits"      ? &scale.logits
+                                            : nullptr;
+    KVDIFF_CHECK(field != nullptr,
+                 "{}: unknown factor \"{}\" (known: scores, activations, logits) in \"{}\"", what,
+                 name, text);
+    KVDIFF_CHECK(seen.insert(name).second, "{}: factor \"{}\" given twice in \"{}\"", what, name,
+                 text);
+    size_t used = 0;
+    try {
+      *field = std::stod(value_text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    KVDIFF_CHECK(used == value_text.size() && used > 0,
+                 "{}: {} must be a number, got \"{}\" in \"{}\"", what, name, value_text, text);
+    CheckFactor(*field, what, name.c_str());
+    begin = end + 1;
+  }
+  return scale;
+}
+
+ModelWeights MakeRandomModel(const LlamaConfig& config, uint64_t seed,
+                             const RandomModelScale& scale) {
   config.Validate();
-  const WeightScales s = ScalesFor(config);
+  ValidateRandomModelScale(scale, "MakeRandomModel: scale");
+  const WeightScales s = ScalesFor(config, scale);
   ModelWeights model;
   model.config = config;
   model.dtype_on_disk = DType::kF32;
@@ -379,6 +468,10 @@ ModelWeights MakeRandomModel(const LlamaConfig& config, uint64_t seed) {
     if (EndsWith(name, "norm.weight")) {  // input_layernorm, post_attention_layernorm, model.norm
       scale = s.norm_noise;
       offset = 1.0;
+      if (name == "model.norm.weight") {
+        scale *= s.final_norm;
+        offset *= s.final_norm;
+      }
     } else if (name == "model.embed_tokens.weight") {
       scale = s.embed;
     } else if (name == "lm_head.weight") {

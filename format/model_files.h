@@ -64,9 +64,42 @@ void SaveModel(const std::filesystem::path& dir, const ModelWeights& model, DTyp
 // Presets: "tiny" and "smollm2-135m". Throws InputError listing the known names.
 LlamaConfig PresetConfig(const std::string& preset);
 std::vector<std::string> PresetNames();
+// How far a random model's numbers are pushed beyond the well-conditioned defaults, so that
+// arithmetic that is right only for O(1) numbers (a softmax that does not subtract the row max, an
+// RMSNorm whose float32 sum of squares overflows, a tolerance that is absolute) shows. Each factor
+// multiplies one statistic of the default model; 1 leaves it as it is. In exact arithmetic the
+// activation factor changes nothing (every block reads RMSNorm(x), which does not depend on x's
+// scale, eps aside), so it tests only how the arithmetic copes with large hidden states.
+struct RandomModelScale {
+  double scores = 1;       // attention scores q.k/sqrt(d): their standard deviation x scores
+  double activations = 1;  // the residual stream (the hidden state between norms) x activations
+  double logits = 1;       // the logits x logits
+
+  // "demanding": scores x25 (std 100 on tiny: max |score| in the hundreds, past float32 exp's
+  // overflow at 88.7), activations x1e19 (hidden states ~1e19: a float32 sum of their squares
+  // overflows, beyond 3.4e38), logits x300 (in the thousands). Measured in model_files_test.cc.
+  static RandomModelScale Demanding();
+  bool IsDefault() const { return scores == 1 && activations == 1 && logits == 1; }
+  bool operator==(const RandomModelScale& o) const {
+    return scores == o.scores && activations == o.activations && logits == o.logits;
+  }
+  bool operator!=(const RandomModelScale& o) const { return !(*this == o); }
+  // "demanding", "default", or "scores=25,activations=1e+19,logits=300" (the factors that are not
+  // 1); ParseRandomModelScale reads each back to the same scale.
+  std::string ToString() const;
+};
+// "default", "demanding", or comma-separated factors "scores=25,activations=1e19,logits=300" (any
+// subset, each once, a finite number > 0; scores, activations and logits at most 1e30). InputError
+// naming `what` (e.g. "--scale") and the offending part otherwise.
+RandomModelScale ParseRandomModelScale(const std::string& text, const std::string& what);
+// The same checks on a scale built in code (or parsed from JSON); InputError naming `what`.
+void ValidateRandomModelScale(const RandomModelScale& scale, const std::string& what);
+
 // Random weights from a seed with kvdiff's own PRNG (format/prng.h): identical on every
 // platform. Scaled so that logits have a standard deviation of about 3 and attention scores of
-// about 4 (see model_files.cc for the reasoning).
-ModelWeights MakeRandomModel(const LlamaConfig& config, uint64_t seed);
+// about 4 (see model_files.cc for the reasoning), each times `scale`'s factor. The same PRNG draws
+// are used whatever the scale: a scaled model is the default one with some tensors multiplied.
+ModelWeights MakeRandomModel(const LlamaConfig& config, uint64_t seed,
+                             const RandomModelScale& scale = {});
 
 }  // namespace kvdiff::format

@@ -77,6 +77,10 @@ struct BackendInfo {
   // comparisons with another backend are held to the rope-f32 profile (tolerance_profile.h).
   // Empty: angles computed in double and rounded once (impl, ref64).
   std::string rope_angles;
+  // Not empty: the backend reproduces, on purpose, an arithmetic that overflows on demanding
+  // models (make-model --scale demanding), and says why; the campaign's demanding cases leave it
+  // out (harness/demanding.h). ref: transformers' float32 LlamaRMSNorm.
+  std::string overflows_on_demanding_models;
 };
 
 class Backend {

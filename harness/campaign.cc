@@ -62,6 +62,7 @@ std::string CampaignReport::Summary() const {
   }
   out += coverage.Text();
   out += DistributionLines(distributions);
+  out += demanding.Text();
   out += fmt::format(
       "{}: {} of {} cases run (shard {}/{}, seed {}), {} failed; {} rows compared, worst "
       "difference {} (tolerance {}); {:.2f} s\n",
@@ -81,6 +82,10 @@ nlohmann::json CampaignReport::ToJson() const {
                         {"rows_compared", r.rows_compared},
                         {"worst_diff", Number(r.worst_diff)}};
     if (!r.shape.empty()) j["shape"] = r.shape;
+    if (r.demanding) {
+      j["demanding"] = true;
+      j["worst_relative_diff"] = Number(r.worst_relative_diff);
+    }
     if (!r.passed) {
       j["failure"] = r.failure;
       j["scenario_file"] = r.scenario_file;
@@ -109,9 +114,33 @@ nlohmann::json CampaignReport::ToJson() const {
           {"seconds", seconds},
           {"coverage", coverage.ToJson()},
           {"distributions", distributions_json},
+          {"demanding", demanding.ToJson()},
           {"results", cases_json}};
   if (random_shapes) out["shapes"] = "random";  // absent: fixed (reports of before --shapes)
   return out;
+}
+
+std::string CampaignReport::Demanding::Text() const {
+  std::string out;
+  for (const std::string& note : notes) out += note + "\n";
+  if (!skipped.empty()) return out + "demanding part skipped: " + skipped + "\n";
+  return out + fmt::format(
+                   "demanding part: {} cases on {} ({}), gate max |a-b| <= {} x max |logit| of "
+                   "the row; {} failed, worst {} of max |logit|\n",
+                   cases, model.Describe(), fmt::join(backends, ","), FormatDiff(rtol), failures,
+                   FormatDiff(worst_relative_diff));
+}
+
+nlohmann::json CampaignReport::Demanding::ToJson() const {
+  if (!skipped.empty()) return {{"skipped", skipped}, {"notes", notes}};
+  return {{"model", model.Describe()},
+          {"backends", backends},
+          {"fraction", fraction},
+          {"rtol", rtol},
+          {"cases", cases},
+          {"failures", failures},
+          {"worst_relative_diff", Number(worst_relative_diff)},
+          {"notes", notes}};
 }
 
 std::string CampaignReport::ToJUnit() const {
@@ -164,16 +193,18 @@ CampaignReport NewReport(const std::vector<std::string>& backend_names,
 
 Scenario NewCase(const format::LlamaConfig& config, const ModelSpec& model,
                  const std::vector<std::string>& backend_names, const CampaignOptions& options,
-                 const GenerationOptions& generation, int64_t k) {
+                 const GenerationOptions& generation, int64_t k, double tolerance_rel) {
   Scenario sc = GenerateCase(config, model, options.seed, k, generation);
   sc.backends = backend_names;
   sc.tolerance_abs = options.tolerance_abs;
+  sc.tolerance_rel = tolerance_rel;
+  if (tolerance_rel > 0) sc.description += " (demanding)";
   ValidateScenario(sc, config);
   return sc;
 }
 
 CaseResult RunCase(const Scenario& sc, const std::vector<const Backend*>& backends,
-                   const CampaignOptions& options, int64_t k) {
+                   const CampaignOptions& options, int64_t k, bool demanding) {
   const RunReport run = RunScenario(sc, backends, options.run);
   CaseResult result;
   result.index = k;
@@ -182,12 +213,19 @@ CaseResult RunCase(const Scenario& sc, const std::vector<const Backend*>& backen
   result.rows_compared = run.rows_compared;
   result.worst_diff = run.worst_diff;
   result.distributions = run.distributions;
+  result.demanding = demanding;
+  result.worst_relative_diff = run.worst_relative_diff;
   if (!run.Passed()) {
     if (run.first_divergence) {
       const Divergence& d = *run.first_divergence;
       result.failure = fmt::format(
-          "step {} {}: {} vs {} at conversation {}, position {}: max |a-b| {}", d.step, d.params,
-          d.a, d.b, d.row.conversation, d.row.position, FormatDiff(d.row.cmp.max_abs_diff));
+          "step {} {}: {} vs {} at conversation {}, position {}: max |a-b| {}{}", d.step,
+          d.params, d.a, d.b, d.row.conversation, d.row.position,
+          FormatDiff(d.row.cmp.max_abs_diff),
+          result.demanding ? fmt::format(" ({} of max |logit| {}; demanding case)",
+                                         FormatDiff(d.row.cmp.relative_diff()),
+                                         FormatDiff(d.row.cmp.scale))
+                           : std::string());
     } else {
       const BackendFailure& e = *run.first_error;
       result.failure =
@@ -209,7 +247,14 @@ std::string WriteFailingCase(const CampaignOptions& options, int64_t k, const Sc
 void AddResult(CampaignReport& report, CaseResult result) {
   report.rows_compared += result.rows_compared;
   for (const auto& [path, stats] : result.distributions) report.distributions[path].Merge(stats);
-  if (!(result.worst_diff <= report.worst_diff)) report.worst_diff = result.worst_diff;
+  if (result.demanding) {  // held to a relative gate: its absolute figure would mean nothing
+    ++report.demanding.cases;
+    report.demanding.failures += result.passed ? 0 : 1;
+    if (!(result.worst_relative_diff <= report.demanding.worst_relative_diff))
+      report.demanding.worst_relative_diff = result.worst_relative_diff;
+  } else if (!(result.worst_diff <= report.worst_diff)) {
+    report.worst_diff = result.worst_diff;
+  }
   report.results.push_back(std::move(result));
 }
 
@@ -238,15 +283,41 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model,
   report.coverage = NewCoverage(generation.boundaries, context);
   // Results land in case order whichever job ran them; the report (and the coverage) is folded
   // from them after, so it is the same for any number of jobs.
+  const DemandingPart& demanding = options.demanding;
+  if (demanding.Active()) {
+    ValidateDemandingOptions(demanding.options);
+    KVDIFF_CHECK(demanding.jobs.size() == jobs.size(),
+                 "check: the demanding part needs one backend set per job ({} for {} jobs)",
+                 demanding.jobs.size(), jobs.size());
+  }
+  report.demanding.skipped = demanding.Active() || !demanding.skipped.empty()
+                                 ? demanding.skipped
+                                 : "--demanding-fraction 0";
+  report.demanding.notes = demanding.notes;
+  report.demanding.model = demanding.model;
+  report.demanding.backends = demanding.backends;
+  report.demanding.fraction = demanding.options.fraction;
+  report.demanding.rtol = demanding.options.rtol;
+  auto is_demanding = [&](int64_t k) {
+    return demanding.Active() && IsDemandingCase(options.seed, k, demanding.options.fraction);
+  };
   std::vector<CaseResult> results(indices.size());
   std::vector<Scenario> scenarios(indices.size());
   int64_t done = 0, failures = 0;
   RunJobs(
       static_cast<int64_t>(indices.size()), static_cast<int>(jobs.size()),
       [&](int job, int64_t i) {
-        scenarios[i] = campaign_case::NewCase(config, model, report.backends, options,
-                                              generation, indices[i]);
-        results[i] = campaign_case::RunCase(scenarios[i], jobs[job], options, indices[i]);
+        if (is_demanding(indices[i])) {
+          scenarios[i] = campaign_case::NewCase(config, demanding.model, demanding.backends,
+                                                options, generation, indices[i],
+                                                demanding.options.rtol);
+          results[i] = campaign_case::RunCase(scenarios[i], demanding.jobs[job], options,
+                                              indices[i], true);
+        } else {
+          scenarios[i] = campaign_case::NewCase(config, model, report.backends, options,
+                                                generation, indices[i]);
+          results[i] = campaign_case::RunCase(scenarios[i], jobs[job], options, indices[i]);
+        }
       },
       [&](int64_t i) {
         ++done;

@@ -14,6 +14,7 @@
 #include "harness/junit.h"
 #include "harness/case_generator.h"
 #include "harness/coverage.h"
+#include "harness/demanding.h"
 #include "harness/runner.h"
 #include "harness/scenario.h"
 
@@ -38,6 +39,9 @@ struct CampaignOptions {
   // backends' declared sizes and the powers of two (CampaignBoundaries).
   GenerationOptions generation;
   RunOptions run;
+  // The cases run on the demanding variant of the model against ref64 (harness/demanding.h); the
+  // caller builds its backends. Inactive (skipped set, or no jobs): every case is an ordinary one.
+  DemandingPart demanding;
   // Called after every case with (done, total, failures) for a progress line.
   std::function<void(int64_t, int64_t, int64_t)> progress;
 };
@@ -47,6 +51,8 @@ struct CaseResult {
   bool passed = true;
   int64_t steps = 0, rows_compared = 0;
   double worst_diff = 0;
+  bool demanding = false;           // run on the demanding model (DemandingPart)
+  double worst_relative_diff = 0;   // max |a-b| / max |logit| over its rows
   std::string failure;        // first divergence or error, one line
   std::string scenario_file;  // written when it failed
   std::string shape;          // --shapes random: the case's model (ShapeParams); else empty
@@ -64,7 +70,20 @@ struct CampaignReport {
   Shard shard;
   std::vector<CaseResult> results;  // in case order
   int64_t rows_compared = 0;
-  double worst_diff = 0;
+  double worst_diff = 0;  // over the ordinary cases (the demanding ones are relative)
+  // The demanding part: its model, backends and gate, or why it was skipped; how many of the cases
+  // run were demanding, and their worst difference relative to max |logit|.
+  struct Demanding {
+    std::string skipped;
+    std::vector<std::string> notes;
+    ModelSpec model;
+    std::vector<std::string> backends;
+    double fraction = 0, rtol = 0;
+    int64_t cases = 0, failures = 0;
+    double worst_relative_diff = 0;
+    std::string Text() const;  // the summary's line(s)
+    nlohmann::json ToJson() const;
+  } demanding;
   double seconds = 0;
   Coverage coverage;  // what the cases exercised (of the cases run: this shard's)
   // Per path of a backend held to a tolerance profile, over every case (RunReport's).

@@ -17,13 +17,14 @@ void CheckOptions(const CampaignOptions& options);
 CampaignReport NewReport(const std::vector<std::string>& backend_names,
                          const CampaignOptions& options);
 // Case k's scenario on `model` (whose config is `config`), with the campaign's backends and
-// tolerance, validated (a generator bug must not pass as a backend bug).
+// tolerance, validated (a generator bug must not pass as a backend bug). A demanding case
+// (harness/demanding.h) also has the relative gate tolerance_rel.
 Scenario NewCase(const format::LlamaConfig& config, const ModelSpec& model,
                  const std::vector<std::string>& backend_names, const CampaignOptions& options,
-                 const GenerationOptions& generation, int64_t k);
+                 const GenerationOptions& generation, int64_t k, double tolerance_rel = 0);
 // Runs case k's scenario on one job's backends; writes its file when it fails.
 CaseResult RunCase(const Scenario& sc, const std::vector<const Backend*>& backends,
-                   const CampaignOptions& options, int64_t k);
+                   const CampaignOptions& options, int64_t k, bool demanding = false);
 // Writes case k's scenario into options.out_dir (safe from several jobs); returns its path.
 std::string WriteFailingCase(const CampaignOptions& options, int64_t k, const Scenario& sc);
 // Adds a finished case's figures to the report (in case order).

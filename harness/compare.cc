@@ -128,7 +128,17 @@ std::string DistributionStats::Text() const {
       static_cast<double>(top5_overlap_sum) / n, kl_sum / n, kl_max);
 }
 
-RowComparison CompareRows(const float* a, const float* b, int64_t n, double tolerance) {
+std::string Tolerance::ToString() const {
+  if (rel <= 0) return fmt::format("abs {:.1e}", abs);
+  return fmt::format("abs {:.1e} or rel {:.1e} of max |logit|", abs, rel);
+}
+
+double RowComparison::relative_diff() const {
+  if (nonfinite) return std::numeric_limits<double>::infinity();
+  return scale > 0 ? max_abs_diff / scale : (max_abs_diff > 0 ? HUGE_VAL : 0.0);
+}
+
+RowComparison CompareRows(const float* a, const float* b, int64_t n, const Tolerance& tolerance) {
   KVDIFF_CHECK(n >= 1, "CompareRows: rows must have at least one value, got n = {}", n);
   RowComparison c;
   for (int64_t i = 0; i < n; ++i) {
@@ -161,7 +171,11 @@ RowComparison CompareRows(const float* a, const float* b, int64_t n, double tole
     c.margin = static_cast<double>(b[top_b[0]]) - static_cast<double>(b[top_b[1]]);
   }
   if (!c.nonfinite) c.kl_divergence = KlDivergence(a, b, n);
-  c.within_tolerance = !c.nonfinite && c.max_abs_diff <= tolerance;
+  if (!c.nonfinite) {
+    for (int64_t i = 0; i < n; ++i) c.scale = std::max(c.scale, std::fabs(static_cast<double>(b[i])));
+  }
+  c.gate = std::max(tolerance.abs, tolerance.rel * c.scale);
+  c.within_tolerance = !c.nonfinite && c.max_abs_diff <= c.gate;
   return c;
 }
 

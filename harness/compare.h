@@ -16,6 +16,19 @@ inline constexpr double kDefaultTolerance = 1e-4;
 // golden), else kDefaultTolerance. InputError when the flag is negative or not finite.
 double ResolveTolerance(const std::optional<double>& flag, std::optional<double> from_file);
 
+// The gate of a row: max |a - b| <= abs, or <= rel * max_i |b_i| when rel > 0. The relative part
+// is for models whose logits are in the thousands (make-model --scale demanding), where float32
+// rounding alone is ~1e-7 of the logits' size and an absolute 1e-4 means nothing (README,
+// "The demanding part"); rel = 0 is the plain absolute gate.
+struct Tolerance {
+  double abs = kDefaultTolerance;
+  double rel = 0;
+  Tolerance(double abs_gate = kDefaultTolerance, double rel_gate = 0)  // NOLINT: a double is abs
+      : abs(abs_gate), rel(rel_gate) {}
+  // "abs 1.0e-04" or "abs 1.0e-04 or rel 2.0e-06 of max |logit|"
+  std::string ToString() const;
+};
+
 struct RowComparison {
   // NaN/inf is checked before anything else: the first index where either row is not finite.
   bool nonfinite = false;
@@ -29,7 +42,12 @@ struct RowComparison {
   // KL(softmax(b) || softmax(a)) in nats, in double: how far a's next-token distribution is from
   // the oracle's, as llama.cpp's perplexity tool reports it (0 for NaN/inf rows).
   double kl_divergence = 0;
+  double scale = 0;      // max |b_i| (b finite): what a relative tolerance is relative to
+  double gate = 0;       // the row's gate: max(tolerance.abs, tolerance.rel * scale)
   bool within_tolerance = false;
+
+  // max |a - b| / max |b_i|: the difference relative to the row's scale (inf when not finite).
+  double relative_diff() const;
 
   bool argmax_agrees() const { return argmax_a == argmax_b; }
 };
@@ -51,8 +69,8 @@ struct DistributionStats {
 };
 
 // a: the row under test; b: its oracle (the margin is read from b). Rows of n >= 1 values.
-// within_tolerance: every value finite and max |a - b| <= tolerance.
-RowComparison CompareRows(const float* a, const float* b, int64_t n, double tolerance);
+// within_tolerance: every value finite and max |a - b| <= the row's gate (Tolerance).
+RowComparison CompareRows(const float* a, const float* b, int64_t n, const Tolerance& tolerance);
 
 // Index of the largest value (the first one on ties, like torch.argmax); NaN never wins.
 int64_t Argmax(const float* row, int64_t n);

@@ -37,6 +37,8 @@ CaseResult CaseFromJson(const json& j) {
   r.rows_compared = j.at("rows_compared").get<int64_t>();
   r.worst_diff = DiffOf(j.at("worst_diff"));
   r.shape = j.value("shape", "");  // --shapes random
+  r.demanding = j.value("demanding", false);
+  if (r.demanding) r.worst_relative_diff = DiffOf(j.at("worst_relative_diff"));
   if (!r.passed) {
     r.failure = j.value("failure", "");
     r.scenario_file = j.value("scenario_file", "");
@@ -83,6 +85,29 @@ ShardReport ReadShard(const std::string& file, const json& root) {
   return s;
 }
 
+}  // namespace
+
+
+namespace {
+// The demanding part's counts (harness/demanding.h) over every shard's cases: the head report's
+// "demanding" object describes its model, backends and gate, which the shards share.
+void MergeDemandingPart(const json& results, json& report) {
+  if (!report.contains("demanding") || report["demanding"].contains("skipped")) return;
+  int64_t cases = 0, failures = 0;
+  double worst = 0;
+  for (const json& r : results) {
+    if (!r.value("demanding", false)) continue;
+    ++cases;
+    failures += r.value("passed", true) ? 0 : 1;
+    const double rel = r.at("worst_relative_diff").is_null()
+                           ? std::numeric_limits<double>::infinity()
+                           : r.at("worst_relative_diff").get<double>();
+    if (!(rel <= worst)) worst = rel;
+  }
+  report["demanding"]["cases"] = cases;
+  report["demanding"]["failures"] = failures;
+  report["demanding"]["worst_relative_diff"] = Number(worst);
+}
 }  // namespace
 
 MergedCampaign MergeCampaignReports(const std::vector<std::pair<std::string, json>>& reports) {
@@ -150,7 +175,8 @@ MergedCampaign MergeCampaignReports(const std::vector<std::pair<std::string, jso
             [](const auto& a, const auto& b) { return a.first < b.first; });
   for (const CaseResult& r : c.results) {
     c.rows_compared += r.rows_compared;
-    if (!(r.worst_diff <= c.worst_diff)) c.worst_diff = r.worst_diff;
+    // As in the campaign: worst_diff is over the ordinary cases, the demanding ones are relative.
+    if (!r.demanding && !(r.worst_diff <= c.worst_diff)) c.worst_diff = r.worst_diff;
   }
 
   m.report = head;  // fields a later kvdiff adds travel along
@@ -167,6 +193,7 @@ MergedCampaign MergeCampaignReports(const std::vector<std::pair<std::string, jso
   m.report["rows_compared"] = c.rows_compared;
   m.report["worst_diff"] = Number(c.worst_diff);
   m.report["seconds"] = c.seconds;
+  MergeDemandingPart(results, m.report);
   m.report["results"] = std::move(results);
   if (coverage) m.report["coverage"] = coverage->ToJson();
   m.report["merge"] = {{"shards", first.shard.count},

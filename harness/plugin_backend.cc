@@ -134,16 +134,17 @@ std::pair<BackendInfo, BackendFactory> ResolvePluginBackend(const std::string& s
 
 void RegisterNamedPlugin(BackendRegistry& registry, const std::string& name,
                          const std::string& description, const std::filesystem::path& path,
-                         const std::string& options, const std::string& rope_angles) {
+                         const std::string& options, const KnownArithmetic& known) {
   // NAME, and NAME?key=value&... with the options after the built-in ones (a later key wins).
   // A plugin built with kvdiff knows the key "threads": unless one is given, it gets the
   // command's --threads, as every other backend does.
-  auto entry = [name, description, path, options, rope_angles](const std::string& spec) {
+  auto entry = [name, description, path, options, known](const std::string& spec) {
     BackendInfo info;
     info.name = spec;
     info.description = description;
     info.dtype = "float32";
-    info.rope_angles = rope_angles;
+    info.rope_angles = known.rope_angles;
+    info.overflows_on_demanding_models = known.overflows_on_demanding_models;
     info.raw_call = RawCall::kNone;
     const size_t q = spec.find('?');
     std::string all = options;

@@ -19,7 +19,12 @@ BackendRegistry& BackendRegistry::Global() {
     // Flash attention off and an f32 cache: the settings held to the 1e-4 gate (README).
     RegisterNamedPlugin(*r, "llama.cpp", "llama.cpp through its C API, f32 KV cache",
                         KVDIFF_LLAMACPP_ENGINE_PATH, "kv=f32,flash_attn=off",
-                        /*rope_angles=*/"f32");  // ggml's rope: theta = p · base^(-2i/d) in float
+                        {// ggml's rope: theta = p · base^(-2i/d) in float
+                         "f32",
+                         // Measured: all-zero logits on tiny with --scale demanding (ref64's reach
+                         // 3e3), with kv=f32 and kv=f16 alike.
+                         "ggml's rms_norm squares each value in float32, which overflows to inf for "
+                         "hidden states of ~1e19 and normalizes them to 0"});
 #endif
 #ifdef KVDIFF_HAVE_TORCH
     RegisterReferenceBackends(*r);

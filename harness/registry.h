@@ -80,9 +80,13 @@ void RegisterReferenceBackends(BackendRegistry& registry);
 inline constexpr const char* kPluginPrefix = "plugin:";
 std::pair<BackendInfo, BackendFactory> ResolvePluginBackend(const std::string& spec);
 // A plugin built with kvdiff, registered under a plain name ("llama.cpp").
-// rope_angles: what the engine is known to compute its RoPE angles in (BackendInfo::rope_angles).
+// What kvdiff knows of a named plugin's arithmetic beyond what its engine_info reports.
+struct KnownArithmetic {
+  std::string rope_angles;                    // BackendInfo::rope_angles
+  std::string overflows_on_demanding_models;  // BackendInfo::overflows_on_demanding_models
+};
 void RegisterNamedPlugin(BackendRegistry& registry, const std::string& name,
                          const std::string& description, const std::filesystem::path& path,
-                         const std::string& options, const std::string& rope_angles = "");
+                         const std::string& options, const KnownArithmetic& known = {});
 
 }  // namespace kvdiff::harness

@@ -183,7 +183,7 @@ Recording Replay(const Scenario& scenario, const Backend& backend, TraceRequest*
   return Replayer(scenario, backend, trace).Run();
 }
 
-void CheckAgainstOracle(Recording& rec, const Backend& backend, double tolerance) {
+void CheckAgainstOracle(Recording& rec, const Backend& backend, const Tolerance& tolerance) {
   const int64_t vocab = backend.config().vocab_size;
   std::vector<std::vector<size_t>> rows_of(rec.histories.size());
   for (size_t k = 0; k < rec.rows.size(); ++k) rows_of[rec.rows[k].history].push_back(k);

@@ -74,7 +74,7 @@ Recording Replay(const Scenario& scenario, const Backend& backend, TraceRequest*
 // a history checks every recorded row of it. It runs once per history, not once per step, so a
 // case costs O(length) oracle tokens. Sets vs_oracle on every row of a history it could compute;
 // a ForwardFull that fails makes the steps of that history's rows errors.
-void CheckAgainstOracle(Recording& recording, const Backend& backend, double tolerance);
+void CheckAgainstOracle(Recording& recording, const Backend& backend, const Tolerance& tolerance);
 
 // The greedy choice: the first maximum of the row (torch.argmax, llama2.c). A row with a NaN or
 // inf logit has no greedy choice: InputError saying what is wrong.

@@ -151,6 +151,8 @@ json ComparisonToJson(const RowComparison& c) {
             {"top5_overlap", c.top5_overlap},
             {"kl_divergence", c.kl_divergence},
             {"margin", Number(c.margin)},
+            {"scale", Number(c.scale)},
+            {"relative_diff", Number(c.relative_diff())},
             {"nonfinite", c.nonfinite}};
   if (c.nonfinite) {
     j["nonfinite_index"] = c.nonfinite_index;
@@ -201,8 +203,11 @@ std::string FormatTerminal(const RunReport& r, bool color) {
   std::string out;
   out += fmt::format("{}\n", Paint(fmt::format("kvdiff run {}", r.scenario), kBold, color));
   out += fmt::format("model: {} ({})\n", r.model_source, r.model_description);
-  out += fmt::format("driver {}, backends {}, tolerance abs {}\n", DriverName(r.driver),
-                     fmt::join(r.backends, ", "), FormatDiff(r.tolerance));
+  out += fmt::format("driver {}, backends {}, tolerance abs {}{}\n", DriverName(r.driver),
+                     fmt::join(r.backends, ", "), FormatDiff(r.tolerance),
+                     r.tolerance_rel > 0
+                         ? fmt::format(" or rel {} of max |logit|", FormatDiff(r.tolerance_rel))
+                         : std::string());
   for (const auto& note : r.notes) out += fmt::format("note: {}\n", note);
   out += "\n";
 
@@ -316,8 +321,12 @@ json ReportToJson(const RunReport& r) {
              {{"source", r.model_source},
               {"description", r.model_description},
               {"config", ConfigToJsonObject(r.config)}}},
-            {"tolerance",
-             {{"abs", r.tolerance}, {"rope_f32_per_position", r.rope_f32_per_position}}},
+            {"tolerance", r.tolerance_rel > 0
+                              ? json{{"abs", r.tolerance},
+                                     {"rel", r.tolerance_rel},
+                                     {"rope_f32_per_position", r.rope_f32_per_position}}
+                              : json{{"abs", r.tolerance},
+                                     {"rope_f32_per_position", r.rope_f32_per_position}}},
             {"driver", DriverName(r.driver)},
             {"backends", r.backends},
             {"notes", r.notes},
@@ -325,6 +334,7 @@ json ReportToJson(const RunReport& r) {
             {"exit_code", r.ExitCode()},
             {"rows_compared", r.rows_compared},
             {"worst_diff", Number(r.worst_diff)},
+            {"worst_relative_diff", Number(r.worst_relative_diff)},
             {"seconds", r.seconds},
             {"steps", steps}};
   if (!r.distributions.empty()) {

@@ -141,7 +141,7 @@ PathOutcome OracleOutcome(const Backend& backend, const Recording& rec, size_t s
 
 // A step's column for two backends, row by row, where both saw the same history.
 PathOutcome CrossOutcome(const Backend& bx, const Recording& rx, const Backend& by,
-                         const Recording& ry, size_t step, double tolerance,
+                         const Recording& ry, size_t step, const Tolerance& tolerance,
                          double rope_f32_per_position) {
   const StepRecord& sx = rx.steps[step];
   const StepRecord& sy = ry.steps[step];
@@ -160,7 +160,9 @@ PathOutcome CrossOutcome(const Backend& bx, const Recording& rx, const Backend& 
     if (it == ys.end() || !rx.SameHistory(row, ry, *it->second)) continue;
     const RowComparison c = CompareRows(
         row.logits.data(), it->second->logits.data(), static_cast<int64_t>(row.logits.size()),
-        CrossTolerance(tolerance, rope_f32_per_position, bx.Info(), by.Info(), row.position));
+        Tolerance{CrossTolerance(tolerance.abs, rope_f32_per_position, bx.Info(), by.Info(),
+                                 row.position),
+                  tolerance.rel});
     o.rows.push_back(ToCompared(row, c));
     o.max_abs_diff = std::max(o.max_abs_diff, c.max_abs_diff);
     all_within = all_within && c.within_tolerance;
@@ -244,7 +246,8 @@ std::shared_ptr<const format::ModelWeights> LoadModelFor(const ModelSpec& spec) 
         format::MakeRandomModel(*spec.config, spec.seed));
   }
   return std::make_shared<const format::ModelWeights>(
-      format::MakeRandomModel(format::PresetConfig(spec.preset.value_or("")), spec.seed));
+      format::MakeRandomModel(format::PresetConfig(spec.preset.value_or("")), spec.seed,
+                              spec.scale));
 }
 
 std::optional<format::Tokenizer> LoadTokenizerFor(const ModelSpec& spec, int64_t vocab_size) {
@@ -398,6 +401,7 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
   report.model_description = DescribeModel(report.config);
   report.tolerance = sc.tolerance_abs;
   report.rope_f32_per_position = options.rope_f32_per_position;
+  report.tolerance_rel = sc.tolerance_rel;
   report.driver = sc.driver;
   for (const Backend* b : backends) report.backends.push_back(b->Name());
 
@@ -406,7 +410,7 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
   std::vector<Recording> recs;
   for (const Backend* b : backends) {
     recs.push_back(Replay(sc, *b));
-    CheckAgainstOracle(recs.back(), *b, sc.tolerance_abs);
+    CheckAgainstOracle(recs.back(), *b, sc.tolerance());
   }
   for (size_t i = 0; i < sc.steps.size(); ++i) {
     StepReport step_report;
@@ -419,7 +423,7 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
     for (size_t x = 0; x < backends.size(); ++x) {
       for (size_t y = x + 1; y < backends.size(); ++y) {
         step_report.outcomes.push_back(
-            CrossOutcome(*backends[x], recs[x], *backends[y], recs[y], i, sc.tolerance_abs,
+            CrossOutcome(*backends[x], recs[x], *backends[y], recs[y], i, sc.tolerance(),
                          options.rope_f32_per_position));
         step_report.outcomes.back().a_index = x;
         step_report.outcomes.back().b_index = y;
@@ -433,6 +437,8 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
       for (const ComparedRow& r : o.rows) {
         ++report.rows_compared;
         if (!(r.cmp.max_abs_diff <= report.worst_diff)) report.worst_diff = r.cmp.max_abs_diff;
+        const double rel = r.cmp.relative_diff();
+        if (!(rel <= report.worst_relative_diff)) report.worst_relative_diff = rel;
       }
     }
     // The first divergence: the earliest row of the earliest failing step.

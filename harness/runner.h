@@ -91,6 +91,7 @@ struct RunReport {
   format::LlamaConfig config;
   double tolerance = kDefaultTolerance;
   double rope_f32_per_position = 0;  // RunOptions', recorded
+  double tolerance_rel = 0;  // Scenario::tolerance_rel
   DriverKind driver = DriverKind::kSession;
   std::vector<std::string> backends;
   std::vector<std::string> notes;
@@ -100,6 +101,8 @@ struct RunReport {
   std::optional<Localization> localization;
   int64_t rows_compared = 0;
   double worst_diff = 0;  // over every comparison (+inf when a row was not finite)
+  // max over the comparisons of max |a-b| / max |b_i| (RowComparison::relative_diff)
+  double worst_relative_diff = 0;
   double seconds = 0;
   // Per path ("impl~llama.cpp?kv=f16") of a backend held to a tolerance profile: its argmax, top-5
   // and KL metrics over every compared row.

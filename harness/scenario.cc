@@ -200,6 +200,28 @@ uint64_t ParseWeightSeed(const json& m) {
   return seed.get<uint64_t>();
 }
 
+// model.scale: the string form ParseRandomModelScale reads ("demanding", "scores=25,logits=300")
+// or an object of the same factors, each a number.
+format::RandomModelScale ParseModelScale(const json& s) {
+  if (s.is_string()) return format::ParseRandomModelScale(s.get<std::string>(), "model.scale");
+  KVDIFF_CHECK(s.is_object(),
+               "model.scale: expected \"demanding\", \"scores=25,activations=1e19,logits=300\" "
+               "or an object like {{\"scores\": 25, \"logits\": 300}}, got {}",
+               JsonSnippet(s));
+  CheckKeys(s, "model.scale", {"scores", "activations", "logits"});
+  format::RandomModelScale scale;
+  for (auto [key, field] : {std::pair<const char*, double*>{"scores", &scale.scores},
+                            {"activations", &scale.activations},
+                            {"logits", &scale.logits}}) {
+    if (!s.contains(key)) continue;
+    KVDIFF_CHECK(s.at(key).is_number(), "model.scale.{}: expected a number, got {}", key,
+                 JsonSnippet(s.at(key)));
+    *field = s.at(key).get<double>();
+  }
+  format::ValidateRandomModelScale(scale, "model.scale");
+  return scale;
+}
+
 ModelSpec ParseModel(const json& m, const std::filesystem::path& base_dir) {
   KVDIFF_CHECK(m.is_object(),
                "model: expected an object like {{\"preset\": \"tiny\", \"seed\": 3}}, "
@@ -236,7 +258,8 @@ ModelSpec ParseModel(const json& m, const std::filesystem::path& base_dir) {
     spec.config = format::ParseConfigStrict(c.dump(), "model.config");
     spec.seed = ParseWeightSeed(m);
   } else {
-    CheckKeys(m, "model", {"preset", "seed"});
+    CheckKeys(m, "model", {"preset", "seed", "scale"});
+    if (m.contains("scale")) spec.scale = ParseModelScale(m.at("scale"));
     KVDIFF_CHECK(m.contains("preset"),
                  "model: needs \"preset\" (with \"seed\"), \"path\", \"llama2c\" or "
                  "\"config\" (with \"seed\")");
@@ -361,7 +384,8 @@ std::string ModelSpec::Describe() const {
                                           : std::string("no tokenizer"));
   }
   if (config) return fmt::format("config({}), seed {}", ShapeParams(*config), seed);
-  return fmt::format("preset {}, seed {}", preset.value_or("?"), seed);
+  return fmt::format("preset {}, seed {}{}", preset.value_or("?"), seed,
+                     scale.IsDefault() ? std::string() : ", scale " + scale.ToString());
 }
 
 nlohmann::json ModelSpec::ToJson() const {
@@ -372,7 +396,9 @@ nlohmann::json ModelSpec::ToJson() const {
     return {{"llama2c", l}};
   }
   if (config) return {{"config", json::parse(format::ConfigToJson(*config))}, {"seed", seed}};
-  return {{"preset", preset.value_or("")}, {"seed", seed}};
+  json out = {{"preset", preset.value_or("")}, {"seed", seed}};
+  if (!scale.IsDefault()) out["scale"] = scale.ToString();
+  return out;
 }
 
 nlohmann::json Scenario::ToJson() const {
@@ -418,6 +444,7 @@ nlohmann::json Scenario::ToJson() const {
   out["model"] = model.ToJson();
   out["driver"] = DriverName(driver);
   out["tolerance"] = {{"abs", tolerance_abs}};
+  if (tolerance_rel > 0) out["tolerance"]["rel"] = tolerance_rel;
   if (!backends.empty()) out["backends"] = backends;
   out["steps"] = steps_json;
   return out;
@@ -456,7 +483,16 @@ Scenario ParseScenario(const std::string& json_text, const std::filesystem::path
     const json& t = root.at("tolerance");
     KVDIFF_CHECK(t.is_object(), "tolerance: expected an object like {{\"abs\": 1e-4}}, got {}",
                  JsonSnippet(t));
-    CheckKeys(t, "tolerance", {"abs"});
+    CheckKeys(t, "tolerance", {"abs", "rel"});
+    if (t.contains("rel")) {
+      KVDIFF_CHECK(t.at("rel").is_number(), "tolerance.rel: expected a number, got {}",
+                   JsonSnippet(t.at("rel")));
+      sc.tolerance_rel = t.at("rel").get<double>();
+      KVDIFF_CHECK(sc.tolerance_rel >= 0 && sc.tolerance_rel < 1 && std::isfinite(sc.tolerance_rel),
+                   "tolerance.rel: expected a number >= 0 and < 1 (a fraction of the row's max "
+                   "|logit|), got {}",
+                   JsonSnippet(t.at("rel")));
+    }
     if (t.contains("abs")) {
       KVDIFF_CHECK(t.at("abs").is_number(), "tolerance.abs: expected a number, got {}",
                    JsonSnippet(t.at("abs")));

@@ -11,6 +11,7 @@
 
 #include "format/chat_template.h"
 #include "format/config.h"
+#include "format/model_files.h"
 #include "format/tensor.h"
 #include "harness/compare.h"
 #include "harness/drivers.h"
@@ -72,8 +73,13 @@ struct ModelSpec {
   // {"config": {...config.json's fields...}, "seed": 3}: random weights for a config written in
   // the file itself (check --shapes random records each case's shape so).
   std::optional<format::LlamaConfig> config;
-  // "preset tiny, seed 3", "path /abs/dir", "llama2c /abs/ck.bin, tokenizer /abs/tok.bin" or
-  // "config(layers=2, heads=8/2kv, ...), seed 3" (harness/shape_generator.h's ShapeParams)
+  // preset only: its weights pushed beyond the defaults (format::RandomModelScale):
+  // {"preset": "tiny", "seed": 3, "scale": "demanding"}, or "scores=25,logits=300", or an object
+  // {"scores": 25, "activations": 1e19, "logits": 300}. Absent: the default model.
+  format::RandomModelScale scale;
+  // "preset tiny, seed 3" ("preset tiny, seed 3, scale demanding"), "path /abs/dir",
+  // "llama2c /abs/ck.bin, tokenizer /abs/tok.bin" or "config(layers=2, heads=8/2kv, ...), seed 3"
+  // (harness/shape_generator.h's ShapeParams)
   std::string Describe() const;
   // The "model" object of a scenario file; ParseScenario reads it back to the same spec.
   nlohmann::json ToJson() const;
@@ -84,6 +90,10 @@ struct Scenario {
   std::string description;
   ModelSpec model;
   double tolerance_abs = kDefaultTolerance;
+  // {"tolerance": {"abs": 1e-4, "rel": 2e-6}}: also within when max |a-b| <= rel * max |logit| of
+  // the row (Tolerance); 0 (absent): the absolute gate alone. The campaign's demanding cases set it.
+  double tolerance_rel = 0;
+  Tolerance tolerance() const { return {tolerance_abs, tolerance_rel}; }
   std::vector<std::string> backends;  // empty: the default for this build
   DriverKind driver = DriverKind::kSession;
   std::vector<Step> steps;

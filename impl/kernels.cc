@@ -404,8 +404,14 @@ void RmsNorm(const float* x, const float* weight, int64_t s, int64_t n, float ep
   for (int64_t row = 0; row < s; ++row) {
     const float* xr = x + row * n;
     float* o = out + row * n;
-    const float mean_square = Dot(xr, xr, n) / static_cast<float>(n);
-    const float inv_rms = 1.0f / std::sqrt(mean_square + eps);
+    // The sum of squares in double: in float32 it overflows (inf, and the row normalizes to 0)
+    // once the row's RMS passes ~1.8e19 / sqrt(n), while x itself and the normalized row are
+    // still well inside float32's range (make-model --scale demanding builds such hidden states).
+    // transformers' LlamaRMSNorm squares in float32 and does return zeros there; ref64 does not.
+    double sum_squares = 0;
+    for (int64_t i = 0; i < n; ++i) sum_squares += static_cast<double>(xr[i]) * xr[i];
+    const float inv_rms =
+        static_cast<float>(1.0 / std::sqrt(sum_squares / static_cast<double>(n) + eps));
     for (int64_t i = 0; i < n; ++i) o[i] = (xr[i] * inv_rms) * weight[i];
   }
 }

@@ -67,6 +67,8 @@ void LinearMany(ThreadPool& pool, const float* x, int64_t s, const LinearOutput*
 constexpr int64_t kLinearRowsMax = 8;
 
 // out (s, n) = RMSNorm of each row of x (s, n): (x · rsqrt(mean(x²) + eps)) · weight, weight last.
+// mean(x²) is accumulated in double, so a row whose float32 sum of squares would overflow
+// (RMS beyond ~1.8e19 / sqrt(n)) still normalizes to unit RMS.
 void RmsNorm(const float* x, const float* weight, int64_t s, int64_t n, float eps, float* out);
 
 // x[i] += y[i] for i < count (the residual connections).

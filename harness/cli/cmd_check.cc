@@ -13,6 +13,8 @@
 #include "format/error.h"
 #include "harness/backend.h"
 #include "harness/campaign.h"
+#include "harness/demanding.h"
+#include "harness/registry.h"
 #include "harness/jobs.h"
 #include "harness/shape_generator.h"
 #include "harness/shard_env.h"
@@ -44,6 +46,7 @@ struct CheckArgs {
   int threads = 1;
   harness::BackendOptions isolation;  // --isolate, --isolate-timeout
   std::string shapes = "fixed";       // --shapes: fixed (one model) or random (one per case)
+  harness::DemandingOptions demanding;  // --demanding-fraction, --demanding-rtol
 };
 
 // The terminal's progress line: at most ten updates a second (a tiny case takes well under a
@@ -159,6 +162,39 @@ int CheckRandomShapes(const CheckArgs& args, bool model_seed_given) {
   return report.ExitCode();
 }
 
+
+// The demanding part of the campaign: its model, backends (one set per job, kept alive in
+// *owned) or why it is skipped.
+harness::DemandingPart PlanDemandingPart(const CheckArgs& args, const harness::ModelSpec& model,
+                                         const std::vector<const harness::Backend*>& backends,
+                                         int jobs,
+                                         std::vector<BackendSet>* owned) {
+  harness::DemandingPart part;
+  part.options = args.demanding;
+  harness::ValidateDemandingOptions(part.options);
+  const std::optional<harness::ModelSpec> variant = harness::DemandingVariant(model);
+  if (part.options.fraction == 0) {
+    part.skipped = "--demanding-fraction 0";
+  } else if (!variant) {
+    part.skipped = model.preset ? "the campaign's model is already scaled (every case is as "
+                                  "demanding as its scale)"
+                                : "a model directory or checkpoint is taken as it is (kvdiff "
+                                  "cannot rescale its weights; use a preset)";
+  } else if (!harness::BackendRegistry::Global().Has("ref64")) {
+    part.skipped = "this build has no float64 backend to compare with (ref64 needs LibTorch)";
+  }
+  if (!part.skipped.empty()) return part;
+  part.model = *variant;
+  part.backends = harness::DemandingBackends(backends, &part.notes);
+  auto weights = harness::LoadModelFor(part.model);
+  for (int j = 0; j < jobs; ++j) {
+    owned->push_back(
+        MakeBackends(part.backends, weights, WithThreads(args.isolation, args.threads)));
+    part.jobs.push_back(owned->back().all);
+  }
+  return part;
+}
+
 int Check(const CheckArgs& args, bool model_seed_given) {
   if (args.shapes == "random") return CheckRandomShapes(args, model_seed_given);
   KVDIFF_CHECK(args.model.empty() || (args.preset.empty() && !model_seed_given),
@@ -185,6 +221,8 @@ int Check(const CheckArgs& args, bool model_seed_given) {
     job_backends.push_back(MakeBackends(names, weights, WithThreads(args.isolation, args.threads)));
     job_lists.push_back(job_backends.back().all);
   }
+  std::vector<BackendSet> demanding_backends;
+  options.demanding = PlanDemandingPart(args, model, job_lists[0], jobs, &demanding_backends);
   const std::vector<std::string> gate_notes = ResolveGates(args, job_lists[0], options);
   fmt::print("kvdiff check: model {} ({}), backends {}\n", model.Describe(),
              harness::DescribeModel(weights->config), fmt::join(names, ","));
@@ -260,6 +298,17 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
                   "(GQA ratios, head sizes, tied heads, rope scaling, contexts, vocabularies)")
       ->default_val("fixed")
       ->check(CLI::IsMember({"fixed", "random"}));
+  cmd->add_option("--demanding-fraction", args->demanding.fraction,
+                  fmt::format("Share of cases run on the demanding variant of the preset "
+                              "(make-model --scale demanding) against ref64, with a gate relative "
+                              "to the logits' scale (default {}; 0: none)",
+                              harness::kDefaultDemandingFraction))
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--demanding-rtol", args->demanding.rtol,
+                  fmt::format("The demanding cases' gate: max |a-b| <= RTOL x max |logit| of the "
+                              "row (default {})",
+                              harness::kDefaultDemandingRtol))
+      ->check(CLI::Range(0.0, 0.999999));
   AddIsolateFlag(cmd, args->isolation);
   cmd->callback(
       [args, model_seed, &exit_code] { exit_code = Check(*args, model_seed->count() > 0); });

@@ -1,6 +1,7 @@
 // kvdiff make-model: a random Llama model directory, byte-identical for the same arguments.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -20,6 +21,7 @@ struct MakeModelOptions {
   std::string dtype = "f32";
   bool tied = false;
   bool untied = false;
+  std::string scale = "default";
 };
 
 format::DType DTypeFromFlag(const std::string& flag) {
@@ -27,6 +29,20 @@ format::DType DTypeFromFlag(const std::string& flag) {
   if (flag == "bf16") return format::DType::kBF16;
   if (flag == "f16") return format::DType::kF16;
   throw InputError(fmt::format("--dtype: expected f32, bf16 or f16, found \"{}\"", flag));
+}
+
+// float16 holds magnitudes up to 65504 and down to 6e-8: a scaled model's weights may not fit,
+// and a weight rounded to inf or 0 on disk would be a different model, not a scaled one.
+void CheckFitsFloat16(const format::ModelWeights& model, const std::string& scale) {
+  for (const auto& [name, t] : model.tensors) {
+    for (float v : t.data) {
+      const float a = std::fabs(v);
+      KVDIFF_CHECK(a <= 65504.0f && (a == 0 || a >= 6e-8f),
+                   "--dtype f16: --scale {} gives {} a weight of {}, outside float16's range "
+                   "(6e-8 to 65504); use --dtype f32 or bf16",
+                   scale, name, v);
+    }
+  }
 }
 
 void RunMakeModel(const MakeModelOptions& o) {
@@ -39,15 +55,18 @@ void RunMakeModel(const MakeModelOptions& o) {
   if (o.untied) config.tie_word_embeddings = false;
   const format::DType dtype = DTypeFromFlag(o.dtype);
 
-  const format::ModelWeights model = format::MakeRandomModel(config, o.seed);
+  const format::RandomModelScale scale = format::ParseRandomModelScale(o.scale, "--scale");
+  const format::ModelWeights model = format::MakeRandomModel(config, o.seed, scale);
+  if (dtype == format::DType::kF16) CheckFitsFloat16(model, o.scale);
   const std::filesystem::path dir = o.out;
   format::SaveModel(dir, model, dtype);
   const auto bytes = std::filesystem::file_size(dir / "model.safetensors");
   fmt::print(
-      "wrote {} and {}: {} seed {}, {}, {} layers, hidden {}, vocab {}, {} head, "
+      "wrote {} and {}: {} seed {}{}, {}, {} layers, hidden {}, vocab {}, {} head, "
       "{} parameters, {} bytes\n",
       (dir / "config.json").string(), (dir / "model.safetensors").string(),
       o.preset.empty() ? "config " + o.config_path + "," : "preset " + o.preset + ",", o.seed,
+      scale.IsDefault() ? std::string() : ", scale " + scale.ToString(),
       format::DTypeName(dtype), config.num_hidden_layers, config.hidden_size, config.vocab_size,
       config.tie_word_embeddings ? "tied" : "untied", model.NumParameters(), bytes);
 }
@@ -70,6 +89,11 @@ void AddMakeModelCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--out", options->out, "Output directory (created if needed)")->required();
   cmd->add_option("--dtype", options->dtype, "Dtype on disk (config.json's torch_dtype follows)")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+      ->capture_default_str();
+  cmd->add_option("--scale", options->scale,
+                  "Push the numbers beyond the defaults: \"demanding\" (attention scores x25, "
+                  "hidden states x1e19, logits x300) or factors "
+                  "\"scores=F,activations=F,logits=F\" (README, \"make-model\")")
       ->capture_default_str();
   auto* tied = cmd->add_flag("--tied", options->tied, "Tie lm_head to the embedding");
   auto* untied = cmd->add_flag("--untied", options->untied, "Store a separate lm_head.weight");

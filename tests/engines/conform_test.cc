@@ -201,7 +201,7 @@ TEST(ConformCli, ReproAllOnStories260KThroughLlamaCpp) {
 // impl through the library call: the suite needs nothing but the Backend interface.
 TEST(Conform, ImplConformsAgainstItself) {
   using namespace harness;
-  const ModelSpec model{std::string("tiny"), 7, std::nullopt, std::nullopt};
+  const ModelSpec model{std::string("tiny"), 7, std::nullopt, std::nullopt, {}};
   auto weights = LoadModelFor(model);
   auto impl = MakeBackend("impl", weights, 1);
   ConformOptions options;
@@ -214,7 +214,7 @@ TEST(Conform, ImplConformsAgainstItself) {
 
 TEST(Conform, TheCapacityCheckIsSkippedAboveItsFillLimitSayingWhy) {
   using namespace harness;
-  const ModelSpec model{std::string("tiny"), 7, std::nullopt, std::nullopt};
+  const ModelSpec model{std::string("tiny"), 7, std::nullopt, std::nullopt, {}};
   auto weights = LoadModelFor(model);
   auto impl = MakeBackend("impl", weights, 1);
   ConformOptions options;

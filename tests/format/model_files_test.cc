@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <Eigen/Dense>
+#include <fmt/format.h>
+#include <iostream>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -266,6 +268,104 @@ TEST(RandomModel, ScalesGivePeakedAttentionAndSpreadLogits) {
   EXPECT_GT(s.score_std, 2.5);
   EXPECT_GT(s.logit_std, 2.0);
   EXPECT_GT(s.logit_spread, 5.0);
+}
+
+// --- the scale knob (make-model --scale) ---------------------------------------------------------
+
+TEST(RandomModelScale, ParsesProfilesAndFactorsAndRoundTrips) {
+  EXPECT_TRUE(ParseRandomModelScale("default", "--scale").IsDefault());
+  EXPECT_EQ(ParseRandomModelScale("demanding", "--scale"), RandomModelScale::Demanding());
+  const RandomModelScale s = ParseRandomModelScale("logits=300,scores=2.5", "--scale");
+  EXPECT_EQ(s.scores, 2.5);
+  EXPECT_EQ(s.activations, 1);
+  EXPECT_EQ(s.logits, 300);
+  EXPECT_EQ(s.ToString(), "scores=2.5,logits=300");
+  for (const RandomModelScale& x : {s, RandomModelScale::Demanding(), RandomModelScale{}}) {
+    EXPECT_EQ(ParseRandomModelScale(x.ToString(), "--scale"), x) << x.ToString();
+  }
+  RandomModelScale odd;
+  odd.activations = 1.0 / 3.0;
+  EXPECT_EQ(ParseRandomModelScale(odd.ToString(), "--scale"), odd) << "shortest round-trip form";
+}
+
+std::string ScaleError(const std::string& text) {
+  try {
+    ParseRandomModelScale(text, "--scale");
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(RandomModelScale, RefusesBadFactorsNamingThem) {
+  EXPECT_THAT(ScaleError(""), HasSubstr("--scale: expected \"default\", \"demanding\""));
+  EXPECT_THAT(ScaleError("hard"), HasSubstr("got \"hard\""));
+  EXPECT_THAT(ScaleError("temperature=2"),
+              HasSubstr("unknown factor \"temperature\" (known: scores, activations, logits)"));
+  EXPECT_THAT(ScaleError("scores=2,scores=3"), HasSubstr("factor \"scores\" given twice"));
+  EXPECT_THAT(ScaleError("scores=abc"), HasSubstr("scores must be a number, got \"abc\""));
+  EXPECT_THAT(ScaleError("scores=2x"), HasSubstr("scores must be a number, got \"2x\""));
+  EXPECT_THAT(ScaleError("logits=0"), HasSubstr("logits must be a finite number > 0"));
+  EXPECT_THAT(ScaleError("logits=-1"), HasSubstr("logits must be a finite number > 0"));
+  EXPECT_THAT(ScaleError("activations=inf"), HasSubstr("activations must be a finite number"));
+  EXPECT_THAT(ScaleError("activations=1e31"), HasSubstr("<= 1e30"));
+  EXPECT_THAT(ScaleError("scores=2,"), HasSubstr("got \"\" in \"scores=2,\""));
+}
+
+// A scaled model is the default one with tensors multiplied: the same PRNG draws, so the default
+// scale leaves every bit as it was, and each factor touches only its tensors.
+TEST(RandomModelScale, MultipliesOnlyItsTensors) {
+  const LlamaConfig tiny = PresetConfig("tiny");
+  const ModelWeights base = MakeRandomModel(tiny, 7);
+  EXPECT_EQ(MakeRandomModel(tiny, 7, RandomModelScale{}).Get("lm_head.weight").data,
+            base.Get("lm_head.weight").data);
+  const ModelWeights d = MakeRandomModel(tiny, 7, RandomModelScale::Demanding());
+  auto ratio = [&](const std::string& name) {
+    return d.Get(name).data[3] / base.Get(name).data[3];
+  };
+  EXPECT_NEAR(ratio("model.layers.0.self_attn.q_proj.weight"), 5.0, 1e-5);  // sqrt(25)
+  EXPECT_NEAR(ratio("model.layers.1.self_attn.k_proj.weight"), 5.0, 1e-5);
+  EXPECT_NEAR(ratio("model.embed_tokens.weight") / 1e19, 1.0, 1e-6);
+  EXPECT_NEAR(ratio("model.layers.0.self_attn.o_proj.weight") / 1e19, 1.0, 1e-6);
+  EXPECT_NEAR(ratio("model.layers.1.mlp.down_proj.weight") / 1e19, 1.0, 1e-6);
+  EXPECT_NEAR(ratio("lm_head.weight"), 300.0, 1e-3);
+  EXPECT_EQ(d.Get("model.layers.0.self_attn.v_proj.weight").data,
+            base.Get("model.layers.0.self_attn.v_proj.weight").data);
+  EXPECT_EQ(d.Get("model.norm.weight").data, base.Get("model.norm.weight").data);
+  // Tied: the head is the embedding (x1e19), so the final norm's weight carries 300 / 1e19.
+  LlamaConfig tied = tiny;
+  tied.tie_word_embeddings = true;
+  const ModelWeights tb = MakeRandomModel(tied, 7);
+  const ModelWeights td = MakeRandomModel(tied, 7, RandomModelScale::Demanding());
+  EXPECT_NEAR(td.Get("model.norm.weight").data[0] / tb.Get("model.norm.weight").data[0] / 3e-17,
+              1.0, 1e-5);
+}
+
+// What the demanding scale achieves, measured like the default's statistics above (layer 0's
+// scores over the embedded prompt, and the head over the normalized prompt; Measure normalizes in
+// double): scores of std ~100 with a max |score| in the hundreds (float32 exp overflows past
+// 88.7), logits in the thousands, and embeddings whose float32 sum of squares overflows.
+TEST(RandomModelScale, DemandingReachesScoresInTheHundredsAndLogitsInTheThousands) {
+  for (bool tie : {false, true}) {
+    LlamaConfig c = PresetConfig("tiny");
+    c.tie_word_embeddings = tie;
+    const ModelWeights m = MakeRandomModel(c, 7, RandomModelScale::Demanding());
+    const Stats s = Measure(m, 32);
+    SCOPED_TRACE(::testing::Message() << (tie ? "tied" : "untied"));
+    EXPECT_GT(s.score_std, 60);  // designed: 4 x 25 = 100
+    EXPECT_LT(s.score_std, 160);
+    EXPECT_GT(s.logit_std, 500);  // designed: 3 x 300 = 900
+    EXPECT_LT(s.logit_std, 1400);
+    EXPECT_GT(s.logit_spread, 3000);
+    const Tensor& embed = m.Get("model.embed_tokens.weight");
+    float naive = 0;
+    for (int64_t i = 0; i < c.hidden_size; ++i) naive += embed.data[i] * embed.data[i];
+    if (!tie) EXPECT_TRUE(std::isinf(naive)) << "a float32 sum of squares of one embedding row";
+    std::cout << fmt::format("demanding tiny ({}): score std {:.1f}, logit std {:.0f}, spread {:.0f}, "
+                             "mean max attention {:.2f}\n",
+                             tie ? "tied" : "untied", s.score_std, s.logit_std, s.logit_spread,
+                             s.mean_max_attention);
+  }
 }
 
 // --- loading -------------------------------------------------------------------------------------

@@ -119,5 +119,28 @@ TEST(CompareRows, RefusesAnEmptyRow) {
   EXPECT_THROW(CompareRows(&x, &x, 0, 1e-4), InputError);
 }
 
+// The relative gate (demanding models): max(abs, rel * max |b|), with the scale taken from b, the
+// oracle row.
+TEST(CompareRows, RelativeToleranceScalesWithTheOracleRow) {
+  const std::vector<float> b = {-3000.0f, 1000.0f, 2.0f};
+  const std::vector<float> a = {-2999.5f, 1000.0f, 2.0f};  // off by 0.5: 1.7e-4 of 3000
+  EXPECT_FALSE(CompareRows(a.data(), b.data(), 3, 1e-4).within_tolerance);
+  const RowComparison c = CompareRows(a.data(), b.data(), 3, Tolerance(1e-4, 1e-3));
+  EXPECT_TRUE(c.within_tolerance);
+  EXPECT_DOUBLE_EQ(c.scale, 3000.0);
+  EXPECT_DOUBLE_EQ(c.gate, 3.0);
+  EXPECT_NEAR(c.relative_diff(), 0.5 / 3000.0, 1e-12);
+  EXPECT_FALSE(CompareRows(a.data(), b.data(), 3, Tolerance(1e-4, 1e-4)).within_tolerance);
+  // Small logits: the absolute part still holds.
+  const std::vector<float> small_b = {0.001f, 0.0f}, small_a = {0.00105f, 0.0f};
+  EXPECT_TRUE(CompareRows(small_a.data(), small_b.data(), 2, Tolerance(1e-4, 1e-3)).within_tolerance);
+  // NaN is never within, whatever the gate.
+  const std::vector<float> nan_a = {std::nanf(""), 1000.0f, 2.0f};
+  const RowComparison n = CompareRows(nan_a.data(), b.data(), 3, Tolerance(1e-4, 0.5));
+  EXPECT_FALSE(n.within_tolerance);
+  EXPECT_TRUE(std::isinf(n.relative_diff()));
+  EXPECT_EQ(Tolerance(1e-4, 1e-3).ToString(), "abs 1.0e-04 or rel 1.0e-03 of max |logit|");
+}
+
 }  // namespace
 }  // namespace kvdiff::harness

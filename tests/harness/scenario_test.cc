@@ -196,6 +196,47 @@ TEST(ScenarioParse, Llama2cModelErrorsNameTheField) {
   EXPECT_THAT(ModelError(R"("tiny")"), HasSubstr("{\"llama2c\": {\"checkpoint\": \"FILE.bin\""));
 }
 
+TEST(ScenarioParse, ModelScaleRoundTripsAndErrorsNameTheField) {
+  const Scenario a = ParseScenario(
+      R"({"model": {"preset": "tiny", "seed": 3, "scale": "demanding"}, "steps": [{"op": "reset"}]})");
+  EXPECT_EQ(a.model.scale, format::RandomModelScale::Demanding());
+  EXPECT_EQ(a.model.Describe(), "preset tiny, seed 3, scale demanding");
+  const Scenario b = ParseScenario(
+      R"({"model": {"preset": "tiny", "scale": {"scores": 4, "logits": 30}},
+          "tolerance": {"abs": 1e-4, "rel": 2e-5}, "steps": [{"op": "reset"}]})");
+  EXPECT_EQ(b.model.scale.scores, 4);
+  EXPECT_EQ(b.model.scale.activations, 1);
+  EXPECT_EQ(b.tolerance_rel, 2e-5);
+  for (const Scenario& sc : {a, b}) {
+    const Scenario back = ParseScenario(sc.ToJson().dump());
+    EXPECT_EQ(back.model.scale, sc.model.scale);
+    EXPECT_EQ(back.model.Describe(), sc.model.Describe());
+    EXPECT_EQ(back.tolerance_rel, sc.tolerance_rel);
+    EXPECT_EQ(ParseScenario(sc.ToText()).ToJson(), sc.ToJson());
+  }
+  EXPECT_FALSE(ParseScenario(R"({"model": {"preset": "tiny"}, "steps": [{"op": "reset"}]})")
+                   .ToJson()
+                   .at("model")
+                   .contains("scale"))
+      << "a default model's file does not change";
+  EXPECT_THAT(ModelError(R"({"preset": "tiny", "scale": "hard"})"),
+              HasSubstr("model.scale: expected \"default\", \"demanding\""));
+  EXPECT_THAT(ModelError(R"({"preset": "tiny", "scale": {"score": 2}})"),
+              HasSubstr("model.scale: unknown field \"score\" (expected one of: activations, "
+                        "logits, scores)"));
+  EXPECT_THAT(ModelError(R"({"preset": "tiny", "scale": {"scores": "2"}})"),
+              HasSubstr("model.scale.scores: expected a number, got"));
+  EXPECT_THAT(ModelError(R"({"preset": "tiny", "scale": {"logits": 0}})"),
+              HasSubstr("model.scale: logits must be a finite number > 0"));
+  EXPECT_THAT(ModelError(R"({"preset": "tiny", "scale": 3})"),
+              HasSubstr("model.scale: expected \"demanding\""));
+  EXPECT_THAT(ModelError(R"({"path": "m", "scale": "demanding"})"),
+              HasSubstr("model: unknown field \"scale\" (expected one of: path)"));
+  EXPECT_THAT(ParseError(R"({"model": {"preset": "tiny"}, "tolerance": {"rel": 2},
+                             "steps": [{"op": "reset"}]})"),
+              HasSubstr("tolerance.rel: expected a number >= 0 and < 1"));
+}
+
 TEST(ScenarioParse, ChunksMustSumToTheTokenCount) {
   EXPECT_EQ(StepsError(R"([{"op": "prefill", "tokens": [1, 2, 3, 4, 5], "chunks": [2, 2]}])"),
             "steps[0].chunks: sizes sum to 4 but tokens has 5");
@@ -252,7 +293,10 @@ TEST(ScenarioParse, TopLevelErrors) {
               HasSubstr("tolerance.abs: expected a finite number >= 0, got -1"));
   EXPECT_THAT(ParseError(R"({"model": {"preset": "tiny"}, "tolerance": {"rel": 1},
                               "steps": [{"op": "reset"}]})"),
-              HasSubstr("tolerance: unknown field \"rel\""));
+              HasSubstr("tolerance.rel: expected a number >= 0 and < 1"));
+  EXPECT_THAT(ParseError(R"({"model": {"preset": "tiny"}, "tolerance": {"rtol": 1e-3},
+                              "steps": [{"op": "reset"}]})"),
+              HasSubstr("tolerance: unknown field \"rtol\" (expected one of: abs, rel)"));
   EXPECT_THAT(ParseError(R"({"model": {"preset": "tiny"}, "backends": ["impl", "cuda"],
                               "steps": [{"op": "reset"}]})"),
               HasSubstr("backends[1]: unknown backend \"cuda\""));

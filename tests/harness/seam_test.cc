@@ -85,7 +85,7 @@ void RegisterScaled(const std::string& name, float scale) {
 }
 
 CampaignReport Campaign(const std::vector<std::string>& names, int64_t cases) {
-  const ModelSpec model{std::string("tiny"), 7, std::nullopt, std::nullopt};
+  const ModelSpec model{std::string("tiny"), 7, std::nullopt, std::nullopt, {}};
   auto weights = LoadModelFor(model);
   std::vector<std::unique_ptr<Backend>> owned;
   std::vector<const Backend*> backends;

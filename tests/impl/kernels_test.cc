@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
@@ -96,6 +97,28 @@ TEST(KernelsTest, RmsNormMatchesDoubleLoop) {
     for (int64_t i = 0; i < n; ++i) expected[r * n + i] = x[r * n + i] / std::sqrt(ms + eps) * w[i];
   }
   EXPECT_LT(MaxAbsDiff(out, expected), 1e-5);
+}
+
+// Hidden states of ~1e19 (make-model --scale demanding): each square is ~1e38, so a float32 sum of
+// n = 64 of them overflows to inf and a naive RMSNorm returns a row of zeros. The row itself and
+// its normalized values are ordinary float32 numbers.
+TEST(KernelsTest, RmsNormSurvivesASumOfSquaresBeyondFloat32) {
+  const int64_t n = 64;
+  const float eps = 1e-5f;
+  auto x = RandomVector(n, 6, 1.0f), w = RandomVector(n, 7);
+  for (float& v : x) v *= 1e19f;
+  float naive = 0;
+  for (float v : x) naive += v * v;
+  ASSERT_TRUE(std::isinf(naive)) << "the test needs a row whose float32 sum of squares overflows";
+  std::vector<float> out(n);
+  RmsNorm(x.data(), w.data(), 1, n, eps, out.data());
+  double ms = 0;
+  for (float v : x) ms += static_cast<double>(v) * v;
+  ms /= n;
+  std::vector<double> expected(n);
+  for (int64_t i = 0; i < n; ++i) expected[i] = x[i] / std::sqrt(ms + eps) * w[i];
+  EXPECT_LT(MaxAbsDiff(out, expected), 1e-5);
+  EXPECT_GT(*std::max_element(out.begin(), out.end()), 0.1f) << "the row normalized to zeros";
 }
 
 TEST(KernelsTest, SoftmaxMatchesDoubleLoopAndSurvivesLargeScores) {

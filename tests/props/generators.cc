@@ -25,12 +25,13 @@ T Pick(const std::vector<T>& options) {  // uniform choice, shrinks to options[0
 }  // namespace
 
 std::shared_ptr<const format::ModelWeights> ModelCase::MakeWeights() const {
-  return std::make_shared<const format::ModelWeights>(format::MakeRandomModel(config, seed));
+  return std::make_shared<const format::ModelWeights>(format::MakeRandomModel(config, seed, scale));
 }
 
 std::ostream& operator<<(std::ostream& os, const ModelCase& model) {
   if (!model.preset.empty()) os << model.preset << " ";
   os << "model(" << harness::ShapeParams(model.config);
+  if (!model.scale.IsDefault()) os << ", scale=" << model.scale.ToString();
   return os << fmt::format(", seed={})", model.seed);
 }
 
@@ -60,6 +61,13 @@ rc::Gen<ModelCase> GenSmallModel() {
     c.bos_token_id = 1;
     c.eos_token_id = 2;
     model.seed = *rc::gen::inRange<uint64_t>(0, 1u << 20);
+    return model;
+  });
+}
+
+rc::Gen<ModelCase> GenDemandingModel() {
+  return rc::gen::map(GenSmallModel(), [](ModelCase model) {
+    model.scale = format::RandomModelScale::Demanding();
     return model;
   });
 }

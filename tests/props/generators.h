@@ -23,6 +23,7 @@ struct ModelCase {
   format::LlamaConfig config;
   uint64_t seed = 0;
   std::string preset;  // "" for a generated shape, else the preset name
+  format::RandomModelScale scale;  // GenDemandingModel: RandomModelScale::Demanding()
 
   int64_t Capacity() const { return config.max_position_embeddings; }
   std::shared_ptr<const format::ModelWeights> MakeWeights() const;
@@ -38,6 +39,10 @@ std::ostream& operator<<(std::ostream& os, const ModelCase& model);
 // (harness/shape_generator.h: GQA ratios up to 8, head_dim up to 128, longer contexts), kept
 // smaller so that the properties' hundreds of cases per test stay fast and shrink well.
 rc::Gen<ModelCase> GenSmallModel();
+// GenSmallModel's shapes with the demanding scale (make-model --scale demanding): attention scores
+// in the hundreds, hidden states whose float32 sum of squares overflows, logits in the thousands.
+// Compare on them with a relative gate (properties.h, kDemandingRtol).
+rc::Gen<ModelCase> GenDemandingModel();
 // A fixed preset ("tiny", "smollm2-135m") with random weights from a generated seed.
 rc::Gen<ModelCase> GenPresetModel(const std::string& preset);
 

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "harness/backend.h"
+#include "harness/compare.h"
 #include "tests/props/generators.h"
 
 namespace kvdiff::props {
@@ -21,6 +22,10 @@ namespace kvdiff::props {
 // The gate of design.md: max |a - b| <= 1e-4 on logits. Cached and uncached f32 differ by ~1e-6
 // (summation order only), and a wrong position or a stale key moves logits by far more.
 constexpr double kTolerance = 1e-4;
+// On demanding models (GenDemandingModel, logits in the thousands) the gate is also relative:
+// max |a - b| <= kDemandingRtol * max |logit| of the oracle row, the campaign's default
+// (harness/demanding.h) for the same reason.
+constexpr double kDemandingRtol = 1e-3;
 
 using BackendFactory =
     std::function<std::unique_ptr<harness::Backend>(std::shared_ptr<const format::ModelWeights>)>;
@@ -31,7 +36,8 @@ struct Target {
   BackendFactory system;
   BackendFactory oracle;  // optional: another implementation (impl == ref, or a mutant vs impl)
   rc::Gen<ModelCase> models = GenSmallModel();
-  double tolerance = kTolerance;
+  // The gate; a demanding model (GenDemandingModel) adds a relative part (kDemandingRtol).
+  harness::Tolerance tolerance = kTolerance;
   // Positions a case may use: the model's max_position_embeddings, capped here for presets whose
   // context (512, 8192) would make a case take seconds instead of milliseconds. 0: no cap.
   int64_t max_positions = 0;
@@ -79,7 +85,9 @@ void StatefulProperty(const Target& target);
 // Rows [row0, row0 + rows) of got against rows [want_row0, ...) of want: NaN/inf first, then max
 // |a - b| <= tolerance; on failure RC_FAIL with what, the position, both argmaxes and the error.
 void AssertRowsClose(const Logits& got, int64_t got_row0, const Logits& want, int64_t want_row0,
-                     int64_t rows, double tolerance, const std::string& what);
+                     int64_t rows, const harness::Tolerance& tolerance, const std::string& what);
 Token Argmax(const Logits& logits, int64_t row);
+// The gate of row `row` of the oracle's logits (harness::Tolerance): abs, or rel of its max |logit|.
+double RowGate(const harness::Tolerance& tolerance, const Logits& want, int64_t row);
 
 }  // namespace kvdiff::props

@@ -20,6 +20,8 @@
 #include "harness/campaign.h"
 #include "harness/registry.h"
 #include "harness/report.h"
+#include "harness/demanding.h"
+#include "tests/test_support.h"
 #include "tests/props/scalar_llama.h"
 
 namespace kvdiff::props {
@@ -129,39 +131,53 @@ TEST_F(ReachTest, EveryReachMutantIsCaughtByTheDefaultCampaign) {
   std::cout.flush();
 }
 
-// A numerically demanding model: tiny with its q and k projections scaled by kQkScale, so the
-// attention scores (scale^2 larger) reach the hundreds. A softmax that forgets the row max is
-// exact on small scores and overflows on these; on the tiny model as it is, no campaign sees it.
-constexpr float kQkScale = 8;
-
-std::shared_ptr<const format::ModelWeights> ScaledQk(const format::ModelWeights& w) {
-  auto scaled = std::make_shared<format::ModelWeights>(w);
-  for (auto& [name, tensor] : scaled->tensors) {
-    if (name.find("q_proj") == std::string::npos && name.find("k_proj") == std::string::npos)
-      continue;
-    for (float& x : tensor.data) x *= kQkScale;
+// Faults right only for O(1) numbers (a softmax without the row max, a float32 sum of squares in
+// RMSNorm) through the DEFAULT `kvdiff check` campaign as RunCampaign runs it: the ordinary cases
+// with the mutant beside impl, and the demanding part (harness/demanding.h, its default fraction
+// and relative gate) with the mutant rebuilt over the demanding variant of the model, beside impl
+// and ref64 (when built). The ordinary cases must all pass (the fault is invisible there) and the
+// demanding part must fail.
+TEST_F(ReachTest, NumericFaultsAreCaughtByTheDefaultCampaignsDemandingPartOnly) {
+  harness::DemandingPart part;
+  part.model = *harness::DemandingVariant(model_);
+  auto demanding_weights = harness::LoadModelFor(part.model);
+  auto demanding_impl = harness::MakeBackend("impl", demanding_weights, 1);
+  std::unique_ptr<harness::Backend> demanding_ref64;
+  if (harness::BackendRegistry::Global().Has("ref64"))
+    demanding_ref64 = harness::MakeBackend("ref64", demanding_weights, 1);
+  for (Fault fault : {Fault::kSoftmaxWithoutMax, Fault::kNaiveFloat32RmsNorm}) {
+    const auto mutant = MakeScalarBackend(weights_, fault);
+    const auto demanding_mutant = MakeScalarBackend(demanding_weights, fault);
+    part.backends = {mutant->Name(), "impl"};
+    part.jobs = {{demanding_mutant.get(), demanding_impl.get()}};
+    if (demanding_ref64) {
+      part.backends.push_back("ref64");
+      part.jobs[0].push_back(demanding_ref64.get());
+    }
+    testing::TempDir out;
+    harness::CampaignOptions options;
+    options.cases = kDefaultCampaignCases;
+    options.out_dir = out.path();
+    options.demanding = part;
+    const harness::CampaignReport report =
+        harness::RunCampaign(model_, {mutant.get(), impl_.get()}, options);
+    int64_t first = -1, ordinary_failures = 0;
+    std::string failure;
+    for (const harness::CaseResult& r : report.results) {
+      if (r.passed) continue;
+      if (!r.demanding) ++ordinary_failures;
+      if (first < 0) {
+        first = r.index;
+        failure = r.failure;
+      }
+    }
+    EXPECT_EQ(ordinary_failures, 0) << FaultName(fault) << " fails ordinary cases: " << failure;
+    EXPECT_GT(report.demanding.failures, 0) << FaultName(fault) << " not caught";
+    std::cout << fmt::format("{:<28} demanding part: {} of {} demanding cases failed (of {}); "
+                             "first: case {}: {}\n",
+                             FaultName(fault), report.demanding.failures, report.demanding.cases,
+                             report.results.size(), first, failure);
   }
-  return scaled;
-}
-
-TEST_F(ReachTest, SoftmaxWithoutMaxIsCaughtOnADemandingModelOnly) {
-  auto plain = MakeScalarBackend(weights_, Fault::kSoftmaxWithoutMax);
-  EXPECT_LT(RunDefaultCampaign(*plain, 20).case_index, 0)
-      << "on small scores the fault is invisible (the reason for demanding models)";
-  // On the demanding model each scalar model runs alone against its own ForwardFull: impl, in
-  // float32, does not hold its own cached rows within the absolute 1e-4 there (scores of this size
-  // amplify float32 rounding), which is why such models want a tolerance relative to their scale.
-  weights_ = ScaledQk(*weights_);
-  const auto correct = MakeScalarBackend(weights_);
-  const Caught wrong = RunDefaultCampaign(*correct, 20, /*with_impl=*/false);
-  EXPECT_LT(wrong.case_index, 0) << "the correct scalar model fails on the demanding model: case "
-                                 << wrong.case_index << ": " << wrong.failure;
-  const auto mutant = MakeScalarBackend(weights_, Fault::kSoftmaxWithoutMax);
-  const Caught caught = RunDefaultCampaign(*mutant, kDefaultCampaignCases, /*with_impl=*/false);
-  ASSERT_GE(caught.case_index, 0) << "softmax without max not caught on the demanding model";
-  std::cout << fmt::format("{:<28} {:>5} {:>6}  {}\n    steps: {}\n", "softmax-without-max",
-                           fmt::format("qk*{}", kQkScale), caught.case_index, caught.failure,
-                           StepsText(caught.scenario));
 }
 
 // The mutant at 200 must be a real test of the long tail: 200 is neither declared by a backend

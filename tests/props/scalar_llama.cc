@@ -46,6 +46,8 @@ std::string FaultName(Fault fault) {
       return "realloc-loses-rows";
     case Fault::kSoftmaxWithoutMax:
       return "softmax-without-max";
+    case Fault::kNaiveFloat32RmsNorm:
+      return "naive-float32-rmsnorm";
   }
   return "?";
 }
@@ -112,7 +114,13 @@ ScalarCache ScalarLlama::NewCache() const {
 
 ScalarLlama::Vec ScalarLlama::RmsNorm(const Vec& x, const float* weight) const {
   double sum_sq = 0;
-  for (float v : x) sum_sq += static_cast<double>(v) * v;
+  if (fault_ == Fault::kNaiveFloat32RmsNorm) {
+    float sum = 0;
+    for (float v : x) sum += v * v;
+    sum_sq = sum;
+  } else {
+    for (float v : x) sum_sq += static_cast<double>(v) * v;
+  }
   const double scale = 1.0 / std::sqrt(sum_sq / x.size() + config().rms_norm_eps);
   Vec y(x.size());
   for (size_t i = 0; i < x.size(); ++i) y[i] = static_cast<float>(x[i] * scale) * weight[i];

@@ -34,6 +34,8 @@ enum class Fault {
                           // first P: rows P..2P-1 are lost (zeroed) at the second growth
   kSoftmaxWithoutMax,     // softmax in float32 as exp(s) / sum exp(s), without subtracting the
                           // row max: right while scores are small, inf/NaN once one passes ~88
+  kNaiveFloat32RmsNorm,   // RMSNorm's sum of squares in float32: right while hidden states are
+                          // O(1), inf (a row of zeros) once the sum passes 3.4e38
 };
 std::string FaultName(Fault fault);
 

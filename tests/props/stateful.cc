@@ -46,7 +46,7 @@ struct Conversations {  // the model
 struct Sessions {  // the system under test
   const harness::Backend* backend = nullptr;
   std::vector<std::unique_ptr<harness::BackendSession>> sessions;
-  double tolerance = kTolerance;
+  harness::Tolerance tolerance = kTolerance;
 };
 
 using Command = rc::state::Command<Conversations, Sessions>;
