@@ -63,11 +63,14 @@ static void matmul(float* out, const float* x, const float* w, int64_t rows, int
   }
 }
 
-/* 2. RMSNorm: x * rsqrt(mean(x^2) + eps), then times the weight. */
+/* 2. RMSNorm: x * rsqrt(mean(x^2) + eps), then times the weight. The squares are summed in double:
+ * in float32 the sum overflows to inf (and the row normalizes to 0) once the row's RMS passes
+ * ~1.8e19 / sqrt(n), while x itself is still far inside float32's range; kvdiff check's demanding
+ * cases (make-model --scale demanding) build such hidden states. */
 static void rmsnorm(float* out, const float* x, const float* weight, int64_t n, float eps) {
-  float ss = 0.0f;
-  for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
-  const float inv_rms = 1.0f / sqrtf(ss / (float)n + eps);
+  double ss = 0.0;
+  for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+  const float inv_rms = (float)(1.0 / sqrt(ss / (double)n + eps));
   for (int64_t i = 0; i < n; i++) out[i] = (x[i] * inv_rms) * weight[i];
 }
 

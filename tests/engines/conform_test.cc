@@ -201,7 +201,9 @@ TEST(ConformCli, ReproAllOnStories260KThroughLlamaCpp) {
 // impl through the library call: the suite needs nothing but the Backend interface.
 TEST(Conform, ImplConformsAgainstItself) {
   using namespace harness;
-  const ModelSpec model{std::string("tiny"), 7, std::nullopt, std::nullopt, {}};
+  ModelSpec model;
+  model.preset = "tiny";
+  model.seed = 7;
   auto weights = LoadModelFor(model);
   auto impl = MakeBackend("impl", weights, 1);
   ConformOptions options;
@@ -214,7 +216,9 @@ TEST(Conform, ImplConformsAgainstItself) {
 
 TEST(Conform, TheCapacityCheckIsSkippedAboveItsFillLimitSayingWhy) {
   using namespace harness;
-  const ModelSpec model{std::string("tiny"), 7, std::nullopt, std::nullopt, {}};
+  ModelSpec model;
+  model.preset = "tiny";
+  model.seed = 7;
   auto weights = LoadModelFor(model);
   auto impl = MakeBackend("impl", weights, 1);
   ConformOptions options;

@@ -85,7 +85,9 @@ void RegisterScaled(const std::string& name, float scale) {
 }
 
 CampaignReport Campaign(const std::vector<std::string>& names, int64_t cases) {
-  const ModelSpec model{std::string("tiny"), 7, std::nullopt, std::nullopt, {}};
+  ModelSpec model;
+  model.preset = "tiny";
+  model.seed = 7;
   auto weights = LoadModelFor(model);
   std::vector<std::unique_ptr<Backend>> owned;
   std::vector<const Backend*> backends;
