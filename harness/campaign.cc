@@ -127,13 +127,13 @@ std::string CampaignReport::Demanding::Text() const {
   return out + fmt::format(
                    "demanding part: {} cases on {} ({}), gate max |a-b| <= {} x max |logit| of "
                    "the row; {} failed, worst {} of max |logit|\n",
-                   cases, model.Describe(), fmt::join(backends, ","), FormatDiff(rtol), failures,
+                   cases, model, fmt::join(backends, ","), FormatDiff(rtol), failures,
                    FormatDiff(worst_relative_diff));
 }
 
 nlohmann::json CampaignReport::Demanding::ToJson() const {
   if (!skipped.empty()) return {{"skipped", skipped}, {"notes", notes}};
-  return {{"model", model.Describe()},
+  return {{"model", model},
           {"backends", backends},
           {"fraction", fraction},
           {"rtol", rtol},
@@ -294,7 +294,7 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model,
                                  ? demanding.skipped
                                  : "--demanding-fraction 0";
   report.demanding.notes = demanding.notes;
-  report.demanding.model = demanding.model;
+  report.demanding.model = demanding.model.Describe();
   report.demanding.backends = demanding.backends;
   report.demanding.fraction = demanding.options.fraction;
   report.demanding.rtol = demanding.options.rtol;

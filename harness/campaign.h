@@ -76,7 +76,7 @@ struct CampaignReport {
   struct Demanding {
     std::string skipped;
     std::vector<std::string> notes;
-    ModelSpec model;
+    std::string model;  // ModelSpec::Describe() of the demanding variant
     std::vector<std::string> backends;
     double fraction = 0, rtol = 0;
     int64_t cases = 0, failures = 0;

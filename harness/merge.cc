@@ -194,6 +194,21 @@ MergedCampaign MergeCampaignReports(const std::vector<std::pair<std::string, jso
   m.report["worst_diff"] = Number(c.worst_diff);
   m.report["seconds"] = c.seconds;
   MergeDemandingPart(results, m.report);
+  if (m.report.contains("demanding")) {  // the summary's line, as the campaign prints it
+    const json& d = m.report["demanding"];
+    c.demanding.skipped = d.value("skipped", "");
+    c.demanding.notes = d.value("notes", std::vector<std::string>{});
+    c.demanding.model = d.value("model", "");
+    c.demanding.backends = d.value("backends", std::vector<std::string>{});
+    c.demanding.fraction = d.value("fraction", 0.0);
+    c.demanding.rtol = d.value("rtol", 0.0);
+    c.demanding.cases = d.value("cases", int64_t{0});
+    c.demanding.failures = d.value("failures", int64_t{0});
+    c.demanding.worst_relative_diff =
+        d.contains("worst_relative_diff") && !d.at("worst_relative_diff").is_null()
+            ? d.at("worst_relative_diff").get<double>()
+            : 0.0;
+  }
   m.report["results"] = std::move(results);
   if (coverage) m.report["coverage"] = coverage->ToJson();
   m.report["merge"] = {{"shards", first.shard.count},
