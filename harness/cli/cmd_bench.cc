@@ -66,26 +66,29 @@ std::vector<std::string> ParseBackends(const std::string& text) {
   return out;
 }
 
-// "BF16 on disk" for a model directory; a preset's random weights are float32 values.
-std::string OnDisk(const bench::ModelSource& source) {
-  if (!source.dir) return "float32 weights";
-  std::vector<std::string> dtypes;
-  for (const auto& [dtype, count] : format::InspectModel(*source.dir).tensors_by_dtype) {
-    dtypes.push_back(dtype);
-  }
-  return fmt::format("{} on disk", fmt::join(dtypes, "+"));
+// The dtypes of a model directory's tensors ("BF16" -> count), read once; empty for a preset,
+// whose random weights are float32 values.
+std::map<std::string, int64_t> DiskDtypes(const bench::ModelSource& source) {
+  if (!source.dir) return {};
+  return format::InspectModel(*source.dir).tensors_by_dtype;
+}
+
+// "BF16 on disk" for a model directory; "float32 weights" for a preset.
+std::string OnDisk(const std::map<std::string, int64_t>& dtypes) {
+  if (dtypes.empty()) return "float32 weights";
+  std::vector<std::string> names;
+  for (const auto& [dtype, count] : dtypes) names.push_back(dtype);
+  return fmt::format("{} on disk", fmt::join(names, "+"));
 }
 
 // Bytes per weight value impl's default storage reads: 2 for a checkpoint stored entirely in bf16
 // or f16 (impl keeps those matrices in 16 bits, see impl::WeightStorage), else 4.
-int ImplBytesPerWeight(const bench::ModelSource& source) {
-  if (!source.dir) return 4;
-  const auto by_dtype = format::InspectModel(*source.dir).tensors_by_dtype;
-  const bool sixteen = !by_dtype.empty() && std::all_of(by_dtype.begin(), by_dtype.end(),
-                                                        [](const auto& entry) {
-                                                          return entry.first == "BF16" ||
-                                                                 entry.first == "F16";
-                                                        });
+int ImplBytesPerWeight(const std::map<std::string, int64_t>& dtypes) {
+  const bool sixteen = !dtypes.empty() && std::all_of(dtypes.begin(), dtypes.end(),
+                                                      [](const auto& entry) {
+                                                        return entry.first == "BF16" ||
+                                                               entry.first == "F16";
+                                                      });
   return sixteen ? 2 : 4;
 }
 
@@ -121,8 +124,9 @@ void RunFigures(const BenchArgs& args, const bench::ModelSource& source,
   const double weight_mb = bench::WeightBytes(config) / 1e6;
   const double decode_mb = bench::DecodeWeightBytes(config) / 1e6;
   const double load_before = bench::LoadAverage1();
+  const std::map<std::string, int64_t> dtypes = DiskDtypes(source);
   fmt::print("kvdiff bench: {}, {}, {} threads, {} ({} cores)\n", source.Describe(),
-             OnDisk(source), threads, CpuName(), std::thread::hardware_concurrency());
+             OnDisk(dtypes), threads, CpuName(), std::thread::hardware_concurrency());
   fmt::print("weights {:.1f} MB in memory; a decode step reads {:.1f} MB of them\n", weight_mb,
              decode_mb);
   fmt::print("1-minute load average before: {:.2f}\n", load_before);
@@ -229,7 +233,7 @@ void RunFigures(const BenchArgs& args, const bench::ModelSource& source,
     const bench::BackendFigures& f = figures["impl"];
     // The fractions were measured against a read of the float32 weights; a 16-bit impl reads
     // half those bytes a step, so its own limit is twice as fast (read time scales with bytes).
-    const double own = ImplBytesPerWeight(source) / 4.0;
+    const double own = ImplBytesPerWeight(dtypes) / 4.0;
     const double fraction = f.decode_fraction_ctx64 * own;
     out["impl_decode_fraction_of_limit"] = fraction;
     out["impl_decode_fraction_of_limit_ctx512"] = f.decode_fraction_ctx512 * own;
