@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <vector>
@@ -59,26 +60,42 @@ BENCHMARK(BM_MatVec)
     ->Unit(benchmark::kMicrosecond);
 
 // As MatVec, but each call reads the next of enough copies of W to fill 256 MB, far beyond the
-// caches: the weights come from DRAM, as in a decode step (which reads each weight once).
+// caches: the weights come from DRAM, as in a decode step (which reads each weight once). Args
+// {rows, threads, bf16}: bf16 1 stores W as bf16 (half the bytes; Bytes/s counts those read).
 void BM_MatVecCold(benchmark::State& state) {
   const int64_t rows = state.range(0);
   ThreadPool& pool = Pool(static_cast<int>(state.range(1)));
-  const int64_t floats = rows * kHidden;
-  const int64_t copies = std::max<int64_t>(1, (int64_t{256} << 20) / (floats * 4));
-  const std::vector<float> w = Values(copies * floats, 1), x = Values(kHidden, 2);
+  const bool bf16 = state.range(2) != 0;
+  const int64_t values = rows * kHidden;
+  const int64_t bytes = values * (bf16 ? 2 : 4);
+  const int64_t copies = std::max<int64_t>(1, (int64_t{256} << 20) / bytes);
+  const std::vector<float> w = Values(bf16 ? values : copies * values, 1), x = Values(kHidden, 2);
+  std::vector<uint16_t> half;
+  if (bf16) {  // the top halves of copies of w (the kernel widens them; their values don't matter)
+    half.resize(copies * values);
+    for (int64_t i = 0; i < copies * values; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &w[i % values], sizeof(bits));
+      half[i] = static_cast<uint16_t>(bits >> 16);
+    }
+  }
   std::vector<float> y(rows);
   int64_t next = 0;
   for (auto _ : state) {
-    const WeightView view{w.data() + next * floats, rows, kHidden};
+    WeightView view{w.data() + (bf16 ? 0 : next * values), rows, kHidden};
+    if (bf16) {
+      view.half = half.data() + next * values;
+      view.dtype = WeightDtype::kBF16;
+    }
     Linear(pool, x.data(), 1, view, y.data());
     benchmark::DoNotOptimize(y.data());
     next = (next + 1) % copies;
   }
-  state.SetBytesProcessed(state.iterations() * floats * 4);
+  state.SetBytesProcessed(state.iterations() * bytes);
 }
 BENCHMARK(BM_MatVecCold)
-    ->ArgNames({"rows", "threads"})
-    ->ArgsProduct({{576, 1536, 49152}, {1, 2}})
+    ->ArgNames({"rows", "threads", "bf16"})
+    ->ArgsProduct({{576, 1536, 49152}, {1, 2}, {0, 1}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -259,33 +259,35 @@ TEST(KernelsTest, GemmTileGivesTheBitsOfTheScalarOracle) {
 }
 
 // Linear on a 16-bit view gives the bits of Linear on the float32 values it holds, on the rows
-// path (1..8 rows) and the GEMM path, for any thread count.
+// path (1..8 rows) and the GEMM path, for any thread count: 70 output rows (groups of four and a
+// remainder in the decode kernels), 75 inputs (two 32-wide blocks and a tail) or 64 (no tail).
 TEST(KernelsTest, LinearOn16BitWeightsGivesTheBitsOfFloat32Weights) {
-  const int64_t in = 75, out = 70;
-  for (auto [dtype, wdtype] : {std::pair{format::DType::kBF16, WeightDtype::kBF16},
-                               std::pair{format::DType::kF16, WeightDtype::kF16}}) {
-    auto w = RandomVector(out * in, 60, 0.1f);
-    std::vector<uint16_t> bits(w.size());
-    for (size_t i = 0; i < w.size(); ++i) {
-      w[i] = format::RoundToDType(w[i], dtype);
-      ASSERT_TRUE(NarrowExact(w[i], wdtype, &bits[i]));
-    }
-    const WeightView f32{w.data(), out, in};
-    const WeightView half{nullptr, out, in, bits.data(), wdtype};
-    for (int threads : {1, 2, 3}) {
-      ThreadPool pool(threads);
-      for (int64_t s : {1, 2, 5, 8, 9, 40}) {
-        auto x = RandomVector(s * in, 61 + s);
-        std::vector<float> a(s * out), b(s * out);
-        Linear(pool, x.data(), s, f32, a.data());
-        Linear(pool, x.data(), s, half, b.data());
-        ASSERT_EQ(a, b) << "s=" << s << " threads=" << threads;
-        std::vector<float> row(in);
-        WidenRow(half, 3, row.data());
-        ASSERT_EQ(row, std::vector<float>(w.begin() + 3 * in, w.begin() + 4 * in));
+  const int64_t out = 70;
+  for (int64_t in : {75, 64})
+    for (auto [dtype, wdtype] : {std::pair{format::DType::kBF16, WeightDtype::kBF16},
+                                 std::pair{format::DType::kF16, WeightDtype::kF16}}) {
+      auto w = RandomVector(out * in, 60, 0.1f);
+      std::vector<uint16_t> bits(w.size());
+      for (size_t i = 0; i < w.size(); ++i) {
+        w[i] = format::RoundToDType(w[i], dtype);
+        ASSERT_TRUE(NarrowExact(w[i], wdtype, &bits[i]));
+      }
+      const WeightView f32{w.data(), out, in};
+      const WeightView half{nullptr, out, in, bits.data(), wdtype};
+      for (int threads : {1, 2, 3}) {
+        ThreadPool pool(threads);
+        for (int64_t s : {1, 2, 5, 8, 9, 40}) {
+          auto x = RandomVector(s * in, 61 + s);
+          std::vector<float> a(s * out), b(s * out);
+          Linear(pool, x.data(), s, f32, a.data());
+          Linear(pool, x.data(), s, half, b.data());
+          ASSERT_EQ(a, b) << "s=" << s << " threads=" << threads;
+          std::vector<float> row(in);
+          WidenRow(half, 3, row.data());
+          ASSERT_EQ(row, std::vector<float>(w.begin() + 3 * in, w.begin() + 4 * in));
+        }
       }
     }
-  }
 }
 
 // LinearMany (Q, K, V in one region) gives each output the bits of its own Linear call, on both
