@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -56,6 +57,16 @@ inline float Exp(float x) {
   return p * scale;
 }
 
+// The fixed tree every reduction here ends with: acc[j] += acc[j + width] for width = kLanes / 2,
+// ..., 1; returns acc[0]. The same tree wherever a sum is taken gives the same bits.
+template <int kLanes>
+float FoldLanes(float* acc) {
+  for (int width = kLanes / 2; width >= 1; width /= 2) {
+    for (int j = 0; j < width; ++j) acc[j] += acc[j + width];
+  }
+  return acc[0];
+}
+
 // Reductions with 16 interleaved partial sums (vectorizable without reassociation flags).
 float Sum(const float* x, int64_t n) {
   constexpr int kLanes = 16;
@@ -65,10 +76,7 @@ float Sum(const float* x, int64_t n) {
     for (int j = 0; j < kLanes; ++j) acc[j] += x[i + j];
   }
   for (int j = 0; i < n; ++i, ++j) acc[j] += x[i];
-  for (int width = kLanes / 2; width >= 1; width /= 2) {
-    for (int j = 0; j < width; ++j) acc[j] += acc[j + width];
-  }
-  return acc[0];
+  return FoldLanes<kLanes>(acc);
 }
 
 float Max(const float* x, int64_t n) {
@@ -95,10 +103,7 @@ float Dot(const float* __restrict a, const float* __restrict b, int64_t n) {
     for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
   }
   for (int j = 0; i < n; ++i, ++j) acc[j] += a[i] * b[i];
-  for (int width = kLanes / 2; width >= 1; width /= 2) {
-    for (int j = 0; j < width; ++j) acc[j] += acc[j + width];
-  }
-  return acc[0];
+  return FoldLanes<kLanes>(acc);
 }
 
 namespace {
@@ -244,44 +249,12 @@ void DotRows(const typename Load::T* __restrict w, const float* __restrict x, in
     const float wi = Load::Get(w + i);
     for (int n = 0; n < N; ++n) acc[n][j] += wi * x[n * x_stride + i];
   }
-  for (int n = 0; n < N; ++n) {
-    for (int width = kLanes / 2; width >= 1; width /= 2) {
-      for (int j = 0; j < width; ++j) acc[n][j] += acc[n][j + width];
-    }
-    out[n * out_stride] = acc[n][0];
-  }
-}
-
-// Dots of R consecutive weight rows w, w + w_stride, ... with one input row x: out[r] =
-// Dot(w_r, x, cols), each summed in exactly Dot's order. The decode matrix-vector product: one
-// row alone is 2 vector chains of adds, bound by their latency; R rows at once are 2R independent
-// chains, so the loop waits on memory, as a matrix-vector product should, not on the adder.
-template <int R, class Load = LoadF32>
-void DotWeightRows(const typename Load::T* __restrict w, int64_t w_stride,
-                   const float* __restrict x, int64_t cols, float* out) {
-  constexpr int kLanes = 32;
-  float acc[R][kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= cols; i += kLanes) {
-    for (int r = 0; r < R; ++r) {
-      const typename Load::T* wr = w + r * w_stride;
-      PrefetchLanesAhead<typename Load::T, kLanes>(wr + i);
-      for (int j = 0; j < kLanes; ++j) acc[r][j] += Load::Get(wr + i + j) * x[i + j];
-    }
-  }
-  for (int j = 0; i < cols; ++i, ++j) {
-    for (int r = 0; r < R; ++r) acc[r][j] += Load::Get(w + r * w_stride + i) * x[i];
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int width = kLanes / 2; width >= 1; width /= 2) {
-      for (int j = 0; j < width; ++j) acc[r][j] += acc[r][j + width];
-    }
-    out[r] = acc[r][0];
-  }
+  for (int n = 0; n < N; ++n) out[n * out_stride] = FoldLanes<kLanes>(acc[n]);
 }
 
 #if defined(__AVX512F__)
-// DotWeightRows<R, LoadBF16>, bit for bit, with the widening at one operation per 16 weights.
+// DotWeightRows<R, LoadBF16> (which calls it), bit for bit, with the widening at one operation per
+// 16 weights.
 // A 64-byte load holds 32 bf16 weights: weight 2k in the low half of 32-bit lane k, weight 2k + 1
 // in its high half. Shifting every lane left by 16 gives weights 0, 2, ..., 30 as float32; masking
 // off the low halves gives weights 1, 3, ..., 31. The accumulators keep that split (Dot's even
@@ -325,13 +298,38 @@ void DotWeightRowsBF16(const uint16_t* __restrict w, int64_t w_stride, const flo
     _mm512_storeu_ps(acc + 16, _mm512_permutex2var_ps(even[r], interleave_hi, odd[r]));
     const uint16_t* wr = w + r * w_stride;
     for (int64_t t = i, j = 0; t < cols; ++t, ++j) acc[j] += LoadBF16::Get(wr + t) * x[t];
-    for (int width = kLanes / 2; width >= 1; width /= 2) {
-      for (int j = 0; j < width; ++j) acc[j] += acc[j + width];
-    }
-    out[r] = acc[0];
+    out[r] = FoldLanes<kLanes>(acc);
   }
 }
 #endif
+
+// Dots of R consecutive weight rows w, w + w_stride, ... with one input row x: out[r] =
+// Dot(w_r, x, cols), each summed in exactly Dot's order. The decode matrix-vector product: one
+// row alone is 2 vector chains of adds, bound by their latency; R rows at once are 2R independent
+// chains, so the loop waits on memory, as a matrix-vector product should, not on the adder.
+template <int R, class Load = LoadF32>
+void DotWeightRows(const typename Load::T* __restrict w, int64_t w_stride,
+                   const float* __restrict x, int64_t cols, float* out) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<Load, LoadBF16>) {
+    return DotWeightRowsBF16<R>(w, w_stride, x, cols, out);
+  }
+#endif
+  constexpr int kLanes = 32;
+  float acc[R][kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= cols; i += kLanes) {
+    for (int r = 0; r < R; ++r) {
+      const typename Load::T* wr = w + r * w_stride;
+      PrefetchLanesAhead<typename Load::T, kLanes>(wr + i);
+      for (int j = 0; j < kLanes; ++j) acc[r][j] += Load::Get(wr + i + j) * x[i + j];
+    }
+  }
+  for (int j = 0; i < cols; ++i, ++j) {
+    for (int r = 0; r < R; ++r) acc[r][j] += Load::Get(w + r * w_stride + i) * x[i];
+  }
+  for (int r = 0; r < R; ++r) out[r] = FoldLanes<kLanes>(acc[r]);
+}
 
 }  // namespace
 
@@ -387,8 +385,13 @@ void RowsOfOne(const float* x, int64_t s, const typename Load::T* wr, int64_t ro
 
 // y[r .. r + n) of one output for a single input row (decode), R weight rows at a time. Float32
 // rows go four at a time (hot 576 x 576 on one core: 50 -> 37 us); f16 rows one at a time, where
-// four measured slower with the compiler's widening; bf16 rows go four at a time by the split-lane
-// kernel (DecodeRowsBF16) where the build has AVX-512.
+// four measured slower with the compiler's widening; bf16 rows four at a time where the build has
+// AVX-512 (the split-lane kernel), else one.
+#if defined(__AVX512F__)
+constexpr int kBF16DecodeRows = 4;
+#else
+constexpr int kBF16DecodeRows = 1;
+#endif
 template <class Load, int R>
 void DecodeRows(const float* x, const typename Load::T* w, int64_t cols, int64_t r, int64_t n,
                 float* y) {
@@ -397,29 +400,12 @@ void DecodeRows(const float* x, const typename Load::T* w, int64_t cols, int64_t
   for (; i < n; ++i) DotWeightRows<1, Load>(w + (r + i) * cols, cols, x, cols, y + r + i);
 }
 
-#if defined(__AVX512F__)
-// The bf16 rows four at a time by the split-lane kernel above.
-void DecodeRowsBF16(const float* x, const uint16_t* w, int64_t cols, int64_t r, int64_t n,
-                    float* y) {
-  constexpr int kRows = 4;
-  int64_t i = 0;
-  for (; i + kRows <= n; i += kRows) {
-    DotWeightRowsBF16<kRows>(w + (r + i) * cols, cols, x, cols, y + r + i);
-  }
-  for (; i < n; ++i) DotWeightRowsBF16<1>(w + (r + i) * cols, cols, x, cols, y + r + i);
-}
-#endif
-
 void DecodeRows(const float* x, const WeightView& w, int64_t r, int64_t n, float* y) {
   switch (w.dtype) {
     case WeightDtype::kF32:
       return DecodeRows<LoadF32, 4>(x, w.data, w.cols, r, n, y);
     case WeightDtype::kBF16:
-#if defined(__AVX512F__)
-      return DecodeRowsBF16(x, w.half, w.cols, r, n, y);
-#else
-      return DecodeRows<LoadBF16, 1>(x, w.half, w.cols, r, n, y);
-#endif
+      return DecodeRows<LoadBF16, kBF16DecodeRows>(x, w.half, w.cols, r, n, y);
     case WeightDtype::kF16:
       return DecodeRows<LoadF16, 1>(x, w.half, w.cols, r, n, y);
   }

@@ -263,7 +263,7 @@ TEST(KernelsTest, GemmTileGivesTheBitsOfTheScalarOracle) {
 // remainder in the decode kernels), 75 inputs (two 32-wide blocks and a tail) or 64 (no tail).
 TEST(KernelsTest, LinearOn16BitWeightsGivesTheBitsOfFloat32Weights) {
   const int64_t out = 70;
-  for (int64_t in : {75, 64})
+  for (int64_t in : {75, 64}) {
     for (auto [dtype, wdtype] : {std::pair{format::DType::kBF16, WeightDtype::kBF16},
                                  std::pair{format::DType::kF16, WeightDtype::kF16}}) {
       auto w = RandomVector(out * in, 60, 0.1f);
@@ -288,6 +288,7 @@ TEST(KernelsTest, LinearOn16BitWeightsGivesTheBitsOfFloat32Weights) {
         }
       }
     }
+  }
 }
 
 // LinearMany (Q, K, V in one region) gives each output the bits of its own Linear call, on both
