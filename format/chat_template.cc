@@ -20,6 +20,18 @@
 namespace kvdiff::format {
 namespace {
 
+// Templates come from model files, so what they may ask for is bounded: how deeply they nest (the
+// parser and the renderer recurse on it, so "((((...))))", "- - - x" or "1+1+...+1" a million
+// deep would overflow the stack), how long rendering runs (nested loops multiply), how large a
+// string or a list may grow ({% set x = x ~ x %} doubles) and how much text the expressions pass
+// around in all (each string an expression yields is a copy). Real templates use a few levels, a
+// few thousand steps and a prompt's worth of text; 4 MiB is a prompt longer than any context.
+constexpr int kMaxNesting = 100;
+constexpr int64_t kMaxRenderSteps = 1'000'000;
+constexpr size_t kMaxTextBytes = size_t{4} << 20;
+constexpr size_t kMaxRenderBytes = size_t{128} << 20;
+constexpr size_t kMaxListItems = size_t{1} << 20;
+
 // ---- values -----------------------------------------------------------------------------------
 
 struct Value;
@@ -33,6 +45,7 @@ struct Value {
   std::string s;
   std::shared_ptr<List> list;
   std::shared_ptr<Dict> dict;
+  int depth = 0;  // of the lists and dicts nested in this one; 0 for a scalar
 
   static Value Bool(bool v) {
     Value x;
@@ -60,12 +73,16 @@ struct Value {
   static Value MakeList(List v) {
     Value x;
     x.kind = kList;
+    for (const Value& item : v) x.depth = std::max(x.depth, item.depth);
+    ++x.depth;
     x.list = std::make_shared<List>(std::move(v));
     return x;
   }
   static Value MakeDict(Dict v) {
     Value x;
     x.kind = kDict;
+    for (const auto& item : v) x.depth = std::max(x.depth, item.second.depth);
+    ++x.depth;
     x.dict = std::make_shared<Dict>(std::move(v));
     return x;
   }
@@ -143,16 +160,18 @@ bool Equal(const Value& a, const Value& b) {
 
 // ---- UTF-8 helpers (Python's str semantics: code points, str.isspace) ---------------------------
 
-std::vector<std::string> CodePoints(const std::string& s) {
-  std::vector<std::string> out;
+// Where each code point of `s` starts, then s.size(): code point k is s[at[k], at[k + 1]).
+std::vector<size_t> CodePointStarts(const std::string& s) {
+  std::vector<size_t> at;
   for (size_t i = 0; i < s.size();) {
+    at.push_back(i);
     const auto c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
-    n = std::min(n, s.size() - i);
-    out.push_back(s.substr(i, n));
-    i += n;
+    const size_t n =
+        c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
+    i += std::min(n, s.size() - i);
   }
-  return out;
+  at.push_back(s.size());
+  return at;
 }
 
 bool IsPySpace(const std::string& ch) {
@@ -168,13 +187,12 @@ bool IsPySpace(const std::string& ch) {
 }
 
 std::string Strip(const std::string& s, bool left, bool right) {
-  const std::vector<std::string> cps = CodePoints(s);
-  size_t begin = 0, end = cps.size();
-  while (left && begin < end && IsPySpace(cps[begin])) ++begin;
-  while (right && end > begin && IsPySpace(cps[end - 1])) --end;
-  std::string out;
-  for (size_t k = begin; k < end; ++k) out += cps[k];
-  return out;
+  const std::vector<size_t> at = CodePointStarts(s);
+  auto code_point = [&](size_t k) { return s.substr(at[k], at[k + 1] - at[k]); };
+  size_t begin = 0, end = at.size() - 1;
+  while (left && begin < end && IsPySpace(code_point(begin))) ++begin;
+  while (right && end > begin && IsPySpace(code_point(end - 1))) --end;
+  return s.substr(at[begin], at[end] - at[begin]);
 }
 
 bool IsAscii(const std::string& s) {
@@ -405,6 +423,7 @@ struct Expr {
   std::vector<std::shared_ptr<Expr>>
       kids;  // operands; kSlice: object, start, stop, step (null = none)
   int line = 0;
+  int depth = 1;  // of the tree below and including this node
 };
 using ExprPtr = std::shared_ptr<Expr>;
 
@@ -459,6 +478,23 @@ class Parser {
     return Next().text;
   }
 
+  // One level of the parser's recursion (every recursive path passes ParseStatement or
+  // ParseExpr), refused beyond kMaxNesting.
+  class Level {
+   public:
+    Level(int& depth, int line) : depth_(depth) {
+      KVDIFF_CHECK(depth_ < kMaxNesting, "chat template line {}: nesting deeper than {} levels",
+                   line, kMaxNesting);
+      ++depth_;
+    }
+    Level(const Level&) = delete;
+    Level& operator=(const Level&) = delete;
+    ~Level() { --depth_; }
+
+   private:
+    int& depth_;
+  };
+
   // Nodes until "{% <one of stop> ..." (left unconsumed) or the end.
   std::vector<NodePtr> ParseBody(const std::vector<std::string>& stop) {
     std::vector<NodePtr> nodes;
@@ -493,6 +529,7 @@ class Parser {
   }
 
   NodePtr ParseStatement() {
+    const Level level(depth_, Peek().line);
     Expect(Tok::kOpenStmt, "'{%'");
     const int line = Peek().line;
     const std::string keyword = ExpectName("a statement");
@@ -558,15 +595,23 @@ class Parser {
     return n;
   }
 
+  // A node over `kids`. Loops build chains ("a + b + c", "x.y.z", "x | f | g") as deep as they are
+  // long without recursing, so the tree's depth is checked here as well as the parser's.
   ExprPtr Make(Expr::Kind kind, int line, std::vector<ExprPtr> kids = {}) {
     auto e = std::make_shared<Expr>();
     e->kind = kind;
     e->line = line;
     e->kids = std::move(kids);
+    for (const ExprPtr& k : e->kids) {
+      if (k) e->depth = std::max(e->depth, k->depth + 1);
+    }
+    KVDIFF_CHECK(e->depth <= kMaxNesting,
+                 "chat template line {}: nesting deeper than {} levels", line, kMaxNesting);
     return e;
   }
 
   ExprPtr ParseExpr() {
+    const Level level(depth_, Peek().line);
     ExprPtr value = ParseOr();
     if (IsName("if")) {
       const int line = Next().line;
@@ -601,14 +646,18 @@ class Parser {
     }
     return e;
   }
-  ExprPtr ParseNot() {
-    if (IsName("not")) {
-      const int line = Next().line;
-      ExprPtr e = Make(Expr::kUnary, line, {ParseNot()});
-      e->op = "not";
-      return e;
+  // Prefix operators are read in a loop, not by recursion; Make bounds how many.
+  ExprPtr Prefixed(const char* op, std::vector<int> lines, ExprPtr e) {
+    for (auto line = lines.rbegin(); line != lines.rend(); ++line) {
+      e = Make(Expr::kUnary, *line, {e});
+      e->op = op;
     }
-    return ParseCompare();
+    return e;
+  }
+  ExprPtr ParseNot() {
+    std::vector<int> lines;
+    while (IsName("not")) lines.push_back(Next().line);
+    return Prefixed("not", lines, ParseCompare());
   }
   ExprPtr ParseCompare() {
     ExprPtr e = ParseAdd();
@@ -665,24 +714,20 @@ class Parser {
     ExprPtr e = ParseUnary();
     while (IsOp("|")) {
       const int line = Next().line;
-      ExprPtr f = Make(Expr::kFilter, line, {e});
-      f->name = ExpectName("a filter name after '|'");
+      const std::string name = ExpectName("a filter name after '|'");
+      std::vector<ExprPtr> kids = {e};
       if (IsOp("(")) {
-        std::vector<ExprPtr> args = ParseArgs();
-        f->kids.insert(f->kids.end(), args.begin(), args.end());
+        for (ExprPtr& a : ParseArgs()) kids.push_back(a);
       }
-      e = f;
+      e = Make(Expr::kFilter, line, kids);
+      e->name = name;
     }
     return e;
   }
   ExprPtr ParseUnary() {
-    if (IsOp("-")) {
-      const int line = Next().line;
-      ExprPtr e = Make(Expr::kUnary, line, {ParseUnary()});
-      e->op = "-";
-      return e;
-    }
-    return ParsePostfix();
+    std::vector<int> lines;
+    while (IsOp("-")) lines.push_back(Next().line);
+    return Prefixed("-", lines, ParsePostfix());
   }
   std::vector<ExprPtr> ParseArgs() {
     ExpectOp("(");
@@ -768,13 +813,13 @@ class Parser {
           return inner;
         }
         if (t.text == "[") {
-          e->kind = Expr::kListLit;
+          std::vector<ExprPtr> items;
           while (!IsOp("]")) {
-            e->kids.push_back(ParseExpr());
+            items.push_back(ParseExpr());
             if (!IsOp("]")) ExpectOp(",");
           }
           ++at_;
-          return e;
+          return Make(Expr::kListLit, t.line, items);
         }
         KVDIFF_CHECK(t.text != "{", "chat template line {}: dict literals are not implemented",
                      t.line);
@@ -788,6 +833,7 @@ class Parser {
 
   std::vector<Tok> toks_;
   size_t at_ = 0;
+  int depth_ = 0;  // of the parser's recursion (Level)
 };
 
 // ---- evaluation -------------------------------------------------------------------------------
@@ -806,14 +852,48 @@ class Renderer {
     throw InputError(fmt::format("chat template line {}: {}", line, message));
   }
 
+  // Counts one statement or expression against kMaxRenderSteps.
+  void Step(int line) {
+    if (++steps_ > kMaxRenderSteps) {
+      Fail(line, fmt::format("rendering took more than {} steps (loops inside loops?)",
+                             kMaxRenderSteps));
+    }
+  }
+  // Counts a text an expression yields (or one more piece of the output) against kMaxTextBytes
+  // and kMaxRenderBytes.
+  void Text(size_t bytes, size_t total, int line) {
+    if (total > kMaxTextBytes) {
+      Fail(line, fmt::format("a text of {} bytes is larger than the limit of {} MiB", total,
+                             kMaxTextBytes >> 20));
+    }
+    text_bytes_ += bytes;
+    if (text_bytes_ > kMaxRenderBytes) {
+      Fail(line, fmt::format("rendering handled more than {} MiB of text", kMaxRenderBytes >> 20));
+    }
+  }
+  // a op b for op + - *, refused when the result does not fit in 64 bits.
+  static int64_t Arithmetic(char op, int64_t a, int64_t b, int line) {
+    int64_t r = 0;
+    const bool overflow = op == '+'   ? __builtin_add_overflow(a, b, &r)
+                          : op == '-' ? __builtin_sub_overflow(a, b, &r)
+                                      : __builtin_mul_overflow(a, b, &r);
+    if (overflow) Fail(line, fmt::format("integer overflow: {} {} {} needs more than 64 bits", a, op, b));
+    return r;
+  }
+
   void Exec(const Node& n) {
+    Step(n.line);
     switch (n.kind) {
       case Node::kText:
+        Text(n.text.size(), out.size() + n.text.size(), n.line);
         out += n.text;
         break;
-      case Node::kOutput:
-        out += Print(Eval(*n.expr), n.line);
+      case Node::kOutput: {
+        const std::string piece = Print(Eval(*n.expr), n.line);
+        Text(piece.size(), out.size() + piece.size(), n.line);
+        out += piece;
         break;
+      }
       case Node::kSet:
         scopes_.back()[n.text] = Eval(*n.expr);
         break;
@@ -885,10 +965,10 @@ class Renderer {
         const int64_t k = key.i < 0 ? key.i + n : key.i;
         return k >= 0 && k < n ? (*obj.list)[k] : Value();
       }
-      const std::vector<std::string> cps = CodePoints(obj.s);
-      const auto n = static_cast<int64_t>(cps.size());
+      const std::vector<size_t> at = CodePointStarts(obj.s);
+      const auto n = static_cast<int64_t>(at.size() - 1);
       const int64_t k = key.i < 0 ? key.i + n : key.i;
-      return k >= 0 && k < n ? Value::Str(cps[k]) : Value();
+      return k >= 0 && k < n ? Value::Str(obj.s.substr(at[k], at[k + 1] - at[k])) : Value();
     }
     if (obj.kind == Value::kList || obj.kind == Value::kString) {
       if (e.name == ".") return Value();  // a method name, resolved by the call
@@ -911,13 +991,13 @@ class Renderer {
     }
     if (bounds[2] == 0) Fail(e.line, "slice step cannot be zero");
     std::vector<Value> items;
-    std::vector<std::string> cps;
+    std::vector<size_t> at;  // code points of a string
     int64_t n = 0;
     if (obj.kind == Value::kList) {
       n = static_cast<int64_t>(obj.list->size());
     } else if (obj.kind == Value::kString) {
-      cps = CodePoints(obj.s);
-      n = static_cast<int64_t>(cps.size());
+      at = CodePointStarts(obj.s);
+      n = static_cast<int64_t>(at.size() - 1);
     } else {
       Fail(e.line, fmt::format("cannot slice a {}", KindName(obj)));
     }
@@ -937,7 +1017,7 @@ class Renderer {
       if (obj.kind == Value::kList)
         list.push_back((*obj.list)[k]);
       else
-        str += cps[k];
+        str.append(obj.s, at[k], at[k + 1] - at[k]);
     }
     return obj.kind == Value::kList ? Value::MakeList(std::move(list)) : Value::Str(str);
   }
@@ -1038,7 +1118,9 @@ class Renderer {
       want(0);
       if (v.kind == Value::kList) return Value::Int(static_cast<int64_t>(v.list->size()));
       if (v.kind == Value::kDict) return Value::Int(static_cast<int64_t>(v.dict->size()));
-      if (v.kind == Value::kString) return Value::Int(static_cast<int64_t>(CodePoints(v.s).size()));
+      if (v.kind == Value::kString) {
+        return Value::Int(static_cast<int64_t>(CodePointStarts(v.s).size() - 1));
+      }
       Fail(e.line, fmt::format("length of a {}", KindName(v)));
     }
     if (f == "upper" || f == "lower") {
@@ -1128,8 +1210,14 @@ class Renderer {
     }
     if (op == "+") {
       if (a.kind == Value::kString && b.kind == Value::kString) return Value::Str(a.s + b.s);
-      if (a.kind == Value::kInt && b.kind == Value::kInt) return Value::Int(a.i + b.i);
+      if (a.kind == Value::kInt && b.kind == Value::kInt) {
+        return Value::Int(Arithmetic('+', a.i, b.i, e.line));
+      }
       if (a.kind == Value::kList && b.kind == Value::kList) {
+        if (a.list->size() + b.list->size() > kMaxListItems) {
+          Fail(e.line, fmt::format("a list of {} items is longer than the limit of {}",
+                                   a.list->size() + b.list->size(), kMaxListItems));
+        }
         List list = *a.list;
         list.insert(list.end(), b.list->begin(), b.list->end());
         return Value::MakeList(std::move(list));
@@ -1137,10 +1225,10 @@ class Renderer {
       type_error();
     }
     if (a.kind == Value::kInt && b.kind == Value::kInt) {
-      if (op == "-") return Value::Int(a.i - b.i);
-      if (op == "*") return Value::Int(a.i * b.i);
+      if (op == "-" || op == "*") return Value::Int(Arithmetic(op[0], a.i, b.i, e.line));
       if (op == "%") {
         if (b.i == 0) Fail(e.line, "modulo by zero");
+        if (b.i == -1) return Value::Int(0);  // INT64_MIN % -1 traps in C++
         int64_t r = a.i % b.i;
         if (r != 0 && ((r < 0) != (b.i < 0))) r += b.i;  // Python's sign: the divisor's
         return Value::Int(r);
@@ -1155,6 +1243,12 @@ class Renderer {
   }
 
   Value Eval(const Expr& e) {
+    Step(e.line);
+    Value v = Evaluate(e);
+    if (v.kind == Value::kString) Text(v.s.size(), v.s.size(), e.line);
+    return v;
+  }
+  Value Evaluate(const Expr& e) {
     switch (e.kind) {
       case Expr::kLiteral:
         return e.literal;
@@ -1174,7 +1268,7 @@ class Renderer {
         const Value v = Eval(*e.kids[0]);
         if (e.op == "not") return Value::Bool(!Truthy(v));
         if (v.kind != Value::kInt) Fail(e.line, fmt::format("-{} is not implemented", KindName(v)));
-        return Value::Int(-v.i);
+        return Value::Int(Arithmetic('-', 0, v.i, e.line));
       }
       case Expr::kBinary:
         return BinaryOp(e);
@@ -1184,13 +1278,21 @@ class Renderer {
       case Expr::kListLit: {
         List list;
         for (const ExprPtr& k : e.kids) list.push_back(Eval(*k));
-        return Value::MakeList(std::move(list));
+        Value v = Value::MakeList(std::move(list));
+        // {% set x = [x] %} nests a value once per statement, however shallow the tree.
+        if (v.depth > kMaxNesting) {
+          Fail(e.line, fmt::format("nesting deeper than {} levels (a list in a list ...)",
+                                   kMaxNesting));
+        }
+        return v;
       }
     }
     return Value();
   }
 
   std::vector<std::map<std::string, Value>> scopes_;
+  int64_t steps_ = 0;       // Step()
+  size_t text_bytes_ = 0;  // Text()
 };
 
 }  // namespace

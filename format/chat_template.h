@@ -9,6 +9,8 @@
 // "x if c else y", is [not] defined/none/string/number, filters trim length upper lower first last
 // default string, methods strip lstrip rstrip upper lower startswith endswith get, and
 // raise_exception(message). Anything else is an InputError naming the construct, never a prompt.
+// What a template may ask for is bounded (an InputError beyond): nesting 100 levels deep, a
+// million rendering steps, texts of 4 MiB and 128 MiB of them in all, lists of 2^20 items.
 #pragma once
 
 #include <filesystem>

@@ -265,6 +265,9 @@ struct HfTokenizer::Impl {
   std::unordered_map<std::string, Token> vocab;  // model vocabulary and added tokens
   std::vector<std::string> id_to_token;          // "" where no token has the id
   std::vector<bool> has_id;
+  // Ids are dense: each is below the number of entries (model.vocab and added_tokens), so the id
+  // table is as large as the file, not as its largest number.
+  size_t id_limit = 0;
   std::unordered_map<uint64_t, std::pair<int32_t, Token>>
       merges;  // (left, right) -> (rank, merged)
   Token unk_id = -1;
@@ -547,6 +550,20 @@ namespace {
 
 using Impl = HfTokenizer::Impl;
 
+size_t EntryCount(const json& j, const char* key) {
+  return j.is_object() && j.contains(key) ? j[key].size() : 0;
+}
+
+// A token id read at `where`, checked against Impl::id_limit (not truncated to 32 bits).
+Token TokenId(const json& j, const Impl& impl, const std::string& where) {
+  KVDIFF_CHECK(j.is_number_integer(), "{}: expected an integer id, got {}", where, JsonSnippet(j));
+  KVDIFF_CHECK(j.is_number_unsigned() && j.get<uint64_t>() < impl.id_limit,
+               "{}: id {} is out of range: expected an id below {}, the number of entries in "
+               "model.vocab and added_tokens",
+               where, j.dump(), impl.id_limit);
+  return static_cast<Token>(j.get<uint64_t>());
+}
+
 void ReadNormalizer(const json& j, const std::string& where, Impl& impl) {
   if (j.is_null()) return;
   const std::string type = TypeOf(j, where);
@@ -697,9 +714,8 @@ void ReadPostProcessor(const json& j, const std::string& where, Impl& impl, bool
         KVDIFF_CHECK(ids.is_array() && !ids.empty(),
                      "{}: special_tokens[\"{}\"].ids must be a non-empty array", w, name);
         for (const json& id : ids) {
-          KVDIFF_CHECK(id.is_number_integer(), "{}: special_tokens[\"{}\"].ids: expected integers",
-                       w, name);
-          (seen_sequence ? impl.suffix : impl.prefix).push_back(id.get<Token>());
+          (seen_sequence ? impl.suffix : impl.prefix)
+              .push_back(TokenId(id, impl, fmt::format("{}: special_tokens[\"{}\"].ids", w, name)));
         }
       } else {
         throw InputError(
@@ -713,8 +729,7 @@ void ReadPostProcessor(const json& j, const std::string& where, Impl& impl, bool
   }
 }
 
-void SetToken(Impl& impl, Token id, const std::string& token, const std::string& where) {
-  KVDIFF_CHECK(id >= 0, "{}: negative id {}", where, id);
+void SetToken(Impl& impl, Token id, const std::string& token) {
   if (static_cast<size_t>(id) >= impl.id_to_token.size()) {
     impl.id_to_token.resize(static_cast<size_t>(id) + 1);
     impl.has_id.resize(static_cast<size_t>(id) + 1, false);
@@ -744,16 +759,14 @@ void ReadModel(const json& m, Impl& impl) {
   const json& vocab = Field(m, "vocab", where);
   KVDIFF_CHECK(vocab.is_object(), "model.vocab: expected an object of token -> id");
   for (const auto& [token, id] : vocab.items()) {
-    KVDIFF_CHECK(id.is_number_integer(), "model.vocab[{}]: expected an integer id, got {}",
-                 JsonSnippet(json(token)), JsonSnippet(id));
-    const auto v = id.get<Token>();
-    KVDIFF_CHECK(v >= 0 && (static_cast<size_t>(v) >= impl.has_id.size() || !impl.has_id[v]),
-                 "model.vocab[{}]: id {} is negative or already used by {}", JsonSnippet(json(token)), v,
-                 v >= 0 && static_cast<size_t>(v) < impl.has_id.size()
+    const Token v = TokenId(id, impl, fmt::format("model.vocab[{}]", JsonSnippet(json(token))));
+    KVDIFF_CHECK(static_cast<size_t>(v) >= impl.has_id.size() || !impl.has_id[v],
+                 "model.vocab[{}]: id {} is already used by {}", JsonSnippet(json(token)), v,
+                 static_cast<size_t>(v) < impl.has_id.size()
                      ? JsonSnippet(json(impl.id_to_token[v]))
                      : "-");
     impl.vocab[token] = v;
-    SetToken(impl, v, token, "model.vocab");
+    SetToken(impl, v, token);
   }
 
   if (m.contains("unk_token") && !m["unk_token"].is_null()) {
@@ -812,8 +825,8 @@ void ReadAddedTokens(const json& list, Impl& impl) {
   for (size_t i = 0; i < list.size(); ++i) {
     const std::string where = fmt::format("added_tokens[{}]", i);
     const json& t = list[i];
-    KVDIFF_CHECK(Field(t, "id", where).is_number_integer(), "{}.id: expected an integer", where);
-    Impl::AddedToken added{String(t, "content", where), t["id"].get<Token>(),
+    Impl::AddedToken added{String(t, "content", where),
+                           TokenId(Field(t, "id", where), impl, where + ".id"),
                            Bool(t, "special", false, where)};
     KVDIFF_CHECK(!added.content.empty(), "{}: empty content", where);
     for (const char* key : {"single_word", "lstrip", "rstrip"}) {
@@ -828,15 +841,14 @@ void ReadAddedTokens(const json& list, Impl& impl) {
     KVDIFF_CHECK(it == impl.vocab.end() || it->second == added.id,
                  "{}: {} has id {} here and {} in the vocabulary", where,
                  JsonSnippet(json(added.content)), added.id, it == impl.vocab.end() ? -1 : it->second);
-    KVDIFF_CHECK(
-        added.id >= 0 && (static_cast<size_t>(added.id) >= impl.has_id.size() ||
-                          !impl.has_id[added.id] || impl.id_to_token[added.id] == added.content),
-        "{}: id {} is negative or already the token {}", where, added.id,
-        added.id >= 0 && static_cast<size_t>(added.id) < impl.has_id.size()
-            ? JsonSnippet(json(impl.id_to_token[added.id]))
-            : "-");
+    KVDIFF_CHECK(static_cast<size_t>(added.id) >= impl.has_id.size() || !impl.has_id[added.id] ||
+                     impl.id_to_token[added.id] == added.content,
+                 "{}: id {} is already the token {}", where, added.id,
+                 static_cast<size_t>(added.id) < impl.has_id.size()
+                     ? JsonSnippet(json(impl.id_to_token[added.id]))
+                     : "-");
     impl.vocab[added.content] = added.id;
-    SetToken(impl, added.id, added.content, where);
+    SetToken(impl, added.id, added.content);
     impl.added.push_back(added);
   }
   // Longest first, so at a position the longest token wins.
@@ -856,7 +868,9 @@ HfTokenizer HfTokenizer::Parse(const std::string& json_text) {
                  key, key);
   }
   auto impl = std::make_shared<Impl>();
-  ReadModel(Field(root, "model", "tokenizer.json"), *impl);
+  const json& model = Field(root, "model", "tokenizer.json");
+  impl->id_limit = EntryCount(model, "vocab") + EntryCount(root, "added_tokens");
+  ReadModel(model, *impl);
   ReadNormalizer(root.value("normalizer", json()), "normalizer", *impl);
   ReadAddedTokens(root.value("added_tokens", json()), *impl);
   ReadPreTokenizer(root.value("pre_tokenizer", json()), "pre_tokenizer", *impl);

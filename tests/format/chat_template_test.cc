@@ -83,6 +83,59 @@ TEST(ChatTemplate, RefusesWhatItDoesNotImplementByName) {
   ExpectRefused("{{ messages[0].content.upper() ~ ('é' | upper) }}", "non-ASCII");
 }
 
+std::string Times(size_t n, const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < n; ++i) out += text;
+  return out;
+}
+
+// Templates come from model files: nothing in one may overflow the stack (the parser and the
+// renderer recurse on nesting; fuzzing found "- - - ... 1" crashing), run without end or fill the
+// memory. Each limit is refused by name, and what real templates do stays well inside them.
+TEST(ChatTemplate, RefusesWhatWouldOverflowTheStackOrRunAway) {
+  const std::string deep = "nesting deeper than 100 levels";
+  ExpectRefused("{{ " + Times(100000, "-") + "1 }}", deep);
+  ExpectRefused("{{ " + Times(100000, "not ") + "true }}", deep);
+  ExpectRefused("{{ " + Times(100000, "(") + "1" + Times(100000, ")") + " }}", deep);
+  ExpectRefused("{{ " + Times(100000, "[") + Times(100000, "]") + " }}", deep);
+  ExpectRefused("{{ 1" + Times(100000, " + 1") + " }}", deep);  // a loop builds it: the tree
+  ExpectRefused("{{ x" + Times(100000, ".y") + " }}", deep);
+  ExpectRefused("{{ 'a'" + Times(100000, " | trim") + " }}", deep);
+  ExpectRefused(Times(100000, "{% if true %}"), deep);
+  ExpectRefused("{% if false %}" + Times(100000, "{% elif false %}") + "{% endif %}", deep);
+  ExpectRefused("{% set x = 1 %}" + Times(1000, "{% set x = [x] %}") + "{{ x | length }}",
+                "line 1: nesting deeper than 100 levels (a list in a list ...)");
+  ExpectRefused("{% set x = 'ab' %}" + Times(40, "{% set x = x ~ x %}"),
+                "a text of 8388608 bytes is larger than the limit of 4 MiB");
+  ExpectRefused("{% set x = 'ab' %}" + Times(40, "{% set x = x + x %}"),
+                "a text of 8388608 bytes is larger than the limit of 4 MiB");
+  // Each read of a 2 MiB text is a copy: 65 of them are more than 128 MiB.
+  ExpectRefused("{% set x = 'ab' %}" + Times(20, "{% set x = x ~ x %}") +
+                    Times(65, "{% set y = x[0] %}"),
+                "rendering handled more than 128 MiB of text");
+  ExpectRefused("{% set x = [1] %}" + Times(40, "{% set x = x + x %}"),
+                "longer than the limit of 1048576");
+  ExpectRefused("{{ 999999999999999999 * 999999999999999999 }}", "integer overflow");
+  ExpectRefused("{{ -999999999999999999 - 999999999999999999 * 9 }}", "integer overflow");
+  const std::vector<ChatMessage> ten(10, {"user", "hi"});
+  try {
+    ChatTemplate(Times(8, "{% for m in messages %}") + "x" + Times(8, "{% endfor %}"))
+        .Render(ten, true, "", "");
+    FAIL() << "10^8 iterations rendered";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("rendering took more than 1000000 steps"));
+  }
+
+  const int inside = 99;  // just inside every limit
+  EXPECT_EQ(ChatTemplate("{{ " + Times(inside, "(") + "7" + Times(inside, ")") + " }}")
+                .Render({}, false, "", ""),
+            "7");
+  EXPECT_EQ(ChatTemplate("{{ " + Times(inside, "-") + "7 }}").Render({}, false, "", ""), "-7");
+  EXPECT_EQ(ChatTemplate(Times(inside, "{% if true %}") + "y" + Times(inside, "{% endif %}"))
+                .Render({}, false, "", ""),
+            "y");
+}
+
 TEST(ChatMessages, JsonOrRoleLines) {
   std::vector<ChatMessage> m = ParseChatMessages(
       R"([{"role": "system", "content": "S"}, {"role": "user", "content": "two\nlines"}])");

@@ -289,7 +289,27 @@ TEST(TokenizerJson, RefusesMalformedFiles) {
   ExpectRefused(j, "model: missing field \"vocab\"");
   j = ByteLevelFile();
   j["added_tokens"][0]["id"] = 5;  // 5 is already the byte token for byte 5
-  ExpectRefused(j, "added_tokens[0]: id 5 is negative or already the token");
+  ExpectRefused(j, "added_tokens[0]: id 5 is already the token");
+}
+
+// Ids index a dense table: one far beyond the number of entries is refused before anything is
+// allocated for it (an id of 10^9 once asked for 48 GB), and none is cut to 32 bits.
+TEST(TokenizerJson, RefusesIdsBeyondTheNumberOfEntries) {
+  json j = ByteLevelFile();
+  const size_t entries = j["model"]["vocab"].size() + j["added_tokens"].size();
+  j["model"]["vocab"]["far"] = 1000000000;
+  ExpectRefused(j, fmt::format("model.vocab[\"far\"]: id 1000000000 is out of range: expected an "
+                               "id below {}, the number of entries in model.vocab and added_tokens",
+                               entries + 1));
+  j = ByteLevelFile();
+  j["added_tokens"][0]["id"] = 4294967296;  // 2^32: would read as id 0 if cut to 32 bits
+  ExpectRefused(j, "added_tokens[0].id: id 4294967296 is out of range");
+  j = ByteLevelFile();
+  j["added_tokens"][0]["id"] = -1;
+  ExpectRefused(j, "added_tokens[0].id: id -1 is out of range");
+  j = ByteLevelFile();
+  j["model"]["vocab"]["h"] = "7";
+  ExpectRefused(j, "model.vocab[\"h\"]: expected an integer id, got \"7\"");
 }
 
 TEST(TokenizerJson, ModelDirPrefersOurFileThenTokenizerJson) {

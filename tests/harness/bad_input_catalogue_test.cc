@@ -17,7 +17,8 @@
 //   setup: ARGS         run kvdiff ARGS first (exit code ignored)
 //   run: ARGS           the command under test;  exit: N;  expect: FRAGMENT (on stderr; with
 //                       exit 1, a failure, on stdout or stderr)
-// Macros: @DEEP:N@ is N '[' then N ']'; @REPEAT:N:TEXT@ is TEXT N times joined by ",".
+// Macros: @DEEP:N@ is N '[' then N ']'; @REPEAT:N:TEXT@ is TEXT N times joined by ",";
+// @TIMES:N:TEXT@ is TEXT N times (TEXT without '@').
 // Every case directory starts with tiny/ (make-model --preset tiny --seed 3) and nan/ (the same
 // with a NaN final norm, so every logit is NaN).
 #include <gmock/gmock.h>
@@ -108,15 +109,19 @@ std::string Expand(std::string text) {
     const size_t n = std::stoul(text.substr(at + 6, end - at - 6));
     text = text.substr(0, at) + std::string(n, '[') + std::string(n, ']') + text.substr(end + 1);
   }
-  for (size_t at; (at = text.find("@REPEAT:")) != std::string::npos;) {
-    const size_t colon = text.find(':', at + 8);
-    const size_t end = text.find('@', colon);
-    const size_t n = std::stoul(text.substr(at + 8, colon - at - 8));
-    const std::string item = text.substr(colon + 1, end - colon - 1);
-    std::string joined;
-    joined.reserve(n * (item.size() + 1));
-    for (size_t i = 0; i < n; ++i) joined += (i ? "," : "") + item;
-    text = text.substr(0, at) + joined + text.substr(end + 1);
+  for (const auto& [macro, separator] : {std::pair{std::string("@REPEAT:"), std::string(",")},
+                                          std::pair{std::string("@TIMES:"), std::string()}}) {
+    for (size_t at; (at = text.find(macro)) != std::string::npos;) {
+      const size_t count_at = at + macro.size();
+      const size_t colon = text.find(':', count_at);
+      const size_t end = text.find('@', colon);
+      const size_t n = std::stoul(text.substr(count_at, colon - count_at));
+      const std::string item = text.substr(colon + 1, end - colon - 1);
+      std::string joined;
+      joined.reserve(n * (item.size() + separator.size()));
+      for (size_t i = 0; i < n; ++i) joined += (i ? separator : "") + item;
+      text = text.substr(0, at) + joined + text.substr(end + 1);
+    }
   }
   size_t at;
   while ((at = text.find("@SRC@")) != std::string::npos) text.replace(at, 5, KVDIFF_SOURCE_DIR);
