@@ -1,5 +1,3 @@
-#include "format/json_document.h"
-#include "format/input_file.h"
 #include "format/chat_template.h"
 
 #include <fmt/format.h>
@@ -15,6 +13,8 @@
 #include <utility>
 
 #include "format/error.h"
+#include "format/input_file.h"
+#include "format/json_document.h"
 #include "format/tokenizer.h"
 
 namespace kvdiff::format {
@@ -166,8 +166,11 @@ std::vector<size_t> CodePointStarts(const std::string& s) {
   for (size_t i = 0; i < s.size();) {
     at.push_back(i);
     const auto c = static_cast<unsigned char>(s[i]);
-    const size_t n =
-        c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
+    const size_t n = c < 0x80           ? 1
+                     : (c >> 5) == 0x6  ? 2
+                     : (c >> 4) == 0xE  ? 3
+                     : (c >> 3) == 0x1E ? 4
+                                        : 1;
     i += std::min(n, s.size() - i);
   }
   at.push_back(s.size());
@@ -605,8 +608,8 @@ class Parser {
     for (const ExprPtr& k : e->kids) {
       if (k) e->depth = std::max(e->depth, k->depth + 1);
     }
-    KVDIFF_CHECK(e->depth <= kMaxNesting,
-                 "chat template line {}: nesting deeper than {} levels", line, kMaxNesting);
+    KVDIFF_CHECK(e->depth <= kMaxNesting, "chat template line {}: nesting deeper than {} levels",
+                 line, kMaxNesting);
     return e;
   }
 
@@ -855,8 +858,8 @@ class Renderer {
   // Counts one statement or expression against kMaxRenderSteps.
   void Step(int line) {
     if (++steps_ > kMaxRenderSteps) {
-      Fail(line, fmt::format("rendering took more than {} steps (loops inside loops?)",
-                             kMaxRenderSteps));
+      Fail(line,
+           fmt::format("rendering took more than {} steps (loops inside loops?)", kMaxRenderSteps));
     }
   }
   // Counts a text an expression yields (or one more piece of the output) against kMaxTextBytes
@@ -877,7 +880,8 @@ class Renderer {
     const bool overflow = op == '+'   ? __builtin_add_overflow(a, b, &r)
                           : op == '-' ? __builtin_sub_overflow(a, b, &r)
                                       : __builtin_mul_overflow(a, b, &r);
-    if (overflow) Fail(line, fmt::format("integer overflow: {} {} {} needs more than 64 bits", a, op, b));
+    if (overflow)
+      Fail(line, fmt::format("integer overflow: {} {} {} needs more than 64 bits", a, op, b));
     return r;
   }
 
@@ -1281,8 +1285,8 @@ class Renderer {
         Value v = Value::MakeList(std::move(list));
         // {% set x = [x] %} nests a value once per statement, however shallow the tree.
         if (v.depth > kMaxNesting) {
-          Fail(e.line, fmt::format("nesting deeper than {} levels (a list in a list ...)",
-                                   kMaxNesting));
+          Fail(e.line,
+               fmt::format("nesting deeper than {} levels (a list in a list ...)", kMaxNesting));
         }
         return v;
       }
@@ -1291,7 +1295,7 @@ class Renderer {
   }
 
   std::vector<std::map<std::string, Value>> scopes_;
-  int64_t steps_ = 0;       // Step()
+  int64_t steps_ = 0;      // Step()
   size_t text_bytes_ = 0;  // Text()
 };
 

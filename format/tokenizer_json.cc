@@ -1,6 +1,7 @@
-#include "format/json_document.h"
-#include "format/input_file.h"
 #include "format/tokenizer_json.h"
+
+#include "format/input_file.h"
+#include "format/json_document.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <fmt/format.h>
@@ -214,7 +215,8 @@ bool Bool(const json& j, const char* key, bool fallback, const std::string& wher
   return j[key].get<bool>();
 }
 std::string TypeOf(const json& j, const std::string& where) {
-  KVDIFF_CHECK(j.is_object(), "{}: expected an object with a \"type\", got {}", where, JsonSnippet(j));
+  KVDIFF_CHECK(j.is_object(), "{}: expected an object with a \"type\", got {}", where,
+               JsonSnippet(j));
   return String(j, "type", where);
 }
 // "pre_tokenizer.pretokenizers[1]" -> "pre_tokenizer".
@@ -760,11 +762,10 @@ void ReadModel(const json& m, Impl& impl) {
   KVDIFF_CHECK(vocab.is_object(), "model.vocab: expected an object of token -> id");
   for (const auto& [token, id] : vocab.items()) {
     const Token v = TokenId(id, impl, fmt::format("model.vocab[{}]", JsonSnippet(json(token))));
-    KVDIFF_CHECK(static_cast<size_t>(v) >= impl.has_id.size() || !impl.has_id[v],
-                 "model.vocab[{}]: id {} is already used by {}", JsonSnippet(json(token)), v,
-                 static_cast<size_t>(v) < impl.has_id.size()
-                     ? JsonSnippet(json(impl.id_to_token[v]))
-                     : "-");
+    KVDIFF_CHECK(
+        static_cast<size_t>(v) >= impl.has_id.size() || !impl.has_id[v],
+        "model.vocab[{}]: id {} is already used by {}", JsonSnippet(json(token)), v,
+        static_cast<size_t>(v) < impl.has_id.size() ? JsonSnippet(json(impl.id_to_token[v])) : "-");
     impl.vocab[token] = v;
     SetToken(impl, v, token);
   }
@@ -808,8 +809,8 @@ void ReadModel(const json& m, Impl& impl) {
     }
     auto ia = impl.vocab.find(a), ib = impl.vocab.find(b), iab = impl.vocab.find(a + b);
     KVDIFF_CHECK(ia != impl.vocab.end() && ib != impl.vocab.end() && iab != impl.vocab.end(),
-                 "model.merges[{}]: {} + {} -> {}: {} is not in model.vocab", i, JsonSnippet(json(a)),
-                 JsonSnippet(json(b)), JsonSnippet(json(a + b)),
+                 "model.merges[{}]: {} + {} -> {}: {} is not in model.vocab", i,
+                 JsonSnippet(json(a)), JsonSnippet(json(b)), JsonSnippet(json(a + b)),
                  JsonSnippet(json(ia == impl.vocab.end()   ? a
                                   : ib == impl.vocab.end() ? b
                                                            : a + b)));
@@ -840,7 +841,8 @@ void ReadAddedTokens(const json& list, Impl& impl) {
     auto it = impl.vocab.find(added.content);
     KVDIFF_CHECK(it == impl.vocab.end() || it->second == added.id,
                  "{}: {} has id {} here and {} in the vocabulary", where,
-                 JsonSnippet(json(added.content)), added.id, it == impl.vocab.end() ? -1 : it->second);
+                 JsonSnippet(json(added.content)), added.id,
+                 it == impl.vocab.end() ? -1 : it->second);
     KVDIFF_CHECK(static_cast<size_t>(added.id) >= impl.has_id.size() || !impl.has_id[added.id] ||
                      impl.id_to_token[added.id] == added.content,
                  "{}: id {} is already the token {}", where, added.id,

@@ -110,9 +110,9 @@ TEST(ChatTemplate, RefusesWhatWouldOverflowTheStackOrRunAway) {
   ExpectRefused("{% set x = 'ab' %}" + Times(40, "{% set x = x + x %}"),
                 "a text of 8388608 bytes is larger than the limit of 4 MiB");
   // Each read of a 2 MiB text is a copy: 65 of them are more than 128 MiB.
-  ExpectRefused("{% set x = 'ab' %}" + Times(20, "{% set x = x ~ x %}") +
-                    Times(65, "{% set y = x[0] %}"),
-                "rendering handled more than 128 MiB of text");
+  ExpectRefused(
+      "{% set x = 'ab' %}" + Times(20, "{% set x = x ~ x %}") + Times(65, "{% set y = x[0] %}"),
+      "rendering handled more than 128 MiB of text");
   ExpectRefused("{% set x = [1] %}" + Times(40, "{% set x = x + x %}"),
                 "longer than the limit of 1048576");
   ExpectRefused("{{ 999999999999999999 * 999999999999999999 }}", "integer overflow");
