@@ -15,6 +15,7 @@
 #include "format/safetensors.h"
 #include "format/tensor.h"
 #include "impl/gemm.h"
+#include "impl/weight_load.h"
 
 namespace kvdiff::impl {
 namespace {
@@ -105,39 +106,6 @@ float Dot(const float* __restrict a, const float* __restrict b, int64_t n) {
   for (int j = 0; i < n; ++i, ++j) acc[j] += a[i] * b[i];
   return FoldLanes<kLanes>(acc);
 }
-
-namespace {
-
-// Loads of one weight value as float32: the identity for float32 storage, the exact widening for
-// 16-bit storage. Every kernel over weights is a template on one of these, so the float32 and the
-// 16-bit instantiations are the same code with the same operations in the same order.
-struct LoadF32 {
-  using T = float;
-  static float Get(const float* p) { return *p; }
-};
-struct LoadBF16 {  // bf16 is the top half of a float32: shift it back into place
-  using T = uint16_t;
-  static float Get(const uint16_t* p) {
-    const uint32_t bits = static_cast<uint32_t>(*p) << 16;
-    float f;
-    std::memcpy(&f, &bits, sizeof(f));
-    return f;
-  }
-};
-struct LoadF16 {
-  using T = uint16_t;
-  static float Get(const uint16_t* p) {
-#ifdef __FLT16_MAX__
-    _Float16 h;  // vcvtph2ps where the CPU has F16C
-    std::memcpy(&h, p, sizeof(h));
-    return static_cast<float>(h);
-#else
-    return WidenF16(*p);
-#endif
-  }
-};
-
-}  // namespace
 
 float WidenBF16(uint16_t bits) {
   const uint32_t wide = static_cast<uint32_t>(bits) << 16;

@@ -1,0 +1,60 @@
+// Loads of weight values as float32: the identity for float32 storage, the exact widening for
+// 16-bit storage. Every kernel over weights (the decode products in kernels.cc, the GEMM's panel
+// packing in gemm.cc) is a template on one of these, so the float32 and the 16-bit instantiations
+// are the same code with the same operations in the same order.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace kvdiff::impl {
+
+float WidenF16(uint16_t bits);  // kernels.h: the software widening, where there is no _Float16
+
+struct LoadF32 {
+  using T = float;
+  static float Get(const float* p) { return *p; }
+#if defined(__AVX512F__)
+  static __m512 Get16(const float* p) { return _mm512_loadu_ps(p); }
+#endif
+};
+
+struct LoadBF16 {  // bf16 is the top half of a float32: shift it back into place
+  using T = uint16_t;
+  static float Get(const uint16_t* p) {
+    const uint32_t bits = static_cast<uint32_t>(*p) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    return f;
+  }
+#if defined(__AVX512F__)
+  static __m512 Get16(const uint16_t* p) {
+    const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+  }
+#endif
+};
+
+struct LoadF16 {
+  using T = uint16_t;
+  static float Get(const uint16_t* p) {
+#ifdef __FLT16_MAX__
+    _Float16 h;  // vcvtph2ps where the CPU has F16C
+    std::memcpy(&h, p, sizeof(h));
+    return static_cast<float>(h);
+#else
+    return WidenF16(*p);
+#endif
+  }
+#if defined(__AVX512F__)
+  static __m512 Get16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+#endif
+};
+
+}  // namespace kvdiff::impl
