@@ -176,9 +176,11 @@ namespace {
 // kPrefetchAhead bytes before the kernel reads it (rows lie back to back, so the hint runs on into
 // the next rows). Measured on smollm2-135m shapes, one thread, weights from DRAM (kernels_bench
 // BM_MatVecCold, 1536 x 576): bf16 5.8 -> 10.2 GB/s, float32 7.8 -> 10.7 GB/s; distances from 4 to
-// 16 KiB do about as well, 32 KiB worse. A hint only: it never faults, and computing its address
-// as an integer keeps pointer arithmetic inside the matrix.
-constexpr uintptr_t kPrefetchAhead = 8192;
+// 16 KiB do about as well, 32 KiB worse. With the decode rows taken from three streams (see
+// DecodeRows) 2 to 4 KiB ahead per stream did as well as 8 and better than 6 (bf16 at context 512:
+// 14.6-14.7 ms a step against 15.1), and 4 KiB is one page ahead. A hint only: it never faults,
+// and computing its address as an integer keeps pointer arithmetic inside the matrix.
+constexpr uintptr_t kPrefetchAhead = 4096;
 constexpr int kCacheLine = 64;
 template <class T>
 inline void PrefetchAhead(const T* p) {
@@ -231,7 +233,7 @@ void DotRows(const typename Load::T* __restrict w, const float* __restrict x, in
 // rows), and the sums are interleaved back into Dot's lanes before its tail and its tree.
 template <int R>
 void DotWeightRowsBF16(const uint16_t* __restrict w, int64_t w_stride, const float* __restrict x,
-                       int64_t cols, float* out) {
+                       int64_t cols, float* out, int64_t out_stride) {
   constexpr int kLanes = 32;
   const __m512i even_lanes =
       _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
@@ -266,7 +268,7 @@ void DotWeightRowsBF16(const uint16_t* __restrict w, int64_t w_stride, const flo
     _mm512_storeu_ps(acc + 16, _mm512_permutex2var_ps(even[r], interleave_hi, odd[r]));
     const uint16_t* wr = w + r * w_stride;
     for (int64_t t = i, j = 0; t < cols; ++t, ++j) acc[j] += LoadBF16::Get(wr + t) * x[t];
-    out[r] = FoldLanes<kLanes>(acc);
+    out[r * out_stride] = FoldLanes<kLanes>(acc);
   }
 }
 #endif
@@ -275,12 +277,12 @@ void DotWeightRowsBF16(const uint16_t* __restrict w, int64_t w_stride, const flo
 // Dot(w_r, x, cols), each summed in exactly Dot's order. The decode matrix-vector product: one
 // row alone is 2 vector chains of adds, bound by their latency; R rows at once are 2R independent
 // chains, so the loop waits on memory, as a matrix-vector product should, not on the adder.
-template <int R, class Load = LoadF32>
+template <int R, class Load>
 void DotWeightRows(const typename Load::T* __restrict w, int64_t w_stride,
-                   const float* __restrict x, int64_t cols, float* out) {
+                   const float* __restrict x, int64_t cols, float* out, int64_t out_stride) {
 #if defined(__AVX512F__)
   if constexpr (std::is_same_v<Load, LoadBF16>) {
-    return DotWeightRowsBF16<R>(w, w_stride, x, cols, out);
+    return DotWeightRowsBF16<R>(w, w_stride, x, cols, out, out_stride);
   }
 #endif
   constexpr int kLanes = 32;
@@ -296,7 +298,7 @@ void DotWeightRows(const typename Load::T* __restrict w, int64_t w_stride,
   for (int j = 0; i < cols; ++i, ++j) {
     for (int r = 0; r < R; ++r) acc[r][j] += Load::Get(w + r * w_stride + i) * x[i];
   }
-  for (int r = 0; r < R; ++r) out[r] = FoldLanes<kLanes>(acc[r]);
+  for (int r = 0; r < R; ++r) out[r * out_stride] = FoldLanes<kLanes>(acc[r]);
 }
 
 }  // namespace
@@ -351,29 +353,42 @@ void RowsOfOne(const float* x, int64_t s, const typename Load::T* wr, int64_t ro
   }
 }
 
-// y[r .. r + n) of one output for a single input row (decode), R weight rows at a time. Float32
-// rows go four at a time (hot 576 x 576 on one core: 50 -> 37 us); f16 rows one at a time, where
-// four measured slower with the compiler's widening; bf16 rows four at a time where the build has
-// AVX-512 (the split-lane kernel), else one.
+// y[r .. r + n) of one output for a single input row (decode), R weight rows at a time taken from
+// R streams: the run is cut into R parts of q = n / R rows, and rows r + i, r + i + q, ... go
+// together (the n - R * q rows left over go one at a time). Each row's sum is Dot's whatever its
+// company, so the bits do not depend on the grouping. R rows at once keep 2R vector chains of adds
+// in flight, not 2 (hot float32 576 x 576 on one core: 50 -> 37 us with four rows); taking them far
+// apart rather than adjacent keeps R separate runs of pages streaming from DRAM, where adjacent
+// rows share their pages and the hardware prefetcher follows one. Measured on the smollm2-135m
+// shape, 2 threads, decode steps interleaved in one process (11 rounds, medians; a throwaway A/B
+// harness): bf16 16.3 -> 13.2 ms a step at context 64, 17.2 -> 14.6 at 512 for three streams
+// against four adjacent rows (two and four streams did about as well); float32 2-4% faster, within
+// the noise. f16 rows go one at a time, where more measured slower with the compiler's widening,
+// and so do bf16 rows where the build has no AVX-512 (no split-lane kernel).
+constexpr int kDecodeStreams = 3;
 #if defined(__AVX512F__)
-constexpr int kBF16DecodeRows = 4;
+constexpr int kBF16DecodeStreams = kDecodeStreams;
 #else
-constexpr int kBF16DecodeRows = 1;
+constexpr int kBF16DecodeStreams = 1;
 #endif
 template <class Load, int R>
 void DecodeRows(const float* x, const typename Load::T* w, int64_t cols, int64_t r, int64_t n,
                 float* y) {
-  int64_t i = 0;
-  for (; i + R <= n; i += R) DotWeightRows<R, Load>(w + (r + i) * cols, cols, x, cols, y + r + i);
-  for (; i < n; ++i) DotWeightRows<1, Load>(w + (r + i) * cols, cols, x, cols, y + r + i);
+  const int64_t q = n / R;
+  for (int64_t i = 0; i < q; ++i) {
+    DotWeightRows<R, Load>(w + (r + i) * cols, q * cols, x, cols, y + r + i, q);
+  }
+  for (int64_t i = R * q; i < n; ++i) {
+    DotWeightRows<1, Load>(w + (r + i) * cols, cols, x, cols, y + r + i, 1);
+  }
 }
 
 void DecodeRows(const float* x, const WeightView& w, int64_t r, int64_t n, float* y) {
   switch (w.dtype) {
     case WeightDtype::kF32:
-      return DecodeRows<LoadF32, 4>(x, w.data, w.cols, r, n, y);
+      return DecodeRows<LoadF32, kDecodeStreams>(x, w.data, w.cols, r, n, y);
     case WeightDtype::kBF16:
-      return DecodeRows<LoadBF16, kBF16DecodeRows>(x, w.half, w.cols, r, n, y);
+      return DecodeRows<LoadBF16, kBF16DecodeStreams>(x, w.half, w.cols, r, n, y);
     case WeightDtype::kF16:
       return DecodeRows<LoadF16, 1>(x, w.half, w.cols, r, n, y);
   }

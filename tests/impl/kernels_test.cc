@@ -41,7 +41,9 @@ TEST(ThreadPoolTest, ChunksCoverTheRangeOnGrainBoundaries) {
         auto [b, e] = ThreadPool::Chunk(n, 16, threads, t);
         EXPECT_EQ(b, expected_begin) << "n=" << n << " threads=" << threads << " t=" << t;
         EXPECT_LE(b, e);
-        if (e < n) EXPECT_EQ(e % 16, 0);
+        if (e < n) {
+          EXPECT_EQ(e % 16, 0);
+        }
         expected_begin = e;
       }
       EXPECT_EQ(expected_begin, n);
@@ -208,6 +210,37 @@ TEST(KernelsTest, LinearRowsGivesTheBitsOfOneRowCallsAndAgreesWithGemm) {
   }
 }
 
+// The decode product (s == 1) takes its rows several at a time from streams far apart in each
+// thread's run, plus a remainder one at a time: whatever the height of the matrix and the thread
+// count, every output is Dot of its own row, bit for bit, in float32 and in bf16 storage. A wrong
+// stream offset, output stride or remainder bound puts some row's dot in another's place.
+TEST(KernelsTest, DecodeGivesEveryRowTheBitsOfItsOwnDot) {
+  const int64_t in = 75;
+  const auto x = RandomVector(in, 30);
+  for (int64_t out = 1; out <= 60; ++out) {
+    auto w = RandomVector(out * in, 31 + out, 0.1f);
+    std::vector<uint16_t> bits(w.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      w[i] = format::RoundToDType(w[i], format::DType::kBF16);
+      ASSERT_TRUE(NarrowExact(w[i], WeightDtype::kBF16, &bits[i]));
+    }
+    const WeightView f32{w.data(), out, in};
+    const WeightView bf16{nullptr, out, in, bits.data(), WeightDtype::kBF16};
+    for (int threads : {1, 2, 3}) {
+      ThreadPool pool(threads);
+      for (const WeightView& view : {f32, bf16}) {
+        std::vector<float> y(out);
+        Linear(pool, x.data(), 1, view, y.data());
+        for (int64_t o = 0; o < out; ++o) {
+          ASSERT_EQ(y[o], Dot(w.data() + o * in, x.data(), in))
+              << out << " rows, row " << o << ", " << threads << " threads, "
+              << (view.half ? "bf16" : "float32");
+        }
+      }
+    }
+  }
+}
+
 // The oracle of GemmTile, as its header states it: one fused multiply-add per step, in order.
 std::vector<float> GemmOracle(const std::vector<float>& x, int64_t s, const std::vector<float>& w,
                               int64_t r0, int64_t n, int64_t k) {
@@ -259,7 +292,7 @@ TEST(KernelsTest, GemmTileGivesTheBitsOfTheScalarOracle) {
 }
 
 // Linear on a 16-bit view gives the bits of Linear on the float32 values it holds, on the rows
-// path (1..8 rows) and the GEMM path, for any thread count: 70 output rows (groups of four and a
+// path (1..8 rows) and the GEMM path, for any thread count: 70 output rows (groups of rows and a
 // remainder in the decode kernels), 75 inputs (two 32-wide blocks and a tail) or 64 (no tail).
 TEST(KernelsTest, LinearOn16BitWeightsGivesTheBitsOfFloat32Weights) {
   const int64_t out = 70;
