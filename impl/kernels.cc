@@ -273,7 +273,7 @@ void DotWeightRowsBF16(const uint16_t* __restrict w, int64_t w_stride, const flo
 }
 #endif
 
-// Dots of R consecutive weight rows w, w + w_stride, ... with one input row x: out[r] =
+// Dots of R weight rows w, w + w_stride, ... with one input row x: out[r * out_stride] =
 // Dot(w_r, x, cols), each summed in exactly Dot's order. The decode matrix-vector product: one
 // row alone is 2 vector chains of adds, bound by their latency; R rows at once are 2R independent
 // chains, so the loop waits on memory, as a matrix-vector product should, not on the adder.
@@ -357,9 +357,10 @@ void RowsOfOne(const float* x, int64_t s, const typename Load::T* wr, int64_t ro
 // R streams: the run is cut into R parts of q = n / R rows, and rows r + i, r + i + q, ... go
 // together (the n - R * q rows left over go one at a time). Each row's sum is Dot's whatever its
 // company, so the bits do not depend on the grouping. R rows at once keep 2R vector chains of adds
-// in flight, not 2 (hot float32 576 x 576 on one core: 50 -> 37 us with four rows); taking them far
-// apart rather than adjacent keeps R separate runs of pages streaming from DRAM, where adjacent
-// rows share their pages and the hardware prefetcher follows one. Measured on the smollm2-135m
+// in flight, not 2 (hot float32 576 x 576 on one core, kernels_bench BM_MatVec: 50 us one row at
+// a time, 37 us four adjacent rows, 36 us three streams); taking them far apart rather than
+// adjacent keeps R separate runs of pages streaming from DRAM, where adjacent rows share their
+// pages and the hardware prefetcher follows one. Measured on the smollm2-135m
 // shape, 2 threads, decode steps interleaved in one process (11 rounds, medians; a throwaway A/B
 // harness): bf16 16.3 -> 13.2 ms a step at context 64, 17.2 -> 14.6 at 512 for three streams
 // against four adjacent rows (two and four streams did about as well); float32 2-4% faster, within

@@ -27,6 +27,17 @@ std::vector<float> RandomVector(int64_t n, uint32_t seed, float scale = 1.0f) {
   return v;
 }
 
+// Rounds every value of w to dtype in place and fills bits with the 16-bit patterns of a WeightView
+// of that storage (wdtype); each rounded value must narrow exactly.
+void RoundTo16Bits(std::vector<float>& w, format::DType dtype, WeightDtype wdtype,
+                   std::vector<uint16_t>* bits) {
+  bits->resize(w.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    w[i] = format::RoundToDType(w[i], dtype);
+    ASSERT_TRUE(NarrowExact(w[i], wdtype, &(*bits)[i])) << "value " << i << ": " << w[i];
+  }
+}
+
 double MaxAbsDiff(const std::vector<float>& a, const std::vector<double>& b) {
   double m = 0;
   for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
@@ -219,11 +230,8 @@ TEST(KernelsTest, DecodeGivesEveryRowTheBitsOfItsOwnDot) {
   const auto x = RandomVector(in, 30);
   for (int64_t out = 1; out <= 60; ++out) {
     auto w = RandomVector(out * in, 31 + out, 0.1f);
-    std::vector<uint16_t> bits(w.size());
-    for (size_t i = 0; i < w.size(); ++i) {
-      w[i] = format::RoundToDType(w[i], format::DType::kBF16);
-      ASSERT_TRUE(NarrowExact(w[i], WeightDtype::kBF16, &bits[i]));
-    }
+    std::vector<uint16_t> bits;
+    ASSERT_NO_FATAL_FAILURE(RoundTo16Bits(w, format::DType::kBF16, WeightDtype::kBF16, &bits));
     const WeightView f32{w.data(), out, in};
     const WeightView bf16{nullptr, out, in, bits.data(), WeightDtype::kBF16};
     for (int threads : {1, 2, 3}) {
@@ -276,11 +284,8 @@ TEST(KernelsTest, GemmTileGivesTheBitsOfTheScalarOracle) {
     for (auto [dtype, wdtype] : {std::pair{format::DType::kBF16, WeightDtype::kBF16},
                                  std::pair{format::DType::kF16, WeightDtype::kF16}}) {
       std::vector<float> wr(w);
-      std::vector<uint16_t> bits(w.size());
-      for (size_t i = 0; i < wr.size(); ++i) {
-        wr[i] = format::RoundToDType(w[i], dtype);
-        ASSERT_TRUE(NarrowExact(wr[i], wdtype, &bits[i]));
-      }
+      std::vector<uint16_t> bits;
+      ASSERT_NO_FATAL_FAILURE(RoundTo16Bits(wr, dtype, wdtype, &bits));
       WeightView half{nullptr, rows, k, bits.data(), wdtype};
       const int64_t s = 13, n = 33, r0 = 7;
       auto x = RandomVector(s * k, 77);
@@ -300,11 +305,8 @@ TEST(KernelsTest, LinearOn16BitWeightsGivesTheBitsOfFloat32Weights) {
     for (auto [dtype, wdtype] : {std::pair{format::DType::kBF16, WeightDtype::kBF16},
                                  std::pair{format::DType::kF16, WeightDtype::kF16}}) {
       auto w = RandomVector(out * in, 60, 0.1f);
-      std::vector<uint16_t> bits(w.size());
-      for (size_t i = 0; i < w.size(); ++i) {
-        w[i] = format::RoundToDType(w[i], dtype);
-        ASSERT_TRUE(NarrowExact(w[i], wdtype, &bits[i]));
-      }
+      std::vector<uint16_t> bits;
+      ASSERT_NO_FATAL_FAILURE(RoundTo16Bits(w, dtype, wdtype, &bits));
       const WeightView f32{w.data(), out, in};
       const WeightView half{nullptr, out, in, bits.data(), wdtype};
       for (int threads : {1, 2, 3}) {
