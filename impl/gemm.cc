@@ -50,50 +50,82 @@ void Transpose16(__m512 v[16]) {
 #endif
 #endif
 
-// n rows of W from w (row stride k) as panels: panel q holds rows q·32 .. q·32 + 31 as
-// packed[(q·k + p)·32 + lane] = W[q·32 + lane][p] (0 past row n), widened to float32 by Load as
-// they are read, so the micro-kernels read float32 whatever the storage. With AVX-512 the
-// transpose goes through registers, 16 rows × 16 columns at a time; the columns past the last
-// multiple of 16 (every column, without AVX-512) are copied one at a time, all 32 lanes of a
-// column together, so the 32 rows being read stay in L1.
+// One panel: `lanes` <= 32 rows of W from w (row stride k) as packed[p·32 + lane] = W[lane][p]
+// (0 for lanes past `lanes`), widened to float32 by Load as they are read, so the micro-kernels
+// read float32 whatever the storage. With AVX-512 the transpose goes through registers, 16 rows
+// × 16 columns at a time; the columns past the last multiple of 16 (every column, without
+// AVX-512) are copied one at a time, all 32 lanes of a column together, so the 32 rows being read
+// stay in L1.
 template <class Load>
-void PackPanels(const typename Load::T* w, int64_t k, int64_t n, std::vector<float>& packed) {
-  const int64_t panels = (n + kGemmPanel - 1) / kGemmPanel;
-  packed.resize(panels * k * kGemmPanel);
-  for (int64_t q = 0; q < panels; ++q) {
-    const int64_t lanes = std::min(kGemmPanel, n - q * kGemmPanel);
-    const typename Load::T* rows = w + q * kGemmPanel * k;
-    float* panel = packed.data() + q * k * kGemmPanel;
-    int64_t p0 = 0;
+void PackPanel(const typename Load::T* rows, int64_t k, int64_t lanes, float* panel) {
+  int64_t p0 = 0;
 #if defined(__AVX512F__)
-    for (; p0 + 16 <= k; p0 += 16) {
-      for (int64_t half = 0; half < kGemmPanel; half += 16) {
-        __m512 v[16];
-        for (int64_t l = 0; l < 16; ++l) {
-          v[l] = half + l < lanes ? Load::Get16(rows + (half + l) * k + p0) : _mm512_setzero_ps();
-        }
-        Transpose16(v);
-        for (int64_t i = 0; i < 16; ++i)
-          _mm512_storeu_ps(panel + (p0 + i) * kGemmPanel + half, v[i]);
+  for (; p0 + 16 <= k; p0 += 16) {
+    for (int64_t half = 0; half < kGemmPanel; half += 16) {
+      __m512 v[16];
+      for (int64_t l = 0; l < 16; ++l) {
+        v[l] = half + l < lanes ? Load::Get16(rows + (half + l) * k + p0) : _mm512_setzero_ps();
       }
-    }
-#endif
-    for (int64_t p = p0; p < k; ++p) {
-      for (int64_t l = 0; l < kGemmPanel; ++l) {
-        panel[p * kGemmPanel + l] = l < lanes ? Load::Get(rows + l * k + p) : 0.0f;
-      }
+      Transpose16(v);
+      for (int64_t i = 0; i < 16; ++i) _mm512_storeu_ps(panel + (p0 + i) * kGemmPanel + half, v[i]);
     }
   }
+#endif
+  for (int64_t p = p0; p < k; ++p) {
+    for (int64_t l = 0; l < kGemmPanel; ++l) {
+      panel[p * kGemmPanel + l] = l < lanes ? Load::Get(rows + l * k + p) : 0.0f;
+    }
+  }
+}
+
+void PackPanel(const WeightView& w, int64_t row, int64_t lanes, float* panel) {
+  switch (w.dtype) {
+    case WeightDtype::kF32:
+      return PackPanel<LoadF32>(w.Row(row), w.cols, lanes, panel);
+    case WeightDtype::kBF16:
+      return PackPanel<LoadBF16>(w.HalfRow(row), w.cols, lanes, panel);
+    case WeightDtype::kF16:
+      return PackPanel<LoadF16>(w.HalfRow(row), w.cols, lanes, panel);
+  }
+}
+
+// Cache lines for the micro-kernels to prefetch into L2 while they compute, spread over their
+// steps: one line every kPrefetchEvery steps of p, those left over after the last step.
+struct Prefetch {
+  const char* begin = nullptr;
+  int64_t lines = 0;
+  void Line(int64_t i) const { __builtin_prefetch(begin + i * kCacheLine, 0, 2); }
+};
+constexpr int64_t kPrefetchEvery = 4;
+
+// The bytes of the kGemmPanel rows of w from `row` on (fewer at the end of w): the panel packed
+// after the current one, in this tile or, past its end, the first of the next tile.
+Prefetch PanelAfter(const WeightView& w, int64_t row) {
+  const int64_t rows = std::max<int64_t>(0, std::min(kGemmPanel, w.rows - row));
+  if (rows == 0) return {};
+  const bool f32 = w.dtype == WeightDtype::kF32;
+  const char* begin = f32 ? reinterpret_cast<const char*>(w.Row(row))
+                          : reinterpret_cast<const char*>(w.HalfRow(row));
+  const int64_t bytes = rows * w.cols * (f32 ? 4 : 2);
+  return {begin, (bytes + kCacheLine - 1) / kCacheLine};
+}
+
+// Part `part` of `parts` near-equal parts of p's lines.
+Prefetch Part(const Prefetch& p, int64_t part, int64_t parts) {
+  const int64_t first = p.lines * part / parts, last = p.lines * (part + 1) / parts;
+  return {p.begin + first * kCacheLine, last - first};
 }
 
 #if defined(__AVX512F__)
 // M rows of X (stride x_stride) against one 32-column panel: C (M, cols) at c, cols <= 32.
 template <int M>
 void MicroKernel(const float* x, int64_t x_stride, const float* panel, int64_t k, float* c,
-                 int64_t c_stride, int64_t cols) {
+                 int64_t c_stride, int64_t cols, const Prefetch& prefetch) {
   __m512 acc0[M], acc1[M];
   for (int m = 0; m < M; ++m) acc0[m] = acc1[m] = _mm512_setzero_ps();
+  int64_t line = 0;
   for (int64_t p = 0; p < k; ++p) {
+    if (p % kPrefetchEvery == 0 && line < prefetch.lines) prefetch.Line(line++);
     const __m512 b0 = _mm512_loadu_ps(panel + p * kGemmPanel);
     const __m512 b1 = _mm512_loadu_ps(panel + p * kGemmPanel + 16);
     for (int m = 0; m < M; ++m) {
@@ -102,6 +134,7 @@ void MicroKernel(const float* x, int64_t x_stride, const float* panel, int64_t k
       acc1[m] = _mm512_fmadd_ps(a, b1, acc1[m]);
     }
   }
+  for (; line < prefetch.lines; ++line) prefetch.Line(line);
   const __mmask16 mask0 = static_cast<__mmask16>(cols >= 16 ? 0xffff : (1u << cols) - 1);
   const __mmask16 mask1 = static_cast<__mmask16>(cols >= 32   ? 0xffff
                                                  : cols <= 16 ? 0
@@ -117,15 +150,18 @@ constexpr int kRowBlock = kGemmRowBlock;
 // GCC vectorizes for AVX2/FMA; fewer rows per block, for 16 vector registers.
 template <int M>
 void MicroKernel(const float* x, int64_t x_stride, const float* panel, int64_t k, float* c,
-                 int64_t c_stride, int64_t cols) {
+                 int64_t c_stride, int64_t cols, const Prefetch& prefetch) {
   float acc[M][kGemmPanel] = {};
+  int64_t line = 0;
   for (int64_t p = 0; p < k; ++p) {
+    if (p % kPrefetchEvery == 0 && line < prefetch.lines) prefetch.Line(line++);
     const float* b = panel + p * kGemmPanel;
     for (int m = 0; m < M; ++m) {
       const float a = x[m * x_stride + p];
       for (int l = 0; l < kGemmPanel; ++l) acc[m][l] = std::fma(a, b[l], acc[m][l]);
     }
   }
+  for (; line < prefetch.lines; ++line) prefetch.Line(line);
   for (int m = 0; m < M; ++m) std::copy(acc[m], acc[m] + cols, c + m * c_stride);
 }
 constexpr int kRowBlock = 4;
@@ -134,10 +170,10 @@ constexpr int kRowBlock = 4;
 // A block of `rows` < kRowBlock rows: the kernel instantiated for that count.
 template <int M = 1>
 void TailKernel(int rows, const float* x, int64_t x_stride, const float* panel, int64_t k, float* c,
-                int64_t c_stride, int64_t cols) {
+                int64_t c_stride, int64_t cols, const Prefetch& prefetch) {
   if constexpr (M < kRowBlock) {
-    if (rows == M) return MicroKernel<M>(x, x_stride, panel, k, c, c_stride, cols);
-    TailKernel<M + 1>(rows, x, x_stride, panel, k, c, c_stride, cols);
+    if (rows == M) return MicroKernel<M>(x, x_stride, panel, k, c, c_stride, cols, prefetch);
+    TailKernel<M + 1>(rows, x, x_stride, panel, k, c, c_stride, cols, prefetch);
   }
 }
 
@@ -145,30 +181,26 @@ void TailKernel(int rows, const float* x, int64_t x_stride, const float* panel, 
 
 void GemmTile(const float* x, int64_t s, const WeightView& w, int64_t r0, int64_t n, float* c,
               int64_t c_stride) {
-  thread_local std::vector<float> packed;
+  thread_local std::vector<float> panel;
   const int64_t k = w.cols;
-  switch (w.dtype) {
-    case WeightDtype::kF32:
-      PackPanels<LoadF32>(w.Row(r0), k, n, packed);
-      break;
-    case WeightDtype::kBF16:
-      PackPanels<LoadBF16>(w.HalfRow(r0), k, n, packed);
-      break;
-    case WeightDtype::kF16:
-      PackPanels<LoadF16>(w.HalfRow(r0), k, n, packed);
-      break;
-  }
-  const int64_t panels = (n + kGemmPanel - 1) / kGemmPanel;
-  for (int64_t i = 0; i < s; i += kRowBlock) {
-    const int rows = static_cast<int>(std::min<int64_t>(kRowBlock, s - i));
-    for (int64_t q = 0; q < panels; ++q) {
-      const float* panel = packed.data() + q * k * kGemmPanel;
-      const int64_t cols = std::min(kGemmPanel, n - q * kGemmPanel);
+  panel.resize(k * kGemmPanel);
+  const int64_t blocks = (s + kRowBlock - 1) / kRowBlock;
+  for (int64_t q = 0; q * kGemmPanel < n; ++q) {
+    const int64_t row = r0 + q * kGemmPanel;
+    const int64_t cols = std::min(kGemmPanel, n - q * kGemmPanel);
+    PackPanel(w, row, cols, panel.data());
+    // While the row blocks go through this panel, the next panel's weights come into L2: packing
+    // reads them from there rather than waiting on DRAM.
+    const Prefetch next = PanelAfter(w, row + kGemmPanel);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t i = b * kRowBlock;
+      const int rows = static_cast<int>(std::min<int64_t>(kRowBlock, s - i));
       float* out = c + i * c_stride + q * kGemmPanel;
       if (rows == kRowBlock) {
-        MicroKernel<kRowBlock>(x + i * k, k, panel, k, out, c_stride, cols);
+        MicroKernel<kRowBlock>(x + i * k, k, panel.data(), k, out, c_stride, cols,
+                               Part(next, b, blocks));
       } else {
-        TailKernel(rows, x + i * k, k, panel, k, out, c_stride, cols);
+        TailKernel(rows, x + i * k, k, panel.data(), k, out, c_stride, cols, Part(next, b, blocks));
       }
     }
   }

@@ -75,7 +75,7 @@ void RmsNorm(const float* x, const float* weight, int64_t s, int64_t n, float ep
 void AddInPlace(float* x, const float* y, int64_t count);
 
 // out[i] = silu(gate[i]) * up[i], silu(z) = z · sigmoid(z).
-void SwiGlu(const float* gate, const float* up, int64_t count, float* out);
+void SwiGlu(ThreadPool& pool, const float* gate, const float* up, int64_t count, float* out);
 
 // In place: x = exp(x - max) / sum(exp(x - max)) over n values.
 void Softmax(float* x, int64_t n);

@@ -180,7 +180,7 @@ struct Model::State {
     const LayerWeights& w = layers[l];
     const LinearOutput gate_up[] = {{w.gate, ws.gate.data()}, {w.up, ws.up.data()}};
     LinearMany(pool, ws.xn.data(), s, gate_up, 2);
-    SwiGlu(ws.gate.data(), ws.up.data(), s * config.intermediate_size, ws.act.data());
+    SwiGlu(pool, ws.gate.data(), ws.up.data(), s * config.intermediate_size, ws.act.data());
     Linear(pool, ws.act.data(), s, w.down, ws.proj.data());
   }
 

@@ -13,6 +13,8 @@
 
 namespace kvdiff::impl {
 
+constexpr int kCacheLine = 64;  // bytes: the unit the weight kernels prefetch in
+
 float WidenF16(uint16_t bits);  // kernels.h: the software widening, where there is no _Float16
 
 struct LoadF32 {

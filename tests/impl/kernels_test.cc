@@ -112,6 +112,18 @@ TEST(KernelsTest, RmsNormMatchesDoubleLoop) {
   EXPECT_LT(MaxAbsDiff(out, expected), 1e-5);
 }
 
+// RMSNorm goes eight rows at a time: every row of a call must get the bits it gets alone, in a
+// group of eight, in the rows past the last group, wherever it sits.
+TEST(KernelsTest, RmsNormOfManyRowsIsEachRowAloneBitForBit) {
+  const int64_t s = 19, n = 96;  // two groups of eight and three rows left over
+  const float eps = 1e-5f;
+  auto x = RandomVector(s * n, 8, 3.0f), w = RandomVector(n, 9);
+  std::vector<float> together(s * n), alone(s * n);
+  RmsNorm(x.data(), w.data(), s, n, eps, together.data());
+  for (int64_t r = 0; r < s; ++r) RmsNorm(&x[r * n], w.data(), 1, n, eps, &alone[r * n]);
+  EXPECT_EQ(together, alone);
+}
+
 // Hidden states of ~1e19 (make-model --scale demanding): each square is ~1e38, so a float32 sum of
 // n = 64 of them overflows to inf and a naive RMSNorm returns a row of zeros. The row itself and
 // its normalized values are ordinary float32 numbers.
@@ -152,16 +164,27 @@ TEST(KernelsTest, SoftmaxPropagatesNaN) {
   for (float v : x) EXPECT_TRUE(std::isnan(v));  // a NaN must never be hidden by a kernel
 }
 
-TEST(KernelsTest, SwiGluMatchesDoubleLoop) {
-  auto g = RandomVector(400, 6, 30.0f), u = RandomVector(400, 7, 3.0f);
+// Enough values to be split between threads (a prefill's gate rows): the same bits for any count.
+TEST(KernelsTest, SwiGluMatchesDoubleLoopForAnyThreadCount) {
+  const int64_t n = 20000;
+  auto g = RandomVector(n, 6, 30.0f), u = RandomVector(n, 7, 3.0f);
   g[0] = 95.0f;  // beyond the float exp range on both sides
   g[1] = -95.0f;
-  std::vector<float> out(400);
-  SwiGlu(g.data(), u.data(), 400, out.data());
-  std::vector<double> expected(400);
-  for (int i = 0; i < 400; ++i)
+  std::vector<double> expected(n);
+  for (int64_t i = 0; i < n; ++i)
     expected[i] = g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i];
-  EXPECT_LT(MaxAbsDiff(out, expected), 1e-5);
+  std::vector<float> first;
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    std::vector<float> out(n);
+    SwiGlu(pool, g.data(), u.data(), n, out.data());
+    EXPECT_LT(MaxAbsDiff(out, expected), 1e-5) << "threads=" << threads;
+    if (first.empty()) {
+      first = out;
+    } else {
+      EXPECT_EQ(out, first) << "threads=" << threads << " differs from 1 thread";
+    }
+  }
 }
 
 // The same linear layer with 1 and several threads, s == 1 (matrix-vector) and s > 1 (GEMM tiles),
