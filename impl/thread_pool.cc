@@ -21,9 +21,6 @@ namespace {
 constexpr auto kSpinBeforeSleep = std::chrono::microseconds(200);
 // Pause-spins before a waiting thread starts yielding its core (a few microseconds).
 constexpr int kSpinsBeforeYield = 2000;
-// Chunks per thread: enough that a slow or late thread leaves its share to the others.
-constexpr int64_t kChunksPerThread = 4;
-
 constexpr uint64_t kClosed = uint64_t{1} << 31;
 constexpr uint64_t kCountMask = kClosed - 1;
 
@@ -84,7 +81,7 @@ void ThreadPool::Work(int thread_index) {
   }
 }
 
-void ThreadPool::Run(int64_t n, int64_t grain, Trampoline call, void* fn) {
+void ThreadPool::Run(int64_t n, int64_t grain, int64_t max_chunks, Trampoline call, void* fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
   const int64_t grains = (n + grain - 1) / grain;
@@ -96,7 +93,7 @@ void ThreadPool::Run(int64_t n, int64_t grain, Trampoline call, void* fn) {
   job_fn_ = fn;
   job_n_ = n;
   job_grain_ = grain;
-  job_chunks_ = std::min<int64_t>(grains, kChunksPerThread * size_);
+  job_chunks_ = std::min<int64_t>(grains, max_chunks);
   next_chunk_.store(0);
   const uint64_t generation = generation_.load() + 1;
   state_.store(generation << 32);  // open, nobody inside

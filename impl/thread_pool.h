@@ -40,18 +40,41 @@ class ThreadPool {
   // count. Not reentrant: one ParallelFor at a time per pool (Model serializes its forward calls).
   template <typename Fn>
   void ParallelFor(int64_t n, int64_t grain, Fn&& fn) {
-    using F = std::remove_reference_t<Fn>;
-    Run(n, grain, [](void* f, int64_t b, int64_t e, int t) { (*static_cast<F*>(f))(b, e, t); },
-        const_cast<void*>(static_cast<const void*>(&fn)));
+    Run(n, grain, kChunksPerThread * size_, Call<Fn>, Address(fn));
+  }
+
+  // Runs fn(i, i + 1, thread_index) once for each i < n, every item claimed on its own as a
+  // thread comes free: for items worth tens of microseconds (GEMM tiles), where one atomic claim
+  // each costs nothing and a thread never waits on more than one item at the end of a call.
+  template <typename Fn>
+  void ParallelForEach(int64_t n, Fn&& fn) {
+    if (size_ == 1) {  // Run would make the whole range one call
+      for (int64_t i = 0; i < n; ++i) fn(i, i + 1, 0);
+      return;
+    }
+    Run(n, 1, n, Call<Fn>, Address(fn));
   }
 
   // Chunk c of `chunks` over [0, n), rounded to grain (exposed for tests).
   static std::pair<int64_t, int64_t> Chunk(int64_t n, int64_t grain, int64_t chunks, int64_t c);
 
  private:
+  // Chunks per thread in ParallelFor: enough that a slow or late thread leaves its share to the
+  // others.
+  static constexpr int64_t kChunksPerThread = 4;
+
   void StopWorkers();  // wakes every worker with stop_ set and joins it
   using Trampoline = void (*)(void*, int64_t, int64_t, int);
-  void Run(int64_t n, int64_t grain, Trampoline call, void* fn);
+  template <typename Fn>
+  static void Call(void* f, int64_t b, int64_t e, int t) {
+    (*static_cast<std::remove_reference_t<Fn>*>(f))(b, e, t);
+  }
+  template <typename Fn>
+  static void* Address(Fn& fn) {
+    return const_cast<void*>(static_cast<const void*>(&fn));
+  }
+  // [0, n) in up to max_chunks chunks on grain boundaries.
+  void Run(int64_t n, int64_t grain, int64_t max_chunks, Trampoline call, void* fn);
   void Work(int thread_index);  // claims and runs chunks of the current job until none is left
   void WorkerLoop(int index);
 

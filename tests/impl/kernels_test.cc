@@ -85,6 +85,21 @@ TEST(ThreadPoolTest, EveryIndexRunsExactlyOnceInChunksOnGrainBoundaries) {
   }
 }
 
+TEST(ThreadPoolTest, ForEachRunsEveryItemOnceAndAlone) {
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{5}, int64_t{200}}) {
+      std::vector<int> hits(n, 0);
+      pool.ParallelForEach(n, [&](int64_t b, int64_t e, int t) {
+        ASSERT_EQ(e, b + 1);
+        ASSERT_TRUE(t >= 0 && t < threads);
+        ++hits[b];
+      });
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i], 1) << "item " << i << " of " << n;
+    }
+  }
+}
+
 TEST(KernelsTest, DotMatchesDoubleLoop) {
   for (int64_t n : {1, 5, 31, 32, 33, 64, 576, 1537}) {
     auto a = RandomVector(n, 1), b = RandomVector(n, 2);
