@@ -15,11 +15,13 @@ namespace kvdiff::impl {
 // loop as the oracle and compares bits). X is (s, k) row-major and contiguous; C has row stride
 // c_stride. W may be float32, bf16 or f16: its rows are widened (exactly) into the packed panels.
 //
-// How: W's n rows are packed into panels of kGemmPanel columns laid out [p][lane] (zero lanes pad
-// the last panel), then for each block of up to kGemmRowBlock rows of X and each panel the
-// micro-kernel keeps a kGemmRowBlock × kGemmPanel block of C in registers for the whole k loop:
-// per step, kGemmPanel / 16 vector loads of the panel, one broadcast per row of X, and
+// How: W's n rows are packed one panel of kGemmPanel columns at a time, laid out [p][lane] (zero
+// lanes pad the last panel); then for each block of up to kGemmRowBlock rows of X the micro-kernel
+// keeps a kGemmRowBlock × kGemmPanel block of C in registers for the whole k loop: per step,
+// kGemmPanel / 16 vector loads of the panel, one broadcast per row of X, and
 // kGemmRowBlock * kGemmPanel / 16 FMAs (AVX-512: 24 accumulators + 3 operands of 32 registers).
+// Meanwhile it prefetches the next panel's rows of W into L2, so that packing does not wait on
+// DRAM.
 constexpr int64_t kGemmPanel = 32;
 constexpr int64_t kGemmRowBlock = 12;
 void GemmTile(const float* x, int64_t s, const WeightView& w, int64_t r0, int64_t n, float* c,

@@ -21,6 +21,7 @@ namespace {
 constexpr auto kSpinBeforeSleep = std::chrono::microseconds(200);
 // Pause-spins before a waiting thread starts yielding its core (a few microseconds).
 constexpr int kSpinsBeforeYield = 2000;
+
 constexpr uint64_t kClosed = uint64_t{1} << 31;
 constexpr uint64_t kCountMask = kClosed - 1;
 
