@@ -196,11 +196,11 @@ void GemmTile(const float* x, int64_t s, const WeightView& w, int64_t r0, int64_
       const int64_t i = b * kRowBlock;
       const int rows = static_cast<int>(std::min<int64_t>(kRowBlock, s - i));
       float* out = c + i * c_stride + q * kGemmPanel;
+      const Prefetch share = Part(next, b, blocks);
       if (rows == kRowBlock) {
-        MicroKernel<kRowBlock>(x + i * k, k, panel.data(), k, out, c_stride, cols,
-                               Part(next, b, blocks));
+        MicroKernel<kRowBlock>(x + i * k, k, panel.data(), k, out, c_stride, cols, share);
       } else {
-        TailKernel(rows, x + i * k, k, panel.data(), k, out, c_stride, cols, Part(next, b, blocks));
+        TailKernel(rows, x + i * k, k, panel.data(), k, out, c_stride, cols, share);
       }
     }
   }
