@@ -159,7 +159,8 @@ Checkpoint OpenCheckpoint(const std::filesystem::path& dir) {
 //    grows with their size and with depth, and must stay far below the 1e-4 gate.
 // tests/format/model_files_test.cc measures the score and logit statistics.
 struct WeightScales {
-  double embed, norm_noise, qk, v, o, gate_up, down, lm_head;
+  double embed, norm_noise, v, o, gate_up, down, lm_head;
+  double qk, qk_deep;  // q_proj, k_proj: in the first kDemandingScoreLayers layers, and past them
   double final_norm;  // model.norm.weight's factor (1 + noise, times this)
 };
 
@@ -193,13 +194,25 @@ WeightScales ScalesFor(const LlamaConfig& c, const RandomModelScale& k) {
   s.gate_up = 1.0 / std::sqrt(hidden);
   s.down = r / std::sqrt(0.356 * static_cast<double>(c.intermediate_size));
   s.lm_head = logit_std / std::sqrt(hidden);
-  s.qk *= std::sqrt(k.scores);
+  // A scaled model's first layers: the shallow model's std 4 times the factor, whatever the depth
+  // (std 100 for demanding, past float32 exp's overflow at 88.7 in every prompt); the deeper
+  // layers keep the tempered default (RandomModelScale, kDemandingScoreLayers).
+  s.qk_deep = s.qk;
+  if (k.scores != 1) s.qk = std::sqrt(4.0 * k.scores / hidden);
   s.embed *= k.activations;
   s.o *= k.activations;
   s.down *= k.activations;
   s.lm_head *= k.logits;
   s.final_norm = c.tie_word_embeddings ? k.logits / k.activations : 1.0;
   return s;
+}
+
+// l of "model.layers.{l}.…" (every tensor ExpectedTensors names inside a layer).
+int64_t LayerOf(const std::string& name) {
+  const std::string prefix = "model.layers.";
+  KVDIFF_CHECK(name.compare(0, prefix.size(), prefix) == 0, "LayerOf: \"{}\" is not a layer's",
+               name);
+  return std::stoll(name.substr(prefix.size()));
 }
 
 // std::sqrt is correctly rounded by IEEE 754 (unlike exp or log), so these scales are the same
@@ -477,7 +490,7 @@ ModelWeights MakeRandomModel(const LlamaConfig& config, uint64_t seed,
     } else if (name == "lm_head.weight") {
       scale = s.lm_head;
     } else if (EndsWith(name, "q_proj.weight") || EndsWith(name, "k_proj.weight")) {
-      scale = s.qk;
+      scale = LayerOf(name) < kDemandingScoreLayers ? s.qk : s.qk_deep;
     } else if (EndsWith(name, "v_proj.weight")) {
       scale = s.v;
     } else if (EndsWith(name, "o_proj.weight")) {

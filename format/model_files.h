@@ -70,8 +70,18 @@ std::vector<std::string> PresetNames();
 // multiplies one statistic of the default model; 1 leaves it as it is. In exact arithmetic the
 // activation factor changes nothing (every block reads RMSNorm(x), which does not depend on x's
 // scale, eps aside), so it tests only how the arithmetic copes with large hidden states.
+//
+// `scores` scales the scores of the first kDemandingScoreLayers layers only, to the standard
+// deviation of a shallow model (4) times the factor whatever the depth; deeper layers keep the
+// default, depth-tempered scores. Peaked attention in every layer makes a deep random network
+// chaotic: float32 rounding is amplified layer after layer, until two correct float32 engines
+// disagree by 10% of max |logit| at 30 layers (docs: "The demanding part", measured by the
+// demanding_depth program), while what large scores are there to test (a float32 exp that
+// overflows, a softmax without the max) needs them in one layer, not in thirty.
+inline constexpr int64_t kDemandingScoreLayers = 2;
 struct RandomModelScale {
-  double scores = 1;       // attention scores q.k/sqrt(d): their standard deviation x scores
+  double scores = 1;       // attention scores q.k/sqrt(d) of the first kDemandingScoreLayers
+                           // layers: standard deviation 4 x scores (when not 1)
   double activations = 1;  // the residual stream (the hidden state between norms) x activations
   double logits = 1;       // the logits x logits
 

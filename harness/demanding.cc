@@ -12,7 +12,7 @@
 namespace kvdiff::harness {
 
 std::optional<ModelSpec> DemandingVariant(const ModelSpec& model) {
-  if (!model.preset || !model.scale.IsDefault()) return std::nullopt;
+  if ((!model.preset && !model.config) || !model.scale.IsDefault()) return std::nullopt;
   ModelSpec variant = model;
   variant.scale = format::RandomModelScale::Demanding();
   return variant;

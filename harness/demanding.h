@@ -51,9 +51,10 @@ struct DemandingPart {
   bool Active() const { return skipped.empty() && !jobs.empty() && options.fraction > 0; }
 };
 
-// The demanding variant of a campaign's model: its preset and seed with the demanding scale.
-// nullopt for a model directory or a llama2.c checkpoint (trained weights have no random draw to
-// rescale) and for a preset already scaled (the campaign is then demanding throughout).
+// The demanding variant of a campaign's model: its preset (or inline config) and seed with the
+// demanding scale. nullopt for a model directory or a llama2.c checkpoint (trained weights have no
+// random draw to rescale) and for a model already scaled (the campaign is then demanding
+// throughout).
 std::optional<ModelSpec> DemandingVariant(const ModelSpec& model);
 
 // The backends of the demanding cases: the campaign's, except those that declare they reproduce

@@ -243,7 +243,7 @@ std::shared_ptr<const format::ModelWeights> LoadModelFor(const ModelSpec& spec) 
   }
   if (spec.config) {
     return std::make_shared<const format::ModelWeights>(
-        format::MakeRandomModel(*spec.config, spec.seed));
+        format::MakeRandomModel(*spec.config, spec.seed, spec.scale));
   }
   return std::make_shared<const format::ModelWeights>(
       format::MakeRandomModel(format::PresetConfig(spec.preset.value_or("")), spec.seed,

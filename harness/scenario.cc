@@ -248,7 +248,8 @@ ModelSpec ParseModel(const json& m, const std::filesystem::path& base_dir) {
       spec_l.tokenizer = ResolvePath(l, "tokenizer", "model.llama2c", base_dir);
     spec.llama2c = spec_l;
   } else if (m.contains("config")) {
-    CheckKeys(m, "model", {"config", "seed"});
+    CheckKeys(m, "model", {"config", "seed", "scale"});
+    if (m.contains("scale")) spec.scale = ParseModelScale(m.at("scale"));
     const json& c = m.at("config");
     KVDIFF_CHECK(c.is_object(),
                  "model.config: expected an object of config.json's fields (\"hidden_size\", "
@@ -383,9 +384,9 @@ std::string ModelSpec::Describe() const {
                        llama2c->tokenizer ? "tokenizer " + llama2c->tokenizer->string()
                                           : std::string("no tokenizer"));
   }
-  if (config) return fmt::format("config({}), seed {}", ShapeParams(*config), seed);
-  return fmt::format("preset {}, seed {}{}", preset.value_or("?"), seed,
-                     scale.IsDefault() ? std::string() : ", scale " + scale.ToString());
+  const std::string scaled = scale.IsDefault() ? std::string() : ", scale " + scale.ToString();
+  if (config) return fmt::format("config({}), seed {}{}", ShapeParams(*config), seed, scaled);
+  return fmt::format("preset {}, seed {}{}", preset.value_or("?"), seed, scaled);
 }
 
 nlohmann::json ModelSpec::ToJson() const {
@@ -395,8 +396,8 @@ nlohmann::json ModelSpec::ToJson() const {
     if (llama2c->tokenizer) l["tokenizer"] = llama2c->tokenizer->string();
     return {{"llama2c", l}};
   }
-  if (config) return {{"config", json::parse(format::ConfigToJson(*config))}, {"seed", seed}};
-  json out = {{"preset", preset.value_or("")}, {"seed", seed}};
+  json out = config ? json{{"config", json::parse(format::ConfigToJson(*config))}, {"seed", seed}}
+                    : json{{"preset", preset.value_or("")}, {"seed", seed}};
   if (!scale.IsDefault()) out["scale"] = scale.ToString();
   return out;
 }

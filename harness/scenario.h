@@ -73,7 +73,7 @@ struct ModelSpec {
   // {"config": {...config.json's fields...}, "seed": 3}: random weights for a config written in
   // the file itself (check --shapes random records each case's shape so).
   std::optional<format::LlamaConfig> config;
-  // preset only: its weights pushed beyond the defaults (format::RandomModelScale):
+  // preset and config: the random weights pushed beyond the defaults (format::RandomModelScale):
   // {"preset": "tiny", "seed": 3, "scale": "demanding"}, or "scores=25,logits=300", or an object
   // {"scores": 25, "activations": 1e19, "logits": 300}. Absent: the default model.
   format::RandomModelScale scale;
