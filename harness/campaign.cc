@@ -63,12 +63,18 @@ std::string CampaignReport::Summary() const {
   out += coverage.Text();
   out += DistributionLines(distributions);
   out += demanding.Text();
+  out += WorstLine();
   out += fmt::format(
-      "{}: {} of {} cases run (shard {}/{}, seed {}), {} failed; {} rows compared, worst "
-      "difference {} (tolerance {}); {:.2f} s\n",
+      "{}: {} of {} cases run (shard {}/{}, seed {}), {} failed; {} rows compared; "
+      "{:.2f} s\n",
       Passed() ? "PASS" : "FAIL", results.size(), cases, shard.index, shard.count, seed, Failures(),
-      rows_compared, FormatDiff(worst_diff), FormatDiff(tolerance), seconds);
+      rows_compared, seconds);
   return out;
+}
+
+std::string CampaignReport::WorstLine() const {
+  if (worst_case < 0) return "";
+  return fmt::format("worst difference: {} in case {}\n", WorstRowText(worst), worst_case);
 }
 
 nlohmann::json CampaignReport::ToJson() const {
@@ -80,7 +86,8 @@ nlohmann::json CampaignReport::ToJson() const {
                         {"passed", r.passed},
                         {"steps", r.steps},
                         {"rows_compared", r.rows_compared},
-                        {"worst_diff", Number(r.worst_diff)}};
+                        {"worst_diff", Number(r.worst_diff)},
+                        {"worst", WorstRowToJson(r.worst)}};
     if (!r.shape.empty()) j["shape"] = r.shape;
     if (r.demanding) {
       j["demanding"] = true;
@@ -96,26 +103,29 @@ nlohmann::json CampaignReport::ToJson() const {
   for (const auto& [path, stats] : distributions) {
     distributions_json[path] = DistributionToJson(stats);
   }
-  nlohmann::json out = {{"kvdiff_version", KVDIFF_VERSION},
-          {"command", "check"},
-          {"model",
-           {{"source", random_shapes ? std::string("random shapes") : model.Describe()},
-            {"description", model_description}}},
-          {"backends", backends},
-          {"tolerance", {{"abs", tolerance}}},
-          {"seed", seed},
-          {"cases", cases},
-          {"shard", {{"index", shard.index}, {"count", shard.count}}},
-          {"case_indices", indices},
-          {"passed", Passed()},
-          {"failures", Failures()},
-          {"rows_compared", rows_compared},
-          {"worst_diff", Number(worst_diff)},
-          {"seconds", seconds},
-          {"coverage", coverage.ToJson()},
-          {"distributions", distributions_json},
-          {"demanding", demanding.ToJson()},
-          {"results", cases_json}};
+  nlohmann::json out = {
+      {"kvdiff_version", KVDIFF_VERSION},
+      {"command", "check"},
+      {"model",
+       {{"source", random_shapes ? std::string("random shapes") : model.Describe()},
+        {"description", model_description}}},
+      {"backends", backends},
+      {"tolerance", {{"abs", tolerance}}},
+      {"seed", seed},
+      {"cases", cases},
+      {"shard", {{"index", shard.index}, {"count", shard.count}}},
+      {"case_indices", indices},
+      {"passed", Passed()},
+      {"failures", Failures()},
+      {"rows_compared", rows_compared},
+      {"worst_diff", Number(worst_diff)},
+      {"worst", WorstRowToJson(worst)},
+      {"worst_case", worst_case},
+      {"seconds", seconds},
+      {"coverage", coverage.ToJson()},
+      {"distributions", distributions_json},
+      {"demanding", demanding.ToJson()},
+      {"results", cases_json}};
   if (random_shapes) out["shapes"] = "random";  // absent: fixed (reports of before --shapes)
   return out;
 }
@@ -152,6 +162,10 @@ JUnitSuite CampaignReport::ToJUnitSuite() const {
   suite.name = suite.classname =
       fmt::format("kvdiff.check.seed{}.shard{}of{}", seed, shard.index, shard.count);
   suite.seconds = seconds;
+  if (worst_case >= 0) {
+    suite.properties.emplace_back("worst_difference",
+                                  fmt::format("{} in case {}", WorstRowText(worst), worst_case));
+  }
   for (const auto& r : results) {
     JUnitCase c;
     c.name = fmt::format("case {}", r.index);
@@ -212,6 +226,7 @@ CaseResult RunCase(const Scenario& sc, const std::vector<const Backend*>& backen
   result.steps = static_cast<int64_t>(sc.steps.size());
   result.rows_compared = run.rows_compared;
   result.worst_diff = run.worst_diff;
+  result.worst = run.worst;
   result.distributions = run.distributions;
   result.demanding = demanding;
   result.worst_relative_diff = run.worst_relative_diff;
@@ -244,6 +259,15 @@ std::string WriteFailingCase(const CampaignOptions& options, int64_t k, const Sc
   return file.string();
 }
 
+void AddWorst(CampaignReport& report, const CaseResult& result) {
+  if (!result.worst.Found()) return;
+  if (report.worst_case < 0 || !(result.worst_diff <= report.worst_diff)) {
+    report.worst_diff = result.worst_diff;
+    report.worst = result.worst;
+    report.worst_case = result.index;
+  }
+}
+
 void AddResult(CampaignReport& report, CaseResult result) {
   report.rows_compared += result.rows_compared;
   for (const auto& [path, stats] : result.distributions) report.distributions[path].Merge(stats);
@@ -252,8 +276,8 @@ void AddResult(CampaignReport& report, CaseResult result) {
     report.demanding.failures += result.passed ? 0 : 1;
     if (!(result.worst_relative_diff <= report.demanding.worst_relative_diff))
       report.demanding.worst_relative_diff = result.worst_relative_diff;
-  } else if (!(result.worst_diff <= report.worst_diff)) {
-    report.worst_diff = result.worst_diff;
+  } else {
+    AddWorst(report, result);
   }
   report.results.push_back(std::move(result));
 }

@@ -53,6 +53,7 @@ struct CaseResult {
   double worst_diff = 0;
   bool demanding = false;           // run on the demanding model (DemandingPart)
   double worst_relative_diff = 0;   // max |a-b| / max |logit| over its rows
+  WorstRow worst;                   // the row of worst_diff, with its gate
   std::string failure;        // first divergence or error, one line
   std::string scenario_file;  // written when it failed
   std::string shape;          // --shapes random: the case's model (ShapeParams); else empty
@@ -71,6 +72,8 @@ struct CampaignReport {
   std::vector<CaseResult> results;  // in case order
   int64_t rows_compared = 0;
   double worst_diff = 0;  // over the ordinary cases (the demanding ones are relative)
+  WorstRow worst;         // the row of worst_diff, with its gate
+  int64_t worst_case = -1;  // the case it is in
   // The demanding part: its model, backends and gate, or why it was skipped; how many of the cases
   // run were demanding, and their worst difference relative to max |logit|.
   struct Demanding {
@@ -93,6 +96,8 @@ struct CampaignReport {
   bool Passed() const { return Failures() == 0; }
   int ExitCode() const { return Passed() ? 0 : 1; }
   std::string Summary() const;  // the closing lines for the terminal
+  // "worst difference: <WorstRowText> in case 17\n", or "" when no ordinary row was compared.
+  std::string WorstLine() const;
   nlohmann::json ToJson() const;
   std::string ToJUnit() const;
   JUnitSuite ToJUnitSuite() const;  // the suite ToJUnit writes (merge adds to it)

@@ -29,5 +29,7 @@ CaseResult RunCase(const Scenario& sc, const std::vector<const Backend*>& backen
 std::string WriteFailingCase(const CampaignOptions& options, int64_t k, const Scenario& sc);
 // Adds a finished case's figures to the report (in case order).
 void AddResult(CampaignReport& report, CaseResult result);
+// Makes an ordinary case's worst row the report's when it is worse (the first on ties).
+void AddWorst(CampaignReport& report, const CaseResult& result);
 
 }  // namespace kvdiff::harness::campaign_case

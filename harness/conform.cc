@@ -11,11 +11,12 @@
 #include <utility>
 
 #include "format/error.h"
-#include "harness/tolerance_profile.h"
 #include "format/prng.h"
 #include "harness/campaign.h"
 #include "harness/junit.h"
+#include "harness/report.h"
 #include "harness/runner.h"
+#include "harness/tolerance_profile.h"
 
 namespace kvdiff::harness {
 namespace {
@@ -385,8 +386,8 @@ ConformReport RunConformance(const ModelSpec& model, const Backend& engine, cons
     const CampaignReport r = RunCampaign(model, {&oracle, &engine}, campaign);
     check.seconds = r.seconds;
     if (r.Passed()) {
-      check.detail = fmt::format("{} cases, {} rows, worst {:.1e}", r.results.size(),
-                                 r.rows_compared, r.worst_diff);
+      check.detail = fmt::format("{} cases, {} rows, worst {}", r.results.size(), r.rows_compared,
+                                 WorstRowText(r.worst));
     } else {
       check.result = ConformCheck::Result::kFail;
       for (const CaseResult& c : r.results) {

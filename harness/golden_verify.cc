@@ -342,6 +342,7 @@ std::string VerifyReport::ToTerminal(bool color) const {
   out += "\n";
   int64_t failed = 0, skipped = 0, rows = 0;
   double worst = 0;
+  std::string worst_where;  // ", in SET on BACKEND, within its gate G"
   for (const auto& s : sets) {
     out += fmt::format("{:<{}}  {:<7}", s.paths.golden.string(), width,
                        s.made_with.empty() ? "?" : s.made_with);
@@ -363,7 +364,13 @@ std::string VerifyReport::ToTerminal(bool color) const {
                                                               : kRed;
       out += "  " + Paint(fmt::format("{:<14}", cell), colour, color);
       rows += c.rows_compared;
-      if (!(c.worst_diff <= worst)) worst = c.worst_diff;
+      if (c.rows_compared > 0 && (worst_where.empty() || !(c.worst_diff <= worst))) {
+        worst = c.worst_diff;
+        worst_where = fmt::format(
+            " in {} on {}, {} its gate {}{}", s.paths.golden.string(), c.backend,
+            c.worst_diff <= c.tolerance ? "within" : "beyond", FormatDiff(c.tolerance),
+            c.tolerance_note.empty() ? " (the set's tolerance)" : " (a tolerance profile)");
+      }
     }
     out += "\n";
     if (!s.Passed()) ++failed;
@@ -395,8 +402,8 @@ std::string VerifyReport::ToTerminal(bool color) const {
       failed == 0 ? Paint("PASS", kGreen, color) : Paint("FAIL", kRed, color);
   out += fmt::format(
       "{}: {} of {} golden sets failed, {} skipped; {} rows compared, worst "
-      "difference {} ({:.2f} s)\n",
-      verdict, failed, sets.size(), skipped, rows, FormatDiff(worst), seconds);
+      "difference {}{} ({:.2f} s)\n",
+      verdict, failed, sets.size(), skipped, rows, FormatDiff(worst), worst_where, seconds);
   return out;
 }
 

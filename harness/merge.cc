@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "format/error.h"
+#include "harness/campaign_case.h"
 #include "harness/coverage.h"
 #include "harness/junit.h"
 #include "harness/report.h"
@@ -36,6 +37,7 @@ CaseResult CaseFromJson(const json& j) {
   r.steps = j.at("steps").get<int64_t>();
   r.rows_compared = j.at("rows_compared").get<int64_t>();
   r.worst_diff = DiffOf(j.at("worst_diff"));
+  if (j.contains("worst")) r.worst = WorstRowFromJson(j.at("worst"), "worst");  // since 0.1.0+
   r.shape = j.value("shape", "");  // --shapes random
   r.demanding = j.value("demanding", false);
   if (r.demanding) r.worst_relative_diff = DiffOf(j.at("worst_relative_diff"));
@@ -176,7 +178,7 @@ MergedCampaign MergeCampaignReports(const std::vector<std::pair<std::string, jso
   for (const CaseResult& r : c.results) {
     c.rows_compared += r.rows_compared;
     // As in the campaign: worst_diff is over the ordinary cases, the demanding ones are relative.
-    if (!r.demanding && !(r.worst_diff <= c.worst_diff)) c.worst_diff = r.worst_diff;
+    if (!r.demanding) campaign_case::AddWorst(c, r);
   }
 
   m.report = head;  // fields a later kvdiff adds travel along
@@ -192,6 +194,8 @@ MergedCampaign MergeCampaignReports(const std::vector<std::pair<std::string, jso
   m.report["failures"] = c.Failures();
   m.report["rows_compared"] = c.rows_compared;
   m.report["worst_diff"] = Number(c.worst_diff);
+  m.report["worst"] = WorstRowToJson(c.worst);
+  m.report["worst_case"] = c.worst_case;
   m.report["seconds"] = c.seconds;
   MergeDemandingPart(results, m.report);
   if (m.report.contains("demanding")) {  // the summary's line, as the campaign prints it

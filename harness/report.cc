@@ -1,15 +1,15 @@
 #include "harness/report.h"
 
-#include "harness/junit.h"
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 
 #include "format/error.h"
+#include "harness/junit.h"
 
 namespace kvdiff::harness {
 namespace {
@@ -139,6 +139,46 @@ std::string FormatDiff(double value) {
   return fmt::format("{:.1e}", value);
 }
 
+std::string WorstRowText(const WorstRow& w) {
+  if (!w.Found()) return "0 (no row compared)";
+  return fmt::format("{} at {}, step {}, conversation {}, position {}, {} its gate {} ({})",
+                     FormatDiff(w.diff), w.path, w.step, w.conversation, w.position,
+                     w.within ? "within" : "beyond", FormatDiff(w.gate), w.gate_basis);
+}
+
+json WorstRowToJson(const WorstRow& w) {
+  if (!w.Found()) return nullptr;
+  return {{"diff", Number(w.diff)}, {"gate", Number(w.gate)}, {"gate_basis", w.gate_basis},
+          {"path", w.path},         {"step", w.step},         {"conversation", w.conversation},
+          {"position", w.position}, {"within", w.within}};
+}
+
+WorstRow WorstRowFromJson(const json& j, const std::string& what) {
+  WorstRow w;
+  if (j.is_null()) return w;
+  try {
+    const auto number = [&](const char* key) {
+      return j.at(key).is_null() ? std::numeric_limits<double>::infinity()
+                                 : j.at(key).get<double>();
+    };
+    w.diff = number("diff");
+    w.gate = number("gate");
+    w.gate_basis = j.at("gate_basis").get<std::string>();
+    w.path = j.at("path").get<std::string>();
+    w.step = j.at("step").get<int64_t>();
+    w.conversation = j.at("conversation").get<std::string>();
+    w.position = j.at("position").get<int64_t>();
+    w.within = j.at("within").get<bool>();
+  } catch (const json::exception& e) {
+    throw InputError(
+        fmt::format("{}: expected an object with diff, gate, gate_basis, path, step, "
+                    "conversation, position and within ({})",
+                    what, e.what()));
+  }
+  KVDIFF_CHECK(w.step >= 0, "{}: step must be >= 0, got {}", what, w.step);
+  return w;
+}
+
 json Number(double value) { return std::isfinite(value) ? json(value) : json(nullptr); }
 
 json ComparisonToJson(const RowComparison& c) {
@@ -262,7 +302,7 @@ std::string FormatTerminal(const RunReport& r, bool color) {
       r.Passed() ? Paint("PASS", kGreen, color) : Paint("FAIL", kRed, color);
   out += fmt::format(
       "{}: {} of {} steps failed; {} rows compared, worst difference {} ({:.2f} s)\n", verdict,
-      failed, r.steps.size(), r.rows_compared, FormatDiff(r.worst_diff), r.seconds);
+      failed, r.steps.size(), r.rows_compared, WorstRowText(r.worst), r.seconds);
   return out;
 }
 
@@ -321,12 +361,12 @@ json ReportToJson(const RunReport& r) {
              {{"source", r.model_source},
               {"description", r.model_description},
               {"config", ConfigToJsonObject(r.config)}}},
-            {"tolerance", r.tolerance_rel > 0
-                              ? json{{"abs", r.tolerance},
-                                     {"rel", r.tolerance_rel},
-                                     {"rope_f32_per_position", r.rope_f32_per_position}}
-                              : json{{"abs", r.tolerance},
-                                     {"rope_f32_per_position", r.rope_f32_per_position}}},
+            {"tolerance",
+             r.tolerance_rel > 0
+                 ? json{{"abs", r.tolerance},
+                        {"rel", r.tolerance_rel},
+                        {"rope_f32_per_position", r.rope_f32_per_position}}
+                 : json{{"abs", r.tolerance}, {"rope_f32_per_position", r.rope_f32_per_position}}},
             {"driver", DriverName(r.driver)},
             {"backends", r.backends},
             {"notes", r.notes},
@@ -334,6 +374,7 @@ json ReportToJson(const RunReport& r) {
             {"exit_code", r.ExitCode()},
             {"rows_compared", r.rows_compared},
             {"worst_diff", Number(r.worst_diff)},
+            {"worst", WorstRowToJson(r.worst)},
             {"worst_relative_diff", Number(r.worst_relative_diff)},
             {"seconds", r.seconds},
             {"steps", steps}};
@@ -382,7 +423,8 @@ std::string ReportToJUnit(const RunReport& r) {
                       {"model_description", r.model_description},
                       {"driver", DriverName(r.driver)},
                       {"backends", fmt::format("{}", fmt::join(r.backends, ","))},
-                      {"tolerance_abs", fmt::format("{}", r.tolerance)}};
+                      {"tolerance_abs", fmt::format("{}", r.tolerance)},
+                      {"worst_difference", WorstRowText(r.worst)}};
   for (const auto& s : r.steps) {
     JUnitCase c;
     c.name = fmt::format("step {:02} {}", s.index, s.step.ParamString());

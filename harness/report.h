@@ -42,6 +42,13 @@ extern const char* const kBold;
 std::string Paint(const std::string& text, const char* colour, bool color);
 // "3.2e-07", "inf", "nan".
 std::string FormatDiff(double value);
+// "1.8e-04 at impl~ref, conversation c0, position 511, within its gate 6.1e-04 (tolerance 1.0e-04
+// + rope-f32 allowance 1.0e-06 x 511)" ("beyond its gate" when it failed); "0 (no row compared)".
+std::string WorstRowText(const WorstRow& worst);
+// {"diff", "gate", "gate_basis", "path", "step", "conversation", "position", "within"}; null when
+// no row was compared. WorstRowFromJson reads it back (InputError naming `what` when malformed).
+nlohmann::json WorstRowToJson(const WorstRow& worst);
+WorstRow WorstRowFromJson(const nlohmann::json& j, const std::string& what);
 
 // Writes text to a file, creating its folder; InputError naming the path when it cannot.
 void WriteTextFile(const std::filesystem::path& path, const std::string& text);

@@ -9,14 +9,15 @@
 #include <limits>
 #include <map>
 
-#include "harness/drivers.h"
-#include "harness/tolerance_profile.h"
-#include "harness/registry.h"
 #include "format/chat_template.h"
 #include "format/error.h"
-#include "format/tokenizer_json.h"
 #include "format/llama2c.h"
 #include "format/tokenizer.h"
+#include "format/tokenizer_json.h"
+#include "harness/drivers.h"
+#include "harness/registry.h"
+#include "harness/report.h"
+#include "harness/tolerance_profile.h"
 
 namespace kvdiff::harness {
 namespace {
@@ -185,6 +186,36 @@ PathOutcome CrossOutcome(const Backend& bx, const Recording& rx, const Backend& 
     o.status = PathStatus::kNoRows;
   }
   return o;
+}
+
+// What the gate of a compared row was made of (see WorstRow::gate_basis).
+std::string GateBasis(const ComparedRow& r, const PathOutcome& o, const Scenario& sc,
+                      const RunOptions& options, const std::vector<const Backend*>& backends) {
+  const RowComparison& c = r.cmp;
+  if (sc.tolerance_rel > 0 && c.gate > sc.tolerance_abs) {
+    return fmt::format("{} x max |logit| {}", FormatDiff(sc.tolerance_rel), FormatDiff(c.scale));
+  }
+  if (o.kind == "cross" && options.rope_f32_per_position > 0 &&
+      CrossTolerance(sc.tolerance_abs, options.rope_f32_per_position, backends[o.a_index]->Info(),
+                     backends[o.b_index]->Info(), r.position) > sc.tolerance_abs) {
+    return fmt::format("tolerance {} + rope-f32 allowance {} x {}", FormatDiff(sc.tolerance_abs),
+                       FormatDiff(options.rope_f32_per_position), r.position);
+  }
+  return fmt::format("tolerance {}", FormatDiff(c.gate));
+}
+
+WorstRow WorstRowOf(const ComparedRow& r, const PathOutcome& o, int64_t step, const Scenario& sc,
+                    const RunOptions& options, const std::vector<const Backend*>& backends) {
+  WorstRow w;
+  w.diff = r.cmp.max_abs_diff;
+  w.gate = r.cmp.gate;
+  w.gate_basis = GateBasis(r, o, sc, options, backends);
+  w.path = o.path;
+  w.step = step;
+  w.conversation = r.conversation;
+  w.position = r.position;
+  w.within = r.cmp.within_tolerance;
+  return w;
 }
 
 }  // namespace
@@ -436,7 +467,10 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
       }
       for (const ComparedRow& r : o.rows) {
         ++report.rows_compared;
-        if (!(r.cmp.max_abs_diff <= report.worst_diff)) report.worst_diff = r.cmp.max_abs_diff;
+        if (!(r.cmp.max_abs_diff <= report.worst_diff) || !report.worst.Found()) {
+          report.worst_diff = r.cmp.max_abs_diff;
+          report.worst = WorstRowOf(r, o, step_report.index, sc, options, backends);
+        }
         const double rel = r.cmp.relative_diff();
         if (!(rel <= report.worst_relative_diff)) report.worst_relative_diff = rel;
       }

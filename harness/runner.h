@@ -84,6 +84,24 @@ struct Localization {
   std::vector<double> attention_diffs, mlp_diffs;  // per layer, max |a - b| of the hidden state
 };
 
+// The row with the largest max |a-b| of a run, and the gate it was held to there, so a summary
+// says which gate a worst figure was held to: "worst difference 1.8e-04 at impl~ref, conversation
+// c0, position 511, within its gate 6.1e-04 (tolerance 1.0e-04 + rope-f32 allowance 1.0e-06 x
+// 511)". Empty (step -1) when no row was compared.
+struct WorstRow {
+  double diff = 0;  // max |a-b|; +inf when a value was not finite
+  double gate = 0;  // the row's gate (RowComparison::gate)
+  // How the gate was made: "tolerance 1.0e-04", "tolerance 1.0e-04 + rope-f32 allowance 1.0e-06 x
+  // 511", "1.0e-02 x max |logit| 1.3e+03".
+  std::string gate_basis;
+  std::string path;  // "impl~ref"; "impl" against its own ForwardFull
+  int64_t step = -1;
+  std::string conversation;
+  int64_t position = -1;
+  bool within = true;  // diff within the gate
+  bool Found() const { return step >= 0; }
+};
+
 struct RunReport {
   std::string scenario;
   std::string model_source;       // ModelSpec::Describe()
@@ -101,6 +119,7 @@ struct RunReport {
   std::optional<Localization> localization;
   int64_t rows_compared = 0;
   double worst_diff = 0;  // over every comparison (+inf when a row was not finite)
+  WorstRow worst;         // the row of worst_diff, with its gate
   // max over the comparisons of max |a-b| / max |b_i| (RowComparison::relative_diff)
   double worst_relative_diff = 0;
   double seconds = 0;
