@@ -9,14 +9,15 @@
 #include <string>
 #include <vector>
 
-#include "harness/compare.h"
-#include "harness/backend.h"
-#include "harness/registry.h"
-#include "harness/cli/commands.h"
 #include "format/error.h"
-#include "harness/cli/cli_util.h"
 #include "format/model_files.h"
 #include "format/safetensors.h"
+#include "harness/backend.h"
+#include "harness/cli/cli_util.h"
+#include "harness/cli/commands.h"
+#include "harness/cli/engine_guard.h"
+#include "harness/compare.h"
+#include "harness/registry.h"
 
 namespace kvdiff::cli {
 namespace {
@@ -41,15 +42,17 @@ void PrintTop5(const Logits& logits, const Tokens& tokens) {
     const float x = logits(last, a), y = logits(last, b);
     return x > y || (x == y && a < b);
   });
-  fmt::print("top-5 after position {} (token {}):\n", last, tokens.back());
+  fmt::print(Report(), "top-5 after position {} (token {}):\n", last, tokens.back());
   for (int64_t i = 0; i < k; ++i) {
-    fmt::print("  {:>2}. token {:>6}  logit {:>10.4f}\n", i + 1, order[i], logits(last, order[i]));
+    fmt::print(Report(), "  {:>2}. token {:>6}  logit {:>10.4f}\n", i + 1, order[i],
+               logits(last, order[i]));
   }
 }
 
 // 0, or 1 when the backend's logits are not all finite (the NaN/inf policy: a failure of its own
 // kind, reported after the file is written so it can be inspected).
 int RunForward(const ForwardOptions& o) {
+  SeparateReportFromEngines();  // what an engine prints is not the report
   auto weights = std::make_shared<const format::ModelWeights>(format::LoadModel(o.model));
   const int64_t vocab = weights->config.vocab_size;
   const Tokens tokens = ParseTokenIds("--tokens", o.tokens, vocab);
@@ -80,7 +83,8 @@ int RunForward(const ForwardOptions& o) {
     logits.resize(n, vocab);
     int64_t at = 0;
     for (int64_t size : chunks) {
-      logits.middleRows(at, size) = session->Append(Tokens(tokens.begin() + at, tokens.begin() + at + size));
+      logits.middleRows(at, size) =
+          session->Append(Tokens(tokens.begin() + at, tokens.begin() + at + size));
       at += size;
     }
   }
@@ -90,10 +94,11 @@ int RunForward(const ForwardOptions& o) {
   tensor.shape = {n, vocab};
   tensor.values.assign(logits.data(), logits.data() + logits.size());  // row-major [n, vocab]
   format::WriteSafetensors(o.out, {tensor},
-                           {{"backend", backend->Name()}, {"mode", mode},
+                           {{"backend", backend->Name()},
+                            {"mode", mode},
                             {"tokens", fmt::format("{}", fmt::join(tokens, ","))}});
-  fmt::print("logits [{}, {}] of backend {}, {}, written to {}\n", n, vocab, backend->Name(), mode,
-             o.out);
+  fmt::print(Report(), "logits [{}, {}] of backend {}, {}, written to {}\n", n, vocab,
+             backend->Name(), mode, o.out);
   const std::string bad =
       harness::DescribeNonFiniteLogits(backend->Name(), "", logits.data(), n, vocab);
   if (!bad.empty()) {
@@ -118,8 +123,8 @@ void AddForwardCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--backend", o->backend,
                   "Backend: " + harness::BackendRegistry::Global().HelpText())
       ->capture_default_str();
-  auto* cached = cmd->add_flag("--cached", o->cached,
-                               "feed a Session instead of one uncached ForwardFull");
+  auto* cached =
+      cmd->add_flag("--cached", o->cached, "feed a Session instead of one uncached ForwardFull");
   cmd->add_option("--chunks", o->chunks,
                   "with --cached: chunk sizes, comma-separated, summing to the token count "
                   "(default: one token at a time)")
@@ -127,9 +132,7 @@ void AddForwardCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--threads", o->threads, "threads for the backend (0 = all cores)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--out", o->out, "output safetensors file")->required();
-  cmd->callback([o, &exit_code] {
-    exit_code = RunForward(*o);
-  });
+  cmd->callback([o, &exit_code] { exit_code = RunForward(*o); });
 }
 
 }  // namespace kvdiff::cli
