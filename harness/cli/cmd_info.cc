@@ -6,11 +6,11 @@
 #include <string>
 #include <vector>
 
+#include "harness/cli/commands.h"
 #include "format/chat_template.h"
 #include "format/error.h"
 #include "format/model_files.h"
 #include "format/tokenizer.h"
-#include "harness/cli/commands.h"
 
 namespace kvdiff::cli {
 namespace {
