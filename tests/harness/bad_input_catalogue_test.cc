@@ -250,7 +250,7 @@ void Build(const Case& c, const fs::path& dir) {
       text.replace(at, Expand(old_text).size(), Expand(new_text));
       WriteFile(path, text);
     } else if (key == "setup") {
-      RunKvdiff(value, dir);
+      RunKvdiff(Expand(value), dir);
     } else {
       FAIL() << "catalogue line " << c.line << ": unknown directive " << key;
     }
@@ -279,7 +279,7 @@ TEST_F(Catalogue, EveryCaseIsRefusedAsListed) {
     fs::copy(*fixtures_ / "nan", dir / "nan", fs::copy_options::recursive);
     for (const auto& [name, value] : c.env) ::setenv(name.c_str(), value.c_str(), 1);
     Build(c, dir);
-    const CommandResult r = RunBounded(c.run, dir);
+    const CommandResult r = RunBounded(Expand(c.run), dir);
     for (const auto& [name, value] : c.env) ::unsetenv(name.c_str());
     EXPECT_EQ(r.exit_code, c.exit) << "kvdiff " << c.run << "\nstderr: " << r.err.substr(0, 2000);
     // Refusals (exit 2) are one line on stderr; a failure (exit 1) may be in the report on stdout.
