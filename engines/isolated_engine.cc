@@ -14,7 +14,9 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <optional>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -50,7 +52,7 @@ struct Reply {
 const char* OpName(Op op) {
   switch (op) {
     case Op::kInfo:
-      return "open";
+      return "loading the plugin and opening the engine";
     case Op::kNewSession:
       return "session_new";
     case Op::kFree:
@@ -152,7 +154,41 @@ EngineInfo DecodeInfo(const std::string& text) {
   return info;
 }
 
+// Waits for `pid` at most `seconds`, then kills it. "" when it exited with code 0, else what
+// happened. Polls (1 ms, doubling to 50 ms): a child closing cleanly is gone within milliseconds.
+std::string Reap(pid_t pid, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  auto pause = std::chrono::milliseconds(1);
+  int status = 0;
+  while (true) {
+    const pid_t done = waitpid(pid, &status, WNOHANG);
+    if (done == pid || (done < 0 && errno != EINTR)) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return fmt::format("did not finish within {} s (killed)", seconds);
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  }
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? "" : DescribeExit(status);
+}
+
+std::mutex close_faults_mutex;
+std::vector<std::string> close_faults;
+
+void RecordCloseFault(std::string message) {
+  std::lock_guard<std::mutex> lock(close_faults_mutex);
+  close_faults.push_back(std::move(message));
+}
+
 }  // namespace
+
+std::vector<std::string> TakeCloseFaults() {
+  std::lock_guard<std::mutex> lock(close_faults_mutex);
+  return std::exchange(close_faults, {});
+}
 
 // ---- The parent's side ----
 
@@ -163,11 +199,15 @@ struct HostProcess {
   double timeout_seconds = 600;
   std::optional<std::string> dead;  // why the child is gone
 
+  // Closing the socket tells the child to free its sessions, close the engine and exit 0; a child
+  // that crashes, exits otherwise or hangs there is a fault of the engine's close, kept for main.
   ~HostProcess() {
-    if (fd >= 0) close(fd);  // the child reads end of file and exits
-    if (pid > 0) {
-      int status = 0;
-      waitpid(pid, &status, 0);
+    if (fd >= 0) close(fd);
+    if (pid <= 0) return;
+    const std::string what = Reap(pid, timeout_seconds);
+    if (!what.empty()) {
+      RecordCloseFault(
+          fmt::format("{}: the isolated engine process {} while closing the engine", name, what));
     }
   }
 
@@ -227,9 +267,11 @@ std::shared_ptr<HostProcess> Spawn(const IsolatedEngineSpec& spec) {
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, fds[1], 3);
   posix_spawn_file_actions_adddup2(&actions, 2, 1);
-  std::vector<std::string> args = {
-      spec.host.string(),          "engine-host",        "--fd=3",
-      "--options=" + spec.options, spec.plugin.string(), spec.model_dir.string()};
+  // An empty "--options=" would make CLI11 take the next word (the plugin) as its value.
+  std::vector<std::string> args = {spec.host.string(), "engine-host", "--fd=3"};
+  if (!spec.options.empty()) args.push_back("--options=" + spec.options);
+  args.push_back(spec.plugin.string());
+  args.push_back(spec.model_dir.string());
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -250,16 +292,9 @@ std::shared_ptr<HostProcess> Spawn(const IsolatedEngineSpec& spec) {
   return host;
 }
 
-// Opening starts a process (kvdiff, LibTorch and all) and loads a model: it gets the longer of the
-// call time-out and kOpenTimeoutSeconds.
-constexpr double kOpenTimeoutSeconds = 600;
-
 EngineInfo OpenIn(HostProcess& host) {
   std::string payload;
-  const double call_timeout = host.timeout_seconds;
-  host.timeout_seconds = std::max(call_timeout, kOpenTimeoutSeconds);
   host.Call(Request{Op::kInfo}, nullptr, payload);
-  host.timeout_seconds = call_timeout;
   EngineInfo info = DecodeInfo(payload);
   host.name = info.name;
   return info;

@@ -7,6 +7,8 @@
 //   IsolatedSession s = engine.NewSession();
 //   Logits a = s.Append({1, 2, 3});  // a segfault in the plugin throws EngineError here
 //
+// The child does everything that runs plugin code: dlopen (and the plugin's ELF constructors), the
+// entry point, open, engine_info, sessions and close; the parent never maps the plugin.
 // Errors: the plugin's own InputError/EngineError come back as the same exception types with the
 // same messages. The child dying (a signal, an exit) or not answering within `timeout_seconds`
 // throws EngineError naming the signal or the time-out and the call that was running; the child
@@ -19,6 +21,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engines/plugin_loader.h"
 #include "format/tensor.h"
@@ -29,8 +32,8 @@ struct IsolatedEngineSpec {
   std::filesystem::path host;  // the kvdiff executable that has the engine-host subcommand
   std::filesystem::path plugin, model_dir;
   std::string options;           // engine options, "key=value,key=value"
-  double timeout_seconds = 600;  // per call; a child silent for longer is killed (opening the
-                                 // engine gets at least 600 s: it starts a process, loads a model)
+  double timeout_seconds = 600;  // per call, loading the plugin and opening the engine included;
+                                 // a child silent for longer is killed
 };
 
 struct HostProcess;  // the child, its socket, the sessions it holds
@@ -70,6 +73,12 @@ class IsolatedEngine {
   mutable std::shared_ptr<HostProcess> host_;
   EngineInfo info_;
 };
+
+// Faults of isolated engines after their last call: a child that crashed, hung or exited with a
+// failure while closing its engine (the socket closes when the engine object is destroyed, and
+// destructors cannot throw). Kept process-wide for main, which reports them and fails the run;
+// taking them empties the list.
+std::vector<std::string> TakeCloseFaults();
 
 // The child's side: loads the plugin, opens the engine and serves requests on `fd` until the
 // parent closes it. Returns the process's exit code. Used by `kvdiff engine-host` only.

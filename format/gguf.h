@@ -53,6 +53,12 @@ struct GgufHeader {
 // the problem (bad magic, unsupported version, truncated, offsets outside the file).
 GgufHeader ReadGgufHeader(const std::filesystem::path& path);
 
+// The hyperparameters llama.cpp asserts on instead of refusing: general.architecture "llama",
+// block_count 1..1024, context_length 1..2^20, widths and head counts positive (KV heads dividing
+// heads), layer_norm_rms_epsilon and rope.freq_base positive and finite. InputError naming the
+// file, the key, its value and what was expected (format/gguf_check.cc).
+void CheckLlamaGgufHyperparameters(const GgufHeader& header, const std::filesystem::path& path);
+
 // HF's rotate-half q/k rows (row i pairs with i + head_dim/2) to GGUF's interleaved RoPE layout
 // (row 2i pairs with 2i+1): GGUF row 2i = HF row i, GGUF row 2i+1 = HF row i + head_dim/2, per
 // head. The inverse of format/llama2c.cc's PermuteRopeRows; what convert_hf_to_gguf.py does.

@@ -55,8 +55,11 @@ class RawModel {
 // How the registry builds a backend (every command passes the same to every backend it makes).
 struct BackendOptions {
   int threads = 0;       // 0: every core
-  bool isolate = false;  // plugins: run the engine in a child process (a crash fails a call)
-  double isolate_timeout_seconds = 600;  // with isolate: a call silent this long is killed
+  // Plugins: the engine's whole lifecycle runs in a child process, so a crash, hang or exit fails
+  // a call instead of kvdiff. The default; false (--in-process) trades that for speed.
+  bool isolate = true;
+  double isolate_timeout_seconds = 600;  // with isolate: a call (open included) silent this long
+                                         // is killed
 };
 
 // What the registry knows about a backend before building one.

@@ -4,8 +4,10 @@
 // converted llama2.c checkpoint, a directory already loaded) into a scratch folder in float32, so
 // every backend of a run sees the same numbers. The plugin's uncached forward is a fresh session's
 // Append of the whole history: its cached rows are held to its own one-shot prefill, and to the
-// other backends' rows by the cross comparison. With BackendOptions::isolate the engine runs in a
-// child process (engines/isolated_engine.h): the same adapter over the other engine type.
+// other backends' rows by the cross comparison. With BackendOptions::isolate (the default) the
+// whole plugin lifecycle — dlopen, its constructors, the entry point, open, info, sessions, close —
+// runs in a child process (engines/isolated_engine.h), the same adapter over the other engine
+// type: kvdiff itself never maps a plugin it runs isolated, so none of its code runs here.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -17,6 +19,7 @@
 #include "engines/isolated_engine.h"
 #include "engines/plugin_loader.h"
 #include "format/error.h"
+#include "format/input_file.h"
 #include "format/scratch_dir.h"
 #include "harness/registry.h"
 
@@ -79,15 +82,20 @@ class PluginBackend : public Backend {
   std::unique_ptr<EngineT> engine_;
 };
 
-// The executable that hosts isolated engines: this kvdiff, or $KVDIFF_ENGINE_HOST (for programs
-// other than kvdiff that use the harness, such as its tests).
+std::filesystem::path& EngineHostPath() {
+  static std::filesystem::path host;
+  return host;
+}
+
+// The executable that hosts isolated engines: $KVDIFF_ENGINE_HOST, else what SetEngineHost named
+// (kvdiff's main names itself). Never a guess such as /proc/self/exe: a test binary started as
+// `engine-host` would run its own tests instead.
 std::filesystem::path EngineHost() {
   if (const char* env = std::getenv("KVDIFF_ENGINE_HOST"); env && *env) return env;
-  std::error_code ec;
-  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  KVDIFF_CHECK(!ec, "--isolate: cannot find this program's executable (/proc/self/exe: {})",
-               ec.message());
-  return self;
+  KVDIFF_CHECK(!EngineHostPath().empty(),
+               "isolated engine plugins need an engine host (a kvdiff executable): set "
+               "KVDIFF_ENGINE_HOST, or run the plugin in process");
+  return EngineHostPath();
 }
 
 // "key=value&key=value" (URL style, after the '?') as engine.h's "key=value,key=value".
@@ -117,16 +125,20 @@ BackendFactory PluginFactory(const std::filesystem::path& path, const std::strin
 
 }  // namespace
 
+void SetEngineHost(const std::filesystem::path& executable) { EngineHostPath() = executable; }
+
 std::pair<BackendInfo, BackendFactory> ResolvePluginBackend(const std::string& spec) {
   const std::string rest = spec.substr(std::string(kPluginPrefix).size());
   const size_t q = rest.find('?');
   const std::filesystem::path path = rest.substr(0, q);
   KVDIFF_CHECK(!path.empty(), "backend '{}': expected plugin:PATH[?key=value&...]", spec);
   const std::string options = q == std::string::npos ? "" : EngineOptions(rest.substr(q + 1));
-  const engines::Plugin plugin = engines::Plugin::Load(path);  // InputError when not a plugin
+  // Only the path is checked here (a FIFO would block dlopen, a directory is no plugin): loading
+  // runs the plugin's code, which belongs to the process the options choose (the factory).
+  format::CheckInputFile(path, "engine plugin");
   BackendInfo info;
   info.name = spec;
-  info.description = fmt::format("engine plugin {} {}", plugin.Name(), plugin.Version());
+  info.description = fmt::format("engine plugin {}", path.string());
   info.dtype = "float32";  // the logits; the cache's dtype is the engine's to say
   info.raw_call = RawCall::kNone;
   return {info, PluginFactory(path, options)};

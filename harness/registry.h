@@ -79,6 +79,9 @@ void RegisterReferenceBackends(BackendRegistry& registry);
 // Outside engines: "plugin:PATH[?key=value&...]" names any engine plugin (include/kvdiff/engine.h).
 inline constexpr const char* kPluginPrefix = "plugin:";
 std::pair<BackendInfo, BackendFactory> ResolvePluginBackend(const std::string& spec);
+// The executable that serves isolated plugins (`kvdiff engine-host`): kvdiff's main sets itself;
+// $KVDIFF_ENGINE_HOST overrides. Without either, an isolated plugin backend throws InputError.
+void SetEngineHost(const std::filesystem::path& executable);
 // A plugin built with kvdiff, registered under a plain name ("llama.cpp").
 // What kvdiff knows of a named plugin's arithmetic beyond what its engine_info reports.
 struct KnownArithmetic {

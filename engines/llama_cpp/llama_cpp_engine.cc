@@ -125,7 +125,8 @@ Options ParseOptions(const char* text) {
       } else if (value == "f16") {
         o.weights = kvdiff::format::DType::kF16;
       } else {
-        throw kvdiff::InputError(fmt::format("option weights={}: expected f32, bf16 or f16", value));
+        throw kvdiff::InputError(
+            fmt::format("option weights={}: expected f32, bf16 or f16", value));
       }
     } else if (key == "max_length") {
       o.max_length = ParseInt(key, value, 1, 1 << 20);
@@ -161,6 +162,37 @@ uint64_t HashFile(const std::filesystem::path& path, uint64_t h) {
   return h;
 }
 
+// Beside each cache entry: the FNV-1a 64 hash of its bytes, recorded when kvdiff wrote it.
+std::filesystem::path SumFile(const std::filesystem::path& gguf) {
+  return gguf.string() + ".fnv1a64";
+}
+
+void WriteAtomically(const std::filesystem::path& path, const std::string& text) {
+  const std::filesystem::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    if (!f) throw kvdiff::EngineError(fmt::format("cannot write {}", tmp.string()));
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+// A conversion cache entry is used only when its bytes still hash to what was recorded when it
+// was written: llama.cpp aborts the process on some edits (a layer count of 0), and reads others
+// as different weights.
+void CheckCacheEntry(const std::filesystem::path& gguf, const std::filesystem::path& sum) {
+  std::ifstream in(sum);
+  std::string recorded;
+  in >> recorded;
+  const std::string actual = fmt::format("{:016x}", HashFile(gguf, kvdiff::format::kFnv1a64Offset));
+  if (recorded != actual) {
+    throw kvdiff::InputError(fmt::format(
+        "the GGUF conversion cache entry {} was changed after kvdiff wrote it: its FNV-1a 64 hash "
+        "is {}, {} records {}; delete both files to have kvdiff convert the model again",
+        gguf.string(), actual, sum.filename().string(), recorded));
+  }
+}
+
 // model_dir itself when it is a .gguf file; otherwise its GGUF conversion, made once into
 // $KVDIFF_GGUF_CACHE (default ~/.cache/kvdiff/gguf) under a name hashed from its files.
 std::filesystem::path GgufFor(const std::filesystem::path& model, kvdiff::format::DType dtype) {
@@ -182,9 +214,12 @@ std::filesystem::path GgufFor(const std::filesystem::path& model, kvdiff::format
   std::string dtype_name = kvdiff::format::DTypeName(dtype);
   for (char& c : dtype_name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   const std::filesystem::path out = dir / fmt::format("{:016x}-v1-{}.gguf", h, dtype_name);
-  if (!std::filesystem::exists(out)) {
+  const std::filesystem::path sum = SumFile(out);
+  // An entry without its recorded hash was cut short or predates the record: convert it again.
+  if (!std::filesystem::exists(out) || !std::filesystem::exists(sum)) {
     std::filesystem::create_directories(dir);
     kvdiff::format::ConvertHfToGguf(model, out, dtype);
+    WriteAtomically(sum, fmt::format("{:016x}\n", HashFile(out, kvdiff::format::kFnv1a64Offset)));
   }
   return out;
 }
@@ -237,6 +272,10 @@ void Open(kvdiff_engine* e, const char* model_dir) {
   InitOnce();
   if (!model_dir) throw kvdiff::InputError("model_dir is NULL");
   const std::filesystem::path gguf = GgufFor(model_dir, e->options.weights);
+  // llama.cpp aborts the process on some hyperparameters (0 layers, a NaN epsilon): refuse them
+  // first, with the key named; then a cache entry must still be the bytes kvdiff wrote.
+  kvdiff::format::CheckLlamaGgufHyperparameters(kvdiff::format::ReadGgufHeader(gguf), gguf);
+  if (gguf != std::filesystem::path(model_dir)) CheckCacheEntry(gguf, SumFile(gguf));
   llama_model_params mp = llama_model_default_params();
   mp.n_gpu_layers = 0;
   e->model = llama_model_load_from_file(gguf.c_str(), mp);

@@ -78,12 +78,17 @@ BackendSet MakeBackends(const std::vector<std::string>& names,
 }
 
 void AddIsolateFlag(CLI::App* cmd, harness::BackendOptions& options) {
-  cmd->add_flag(
-      "--isolate", options.isolate,
-      "Run engine plugins in a child process: a crash or hang fails that case, naming the "
-      "signal, instead of ending the run");
+  CLI::Option* isolate = cmd->add_flag(
+      "--isolate",
+      "Run engine plugins in a child process (the default): a crash, hang or exit while loading, "
+      "opening, running or closing fails that call, naming what happened");
+  CLI::Option* in_process = cmd->add_flag_callback(
+      "--in-process", [&options] { options.isolate = false; },
+      "Load engine plugins into kvdiff itself: faster, but a plugin that crashes or hangs takes "
+      "kvdiff with it");
+  in_process->excludes(isolate);
   cmd->add_option("--isolate-timeout", options.isolate_timeout_seconds,
-                  "With --isolate: seconds one engine call may take before it is killed")
+                  "Seconds one isolated engine call (opening it too) may take before it is killed")
       ->default_val(600)
       ->check(CLI::Range(0.001, 86400.0));
 }

@@ -32,8 +32,10 @@ BackendSet MakeBackends(const std::vector<std::string>& names,
                         std::shared_ptr<const format::ModelWeights> weights,
                         const harness::BackendOptions& options);
 
-// --isolate: plugin backends run their engine in a child process, so a crash or a hang fails the
-// call it happened in (exit 1, the signal named) instead of killing kvdiff and its report.
+// Plugin backends run their engine in a child process by default, so a crash, hang or exit fails
+// the call it happened in (exit 1, the signal named) instead of killing kvdiff and its report;
+// --in-process opts out, --isolate (the default) is still accepted, --isolate-timeout bounds a
+// call.
 void AddIsolateFlag(CLI::App* cmd, harness::BackendOptions& options);
 // `options` with its thread count set.
 inline harness::BackendOptions WithThreads(harness::BackendOptions options, int threads) {

@@ -13,15 +13,16 @@
 #include "format/error.h"
 #include "harness/backend.h"
 #include "harness/campaign.h"
-#include "harness/demanding.h"
-#include "harness/registry.h"
-#include "harness/jobs.h"
-#include "harness/shape_generator.h"
-#include "harness/shard_env.h"
 #include "harness/cli/cli_util.h"
 #include "harness/cli/commands.h"
+#include "harness/cli/engine_guard.h"
+#include "harness/demanding.h"
+#include "harness/jobs.h"
+#include "harness/registry.h"
 #include "harness/report.h"
 #include "harness/runner.h"
+#include "harness/shape_generator.h"
+#include "harness/shard_env.h"
 #include "harness/tolerance_profile.h"
 
 namespace kvdiff::cli {
@@ -98,17 +99,18 @@ std::vector<std::string> ResolveGates(const CheckArgs& args,
 }
 
 void PrintGates(const std::vector<std::string>& notes) {
-  for (const std::string& note : notes) fmt::print("{}\n", note);
+  for (const std::string& note : notes) fmt::print(Report(), "{}\n", note);
 }
 
 void PrintShardSource(const harness::ShardSelection& shard, const harness::CampaignOptions& options) {
   if (!shard.source.empty() && shard.source != "--shard") {
-    fmt::print("shard {}/{} from {}\n", options.shard.index, options.shard.count, shard.source);
+    fmt::print(Report(), "shard {}/{} from {}\n", options.shard.index, options.shard.count,
+               shard.source);
   }
 }
 
 void WriteReports(const CheckArgs& args, const harness::CampaignReport& report) {
-  fmt::print("{}", report.Summary());
+  fmt::print(Report(), "{}", report.Summary());
   if (!args.json.empty()) harness::WriteTextFile(args.json, report.ToJson().dump(2) + "\n");
   if (!args.junit.empty()) harness::WriteTextFile(args.junit, report.ToJUnit());
 }
@@ -151,11 +153,12 @@ int CheckRandomShapes(const CheckArgs& args, bool model_seed_given) {
   const std::vector<std::string> gate_notes = ResolveGates(args, probe.all, options);
   const int jobs = harness::ResolveJobs(
       args.jobs, static_cast<int64_t>(harness::ShardCases(args.cases, options.shard).size()));
-  fmt::print("kvdiff check: random shapes (a model per case, from --seed {}), backends {}\n",
+  fmt::print(Report(),
+             "kvdiff check: random shapes (a model per case, from --seed {}), backends {}\n",
              args.seed, fmt::join(names, ","));
   PrintGates(gate_notes);
   PrintShardSource(shard, options);
-  std::fflush(stdout);
+  std::fflush(Report());
   const harness::CampaignReport report =
       harness::RunRandomShapeCampaign(names, backend_options, jobs, options);
   WriteReports(args, report);
@@ -196,6 +199,7 @@ harness::DemandingPart PlanDemandingPart(const CheckArgs& args, const harness::M
 }
 
 int Check(const CheckArgs& args, bool model_seed_given) {
+  SeparateReportFromEngines();  // what an engine prints is not the report
   if (args.shapes == "random") return CheckRandomShapes(args, model_seed_given);
   KVDIFF_CHECK(args.model.empty() || (args.preset.empty() && !model_seed_given),
                "--model cannot be combined with --preset/--model-seed (a model directory has its "
@@ -224,11 +228,11 @@ int Check(const CheckArgs& args, bool model_seed_given) {
   std::vector<BackendSet> demanding_backends;
   options.demanding = PlanDemandingPart(args, model, job_lists[0], jobs, &demanding_backends);
   const std::vector<std::string> gate_notes = ResolveGates(args, job_lists[0], options);
-  fmt::print("kvdiff check: model {} ({}), backends {}\n", model.Describe(),
+  fmt::print(Report(), "kvdiff check: model {} ({}), backends {}\n", model.Describe(),
              harness::DescribeModel(weights->config), fmt::join(names, ","));
   PrintGates(gate_notes);
   PrintShardSource(shard, options);
-  std::fflush(stdout);
+  std::fflush(Report());
   const harness::CampaignReport report = harness::RunCampaignOnJobs(model, job_lists, options);
   WriteReports(args, report);
   return report.ExitCode();

@@ -12,6 +12,7 @@
 #include "format/error.h"
 #include "harness/cli/cli_util.h"
 #include "harness/cli/commands.h"
+#include "harness/cli/engine_guard.h"
 #include "harness/conform.h"
 #include "harness/registry.h"
 #include "harness/report.h"
@@ -46,6 +47,7 @@ std::string EngineBackendName(const std::string& engine) {
 }
 
 int Conform(const ConformArgs& args, bool model_seed_given) {
+  SeparateReportFromEngines();  // what an engine prints is not the report
   KVDIFF_CHECK(args.model.empty() || (args.preset.empty() && !model_seed_given),
                "--model cannot be combined with --preset/--model-seed (a model directory has its "
                "own weights)");
@@ -71,15 +73,15 @@ int Conform(const ConformArgs& args, bool model_seed_given) {
   options.campaign_cases = args.cases;
   options.seed = args.seed;
   options.out_dir = args.out_dir;
-  fmt::print("kvdiff conform: {} ({}) against {}, model {} ({})\n", engine_name,
+  fmt::print(Report(), "kvdiff conform: {} ({}) against {}, model {} ({})\n", engine_name,
              backends.all[0]->Info().description, args.against, model.Describe(),
              harness::DescribeModel(weights->config));
-  if (!profile_note.empty()) fmt::print("{}\n", profile_note);
-  if (!rope_note.empty()) fmt::print("{}\n", rope_note);
-  std::fflush(stdout);
+  if (!profile_note.empty()) fmt::print(Report(), "{}\n", profile_note);
+  if (!rope_note.empty()) fmt::print(Report(), "{}\n", rope_note);
+  std::fflush(Report());
   const harness::ConformReport report =
       harness::RunConformance(model, *backends.all[0], *backends.all[1], options);
-  fmt::print("{}", report.Table());
+  fmt::print(Report(), "{}", report.Table());
   if (!args.json.empty()) harness::WriteTextFile(args.json, report.ToJson().dump(2) + "\n");
   if (!args.junit.empty()) harness::WriteTextFile(args.junit, report.ToJUnit());
   return report.ExitCode();

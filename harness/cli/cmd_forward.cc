@@ -9,14 +9,15 @@
 #include <string>
 #include <vector>
 
-#include "harness/compare.h"
-#include "harness/backend.h"
-#include "harness/registry.h"
-#include "harness/cli/commands.h"
 #include "format/error.h"
-#include "harness/cli/cli_util.h"
 #include "format/model_files.h"
 #include "format/safetensors.h"
+#include "harness/backend.h"
+#include "harness/cli/cli_util.h"
+#include "harness/cli/commands.h"
+#include "harness/cli/engine_guard.h"
+#include "harness/compare.h"
+#include "harness/registry.h"
 
 namespace kvdiff::cli {
 namespace {
@@ -41,15 +42,17 @@ void PrintTop5(const Logits& logits, const Tokens& tokens) {
     const float x = logits(last, a), y = logits(last, b);
     return x > y || (x == y && a < b);
   });
-  fmt::print("top-5 after position {} (token {}):\n", last, tokens.back());
+  fmt::print(Report(), "top-5 after position {} (token {}):\n", last, tokens.back());
   for (int64_t i = 0; i < k; ++i) {
-    fmt::print("  {:>2}. token {:>6}  logit {:>10.4f}\n", i + 1, order[i], logits(last, order[i]));
+    fmt::print(Report(), "  {:>2}. token {:>6}  logit {:>10.4f}\n", i + 1, order[i],
+               logits(last, order[i]));
   }
 }
 
 // 0, or 1 when the backend's logits are not all finite (the NaN/inf policy: a failure of its own
 // kind, reported after the file is written so it can be inspected).
 int RunForward(const ForwardOptions& o) {
+  SeparateReportFromEngines();  // what an engine prints is not the report
   auto weights = std::make_shared<const format::ModelWeights>(format::LoadModel(o.model));
   const int64_t vocab = weights->config.vocab_size;
   const Tokens tokens = ParseTokenIds("--tokens", o.tokens, vocab);
@@ -92,8 +95,8 @@ int RunForward(const ForwardOptions& o) {
   format::WriteSafetensors(o.out, {tensor},
                            {{"backend", backend->Name()}, {"mode", mode},
                             {"tokens", fmt::format("{}", fmt::join(tokens, ","))}});
-  fmt::print("logits [{}, {}] of backend {}, {}, written to {}\n", n, vocab, backend->Name(), mode,
-             o.out);
+  fmt::print(Report(), "logits [{}, {}] of backend {}, {}, written to {}\n", n, vocab,
+             backend->Name(), mode, o.out);
   const std::string bad =
       harness::DescribeNonFiniteLogits(backend->Name(), "", logits.data(), n, vocab);
   if (!bad.empty()) {

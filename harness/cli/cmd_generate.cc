@@ -12,17 +12,18 @@
 #include <stdexcept>
 #include <string>
 
-#include "format/input_file.h"
-#include "harness/compare.h"
-#include "harness/backend.h"
-#include "harness/registry.h"
-#include "harness/replay.h"
-#include "harness/cli/cli_util.h"
-#include "harness/cli/commands.h"
 #include "format/chat_template.h"
 #include "format/error.h"
+#include "format/input_file.h"
 #include "format/model_files.h"
 #include "format/tokenizer.h"
+#include "harness/backend.h"
+#include "harness/cli/cli_util.h"
+#include "harness/cli/commands.h"
+#include "harness/cli/engine_guard.h"
+#include "harness/compare.h"
+#include "harness/registry.h"
+#include "harness/replay.h"
 
 namespace kvdiff::cli {
 namespace {
@@ -86,6 +87,7 @@ void AddGenerateCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::NonNegativeNumber);
 
   cmd->callback([opts, &exit_code] {
+    SeparateReportFromEngines();  // what an engine prints is not the report
     KVDIFF_CHECK(opts->prompt || opts->tokens || opts->chat,
                  "generate: give --prompt TEXT, --chat FILE or --tokens IDS");
     auto weights = std::make_shared<const format::ModelWeights>(format::LoadModel(opts->model));
@@ -121,8 +123,8 @@ void AddGenerateCommand(CLI::App& app, int& exit_code) {
         if (!is_stop(t)) text += tokenizer->Decode(t, prev);
         prev = t;
       }
-      std::fwrite(text.data(), 1, text.size(), stdout);
-      std::fflush(stdout);
+      std::fwrite(text.data(), 1, text.size(), Report());
+      std::fflush(Report());
     } else {
       prev = prompt_tokens.back();
     }
@@ -150,7 +152,7 @@ void AddGenerateCommand(CLI::App& app, int& exit_code) {
                  capacity);
     }
     if (opts->n == 0 || static_cast<int64_t>(history.size()) >= capacity) {
-      fmt::print("\n");
+      fmt::print(Report(), "\n");
       exit_code = 0;
       return;
     }
@@ -163,13 +165,13 @@ void AddGenerateCommand(CLI::App& app, int& exit_code) {
       ++generated;
       const bool stop = !opts->ignore_eos && is_stop(next);
       if (opts->ids) {
-        fmt::print("{}{}", first_id ? "" : " ", next);
+        fmt::print(Report(), "{}{}", first_id ? "" : " ", next);
         first_id = false;
       } else if (!stop) {
         const std::string piece = tokenizer->Decode(next, prev);
-        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fwrite(piece.data(), 1, piece.size(), Report());
       }
-      std::fflush(stdout);
+      std::fflush(Report());
       prev = next;
       if (stop || generated == opts->n) return nullptr;
       if (static_cast<int64_t>(history.size()) >= capacity) {
@@ -179,7 +181,7 @@ void AddGenerateCommand(CLI::App& app, int& exit_code) {
       }
       return forward({next});
     });
-    fmt::print("\n");
+    fmt::print(Report(), "\n");
     exit_code = 0;
   });
 }

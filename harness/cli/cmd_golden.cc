@@ -12,6 +12,7 @@
 #include "format/error.h"
 #include "harness/cli/cli_util.h"
 #include "harness/cli/commands.h"
+#include "harness/cli/engine_guard.h"
 #include "harness/golden.h"
 #include "harness/report.h"
 #include "harness/scenario.h"
@@ -34,12 +35,13 @@ struct VerifyArgs {
 };
 
 int Verify(const VerifyArgs& args) {
+  SeparateReportFromEngines();  // what an engine prints is not the report
   const std::vector<harness::GoldenPaths> sets = harness::FindGoldenSets(ToPaths(args.paths));
   const std::vector<std::string> backends =
       args.backends.empty() ? std::vector<std::string>{} : harness::ParseBackendList(args.backends);
   const harness::VerifyReport report = harness::VerifyGoldens(
       sets, backends, WithThreads(args.isolation, args.threads), args.tolerance);
-  fmt::print("{}", report.ToTerminal(isatty(fileno(stdout)) != 0));
+  fmt::print(Report(), "{}", report.ToTerminal(isatty(fileno(Report())) != 0));
   // The report lists every set; an unreadable one is also an error on stderr, like every command's.
   for (const auto& set : report.sets) {
     if (!set.input_error.empty()) fmt::print(stderr, "kvdiff: error: {}\n", set.input_error);
@@ -57,6 +59,7 @@ struct RegenArgs {
 };
 
 int Regen(const RegenArgs& args) {
+  SeparateReportFromEngines();  // what an engine prints is not the report
   if (!args.backend.empty()) harness::ParseBackendList(args.backend);  // one known name
   KVDIFF_CHECK(args.backend.find(',') == std::string::npos,
                "--backend: a golden is made by one backend, got \"{}\"", args.backend);
@@ -81,9 +84,9 @@ int Regen(const RegenArgs& args) {
         line += ": " + r.message;
         break;
     }
-    fmt::print("{}\n", line);
-    for (const auto& w : r.warnings) fmt::print("  warning: {}\n", w);
-    std::fflush(stdout);
+    fmt::print(Report(), "{}\n", line);
+    for (const auto& w : r.warnings) fmt::print(Report(), "  warning: {}\n", w);
+    std::fflush(Report());
     if (r.status == harness::RegenStatus::kError) exit_code = 2;
     if (exit_code < 2 && (r.status == harness::RegenStatus::kRefused ||
                           r.status == harness::RegenStatus::kWouldChange)) {
@@ -95,8 +98,8 @@ int Regen(const RegenArgs& args) {
     summary +=
         fmt::format("{}{} {}", summary.empty() ? "" : ", ", n, harness::RegenStatusName(status));
   }
-  fmt::print("golden regen{}: {} golden set{}: {}\n", args.check ? " --check" : "", sets.size(),
-             sets.size() == 1 ? "" : "s", summary);
+  fmt::print(Report(), "golden regen{}: {} golden set{}: {}\n", args.check ? " --check" : "",
+             sets.size(), sets.size() == 1 ? "" : "s", summary);
   return exit_code;
 }
 

@@ -16,6 +16,7 @@
 #include "format/tokenizer.h"
 #include "harness/cli/cli_util.h"
 #include "harness/cli/commands.h"
+#include "harness/cli/engine_guard.h"
 #include "harness/report.h"
 #include "harness/repro.h"
 #include "harness/runner.h"
@@ -40,6 +41,7 @@ struct ReproArgs {
 };
 
 int Run(const ReproArgs& args) {
+  SeparateReportFromEngines();  // what an engine prints is not the report
   const bool all = args.name == "all";
   std::vector<harness::Experiment> experiments =
       all ? harness::AllExperiments()
@@ -119,7 +121,7 @@ int Run(const ReproArgs& args) {
   if (!args.save.empty()) {
     out += fmt::format("\nwrote {}: replay it with kvdiff run {}\n", args.save, args.save);
   }
-  fmt::print("{}", out);
+  fmt::print(Report(), "{}", out);
   return harness::ReproExitCode(results);
 }
 

@@ -9,15 +9,16 @@
 #include <string>
 #include <vector>
 
-#include "harness/backend.h"
 #include "format/error.h"
+#include "harness/backend.h"
 #include "harness/cli/cli_util.h"
 #include "harness/cli/commands.h"
+#include "harness/cli/engine_guard.h"
 #include "harness/compare.h"
 #include "harness/report.h"
 #include "harness/runner.h"
-#include "harness/tolerance_profile.h"
 #include "harness/scenario.h"
+#include "harness/tolerance_profile.h"
 
 namespace kvdiff::cli {
 namespace {
@@ -35,6 +36,7 @@ struct RunArgs {
 };
 
 int Run(const RunArgs& args) {
+  SeparateReportFromEngines();  // what an engine prints is not the report
   harness::Scenario sc = harness::LoadScenario(args.scenario);
   if (!args.model.empty()) {
     sc.model = harness::ModelSpec{};
@@ -64,7 +66,7 @@ int Run(const RunArgs& args) {
   if (!profile_note.empty()) notes.push_back(profile_note);
   harness::RunReport report = harness::RunScenario(sc, backends.all, options);
   report.notes = notes;
-  fmt::print("{}", harness::FormatTerminal(report, isatty(fileno(stdout)) != 0));
+  fmt::print(Report(), "{}", harness::FormatTerminal(report, isatty(fileno(Report())) != 0));
   if (!args.json.empty()) {
     harness::WriteTextFile(args.json, harness::ReportToJson(report).dump(2) + "\n");
   }

@@ -1,16 +1,20 @@
 // kvdiff: differential verification of KV-cache inference for Llama-family models.
-// Exit codes: 0 success, 1 a divergence or a backend error (run/check/golden), 2 bad input or usage.
-#include <CLI/CLI.hpp>
+// Exit codes: 0 success, 1 a divergence or a backend error (run/check/golden), 2 bad input or
+// usage.
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <new>
 #include <string>
 
 #include "format/error.h"
 #include "harness/cli/commands.h"
+#include "harness/cli/engine_guard.h"
+#include "harness/registry.h"
 #include "impl/thread_pool.h"
 
 namespace {
@@ -32,15 +36,16 @@ void SharedOptionChecks(CLI::App& app) {
       "NONNEGATIVE");
   const CLI::Validator seed(
       [](std::string& s) {
-        const bool digits = !s.empty() && s.size() <= 20 &&
-                            s.find_first_not_of("0123456789") == std::string::npos;
+        const bool digits =
+            !s.empty() && s.size() <= 20 && s.find_first_not_of("0123456789") == std::string::npos;
         return digits ? std::string() : "expected a whole number >= 0, got \"" + s + "\"";
       },
       "SEED");
   const CLI::Validator not_empty(
       [](std::string& s) {
-        return s.empty() ? std::string("expected a comma-separated list such as impl,ref, got "
-                                       "nothing")
+        return s.empty() ? std::string(
+                               "expected a comma-separated list such as impl,ref, got "
+                               "nothing")
                          : std::string();
       },
       "LIST");
@@ -74,9 +79,7 @@ std::string UnknownCommand(CLI::App& app, const std::string& word) {
   return names;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int Main(int argc, char** argv) {
   CLI::App app{"kvdiff: prove that a KV-cache implementation of a Llama model is right"};
   app.set_version_flag("--version", std::string("kvdiff ") + KVDIFF_VERSION);
   app.require_subcommand(1);
@@ -125,5 +128,18 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "kvdiff: error: {}\n", e.what());
     return 2;
   }
+  return kvdiff::cli::ReportCloseFaults(exit_code);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  kvdiff::cli::InstallExitGuard();  // before any engine is loaded
+  // Isolated engines are served by this executable's hidden engine-host subcommand.
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) kvdiff::harness::SetEngineHost(self);
+  const int exit_code = Main(argc, argv);
+  kvdiff::cli::MarkFinished();
   return exit_code;
 }

@@ -12,9 +12,17 @@
  *   bug=hang      append() never returns once a session would pass 24 positions (--isolate).
  *   bug=none      no bug (the wrapper itself must conform).
  *
+ * An engine that misbehaves on purpose, for the bad-input catalogue: fault=WHERE:WHAT strikes in
+ * WHERE (open, info, close, or append once a session would pass 24 positions) by WHAT (exit0:
+ * exit(0); exit3: exit(3); segv: SIGSEGV; hang: never returns; print: prints a "PASS: ..." line on
+ * stdout and goes on). Faults before any option can be read are chosen when building: with
+ * KVDIFF_FAULT_AT_LOAD=WHAT the library's ELF constructor strikes, with KVDIFF_GARBAGE_ENTRY the
+ * entry point returns a pointer to nothing (tests/engines/CMakeLists.txt builds one of each).
+ *
  * `kvdiff conform` and `kvdiff check` must catch both bugs (tests/harness/conform_test.cc). */
 #include <dlfcn.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,10 +34,49 @@ enum bug { BUG_NONE, BUG_TRUNCATE, BUG_FORK, BUG_CRASH, BUG_HANG };
 
 enum { kBugLength = 24 }; /* where bug=crash and bug=hang strike */
 
+enum where { AT_NOWHERE, AT_OPEN, AT_INFO, AT_CLOSE, AT_APPEND };
+enum what { DO_NOTHING, DO_EXIT0, DO_EXIT3, DO_SEGV, DO_HANG, DO_PRINT };
+
+static void Strike(enum what what) {
+  switch (what) {
+    case DO_EXIT0: exit(0);
+    case DO_EXIT3: exit(3);
+    case DO_SEGV: raise(SIGSEGV); break;
+    case DO_HANG: for (;;) pause();
+    case DO_PRINT:
+      printf("PASS: 100 of 100 cases run, 0 failed (printed by the engine)\n");
+      fflush(stdout);
+      break;
+    case DO_NOTHING: break;
+  }
+}
+
+#ifdef KVDIFF_FAULT_AT_LOAD
+__attribute__((constructor)) static void OnLoad(void) { Strike(KVDIFF_FAULT_AT_LOAD); }
+#endif
+
+/* "open:segv" -> AT_OPEN, DO_SEGV; 0 when either half is unknown. */
+static int ParseFault(const char* text, enum where* where, enum what* what) {
+  static const char* const kWhere[] = {"", "open:", "info:", "close:", "append:"};
+  static const char* const kWhat[] = {"", "exit0", "exit3", "segv", "hang", "print"};
+  for (int w = 1; w < 5; ++w) {
+    if (strncmp(text, kWhere[w], strlen(kWhere[w])) != 0) continue;
+    for (int d = 1; d < 6; ++d) {
+      if (strcmp(text + strlen(kWhere[w]), kWhat[d]) != 0) continue;
+      *where = (enum where)w;
+      *what = (enum what)d;
+      return 1;
+    }
+  }
+  return 0;
+}
+
 struct kvdiff_engine {
   const kvdiff_engine_api* api; /* the example's */
   kvdiff_engine* inner;
   enum bug bug;
+  enum where fault_at;
+  enum what fault;
   char error[512];
 };
 
@@ -52,8 +99,9 @@ static const kvdiff_engine_api* InnerApi(const char* path, char* error, size_t s
 
 /* Splits bug=NAME and inner=PATH out of the options; the rest, in order, goes to `rest`. 0 on an
  * unknown bug. */
-static int ParseOptions(const char* options, enum bug* bug, char* inner, size_t inner_size,
-                        char* rest, size_t size) {
+static int ParseOptions(const char* options, struct kvdiff_engine* e, char* inner,
+                        size_t inner_size, char* rest, size_t size) {
+  enum bug* bug = &e->bug;
   *bug = BUG_NONE;
   snprintf(inner, inner_size, "%s", KVDIFF_EXAMPLE_ENGINE);
   rest[0] = '\0';
@@ -63,6 +111,10 @@ static int ParseOptions(const char* options, enum bug* bug, char* inner, size_t 
   for (char* item = strtok(copy, ",\n"); item; item = strtok(NULL, ",\n")) {
     if (strncmp(item, "inner=", 6) == 0) {
       snprintf(inner, inner_size, "%s", item + 6);
+      continue;
+    }
+    if (strncmp(item, "fault=", 6) == 0) {
+      if (!ParseFault(item + 6, &e->fault_at, &e->fault)) return 0;
       continue;
     }
     if (strncmp(item, "bug=", 4) == 0) {
@@ -91,11 +143,13 @@ static kvdiff_status Open(const char* model_dir, const char* options, kvdiff_eng
   *out = e;
   if (!e) return KVDIFF_ENGINE_FAILURE;
   char rest[1024], inner[1024];
-  if (!ParseOptions(options, &e->bug, inner, sizeof inner, rest, sizeof rest)) {
+  if (!ParseOptions(options, e, inner, sizeof inner, rest, sizeof rest)) {
     snprintf(e->error, sizeof e->error,
-             "broken: option bug: expected truncate, fork, crash, hang or none");
+             "broken: option bug: expected truncate, fork, crash, hang or none; option fault: "
+             "expected open, info, close or append, ':', then exit0, exit3, segv, hang or print");
     return KVDIFF_INVALID_INPUT;
   }
+  if (e->fault_at == AT_OPEN) Strike(e->fault);
   e->api = InnerApi(inner, e->error, sizeof e->error);
   if (!e->api) return KVDIFF_ENGINE_FAILURE;
   const kvdiff_status status = e->api->open(model_dir, rest, &e->inner);
@@ -110,11 +164,13 @@ static kvdiff_status Open(const char* model_dir, const char* options, kvdiff_eng
 static const char* EngineError(const kvdiff_engine* e) { return e->error; }
 
 static kvdiff_status EngineInfo(kvdiff_engine* e, kvdiff_engine_info* out) {
+  if (e->fault_at == AT_INFO) Strike(e->fault);
   return e->api->engine_info(e->inner, out);
 }
 
 static void Close(kvdiff_engine* e) {
   if (!e) return;
+  if (e->fault_at == AT_CLOSE) Strike(e->fault);
   if (e->inner) e->api->close(e->inner);
   free(e);
 }
@@ -149,6 +205,8 @@ static int64_t Length(const kvdiff_session* s) {
 
 static kvdiff_status Append(kvdiff_session* s, const int32_t* tokens, int64_t n, float* logits,
                             int64_t capacity) {
+  if (s->engine->fault_at == AT_APPEND && (Length(s) + n > kBugLength || s->engine->fault == DO_PRINT))
+    Strike(s->engine->fault);
   if (Length(s) + n > kBugLength) {
     if (s->engine->bug == BUG_CRASH) raise(SIGSEGV); /* THE BUG */
     if (s->engine->bug == BUG_HANG)
@@ -210,4 +268,11 @@ static const kvdiff_engine_api kApi = {
     KVDIFF_ENGINE_ABI_VERSION, "broken-example", "1", Open, EngineError, EngineInfo, Close,
     SessionNew, Append, Length, Truncate, Fork, Reset, SessionError, SessionFree};
 
+#ifdef KVDIFF_GARBAGE_ENTRY
+KVDIFF_ENGINE_EXPORT const kvdiff_engine_api* kvdiff_engine_entry(void) {
+  (void)kApi;
+  return (const kvdiff_engine_api*)(uintptr_t)0x10; /* THE BUG: points at nothing */
+}
+#else
 KVDIFF_ENGINE_EXPORT const kvdiff_engine_api* kvdiff_engine_entry(void) { return &kApi; }
+#endif

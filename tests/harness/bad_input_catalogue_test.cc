@@ -8,26 +8,31 @@
 //   case: TEXT          what is refused (the README's first column)
 //   needs: ref          skip unless the build has the LibTorch reference
 //   needs: data         skip unless the shared data (@DATA@: ../shared/data) is there
+//   needs: llamacpp     skip unless the build has the llama.cpp backend
+//   env: NAME=VALUE     set for the setup and the command (e.g. KVDIFF_GGUF_CACHE=cache)
 //   file: NAME = TEXT   write TEXT (macros below) to NAME
 //   copy: SRC DST       copy a file or directory; SRC may start with @SRC@ (the repository)
 //   config: DIR = JSON  DIR: the tiny model with JSON merged into its config.json (null deletes)
 //   st: NAME +N = JSON  a safetensors file: JSON as its header, then N zero bytes
 //   sparse: NAME BYTES  a sparse file of that size; fifo: NAME; dir: NAME; remove: NAME
-//   edit: FILE = OLD => NEW   replace the first OLD by NEW in FILE (NEW may use macros)
+//   cut: NAME BYTES     truncate a file to that size
+//   edit: FILE = OLD => NEW   replace the first OLD by NEW in FILE (both may use macros; FILE may
+//                       be DIR/*.EXT, the one file of DIR with that extension)
 //   setup: ARGS         run kvdiff ARGS first (exit code ignored)
 //   run: ARGS           the command under test;  exit: N;  expect: FRAGMENT (on stderr; with
 //                       exit 1, a failure, on stdout or stderr)
 // Macros: @DEEP:N@ is N '[' then N ']'; @REPEAT:N:TEXT@ is TEXT N times joined by ",";
-// @TIMES:N:TEXT@ is TEXT N times (TEXT without '@').
+// @TIMES:N:TEXT@ is TEXT N times (TEXT without '@'); @HEX:0a0b@ the bytes written in hex;
+// @ENGINES@ the folder of tests/engines' misbehaving plugins; @EXAMPLE_ENGINE@ the example plugin.
 // Every case directory starts with tiny/ (make-model --preset tiny --seed 3) and nan/ (the same
 // with a NaN final norm, so every logit is NaN).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <sys/stat.h>
 
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "format/model_files.h"
@@ -52,6 +57,8 @@ struct Case {
   int exit = -1;
   bool needs_ref = false;
   bool needs_data = false;
+  bool needs_llamacpp = false;
+  std::vector<std::pair<std::string, std::string>> env;
   int line = 0;
 };
 
@@ -93,6 +100,11 @@ std::vector<Case> ReadCatalogue() {
     } else if (key == "needs") {
       current.needs_ref = current.needs_ref || value == "ref";
       current.needs_data = current.needs_data || value == "data";
+      current.needs_llamacpp = current.needs_llamacpp || value == "llamacpp";
+    } else if (key == "env") {
+      const size_t eq = value.find('=');
+      if (eq == std::string::npos) throw std::runtime_error("expected NAME=VALUE: " + value);
+      current.env.emplace_back(value.substr(0, eq), value.substr(eq + 1));
     } else {
       current.directives.emplace_back(key, value);
     }
@@ -110,7 +122,7 @@ std::string Expand(std::string text) {
     text = text.substr(0, at) + std::string(n, '[') + std::string(n, ']') + text.substr(end + 1);
   }
   for (const auto& [macro, separator] : {std::pair{std::string("@REPEAT:"), std::string(",")},
-                                          std::pair{std::string("@TIMES:"), std::string()}}) {
+                                         std::pair{std::string("@TIMES:"), std::string()}}) {
     for (size_t at; (at = text.find(macro)) != std::string::npos;) {
       const size_t count_at = at + macro.size();
       const size_t colon = text.find(':', count_at);
@@ -123,8 +135,19 @@ std::string Expand(std::string text) {
       text = text.substr(0, at) + joined + text.substr(end + 1);
     }
   }
+  for (size_t at; (at = text.find("@HEX:")) != std::string::npos;) {
+    const size_t end = text.find('@', at + 5);
+    std::string bytes;
+    for (size_t i = at + 5; i + 1 < end; i += 2)
+      bytes += static_cast<char>(std::stoi(text.substr(i, 2), nullptr, 16));
+    text = text.substr(0, at) + bytes + text.substr(end + 1);
+  }
   size_t at;
   while ((at = text.find("@SRC@")) != std::string::npos) text.replace(at, 5, KVDIFF_SOURCE_DIR);
+  while ((at = text.find("@ENGINES@")) != std::string::npos)
+    text.replace(at, 9, KVDIFF_TEST_ENGINES_DIR);
+  while ((at = text.find("@EXAMPLE_ENGINE@")) != std::string::npos)
+    text.replace(at, 16, KVDIFF_EXAMPLE_ENGINE);
   while ((at = text.find("@DATA@")) != std::string::npos) text.replace(at, 6, DataDir().string());
   return text;
 }
@@ -168,6 +191,21 @@ class Catalogue : public ::testing::Test {
 };
 fs::path* Catalogue::fixtures_ = nullptr;
 
+// NAME, or the one file of DIR ending in EXT for "DIR/*EXT".
+fs::path Resolve(const fs::path& dir, const std::string& name) {
+  const size_t star = name.find("/*");
+  if (star == std::string::npos) return dir / name;
+  const std::string ext = name.substr(star + 2);
+  std::vector<fs::path> found;
+  for (const auto& entry : fs::directory_iterator(dir / name.substr(0, star))) {
+    const std::string file = entry.path().string();
+    if (file.size() >= ext.size() && file.compare(file.size() - ext.size(), ext.size(), ext) == 0)
+      found.push_back(entry.path());
+  }
+  if (found.size() != 1) throw std::runtime_error(name + ": expected exactly one match");
+  return found[0];
+}
+
 void Build(const Case& c, const fs::path& dir) {
   for (const auto& [key, value] : c.directives) {
     if (key == "file") {
@@ -193,6 +231,9 @@ void Build(const Case& c, const fs::path& dir) {
       const auto [name, size] = Split(value, " ");
       WriteFile(dir / name, "");
       fs::resize_file(dir / name, std::stoull(size));
+    } else if (key == "cut") {
+      const auto [name, size] = Split(value, " ");
+      fs::resize_file(dir / name, std::stoull(size));
     } else if (key == "fifo") {
       ASSERT_EQ(::mkfifo((dir / value).c_str(), 0600), 0);
     } else if (key == "remove") {
@@ -202,13 +243,14 @@ void Build(const Case& c, const fs::path& dir) {
     } else if (key == "edit") {
       const auto [file, change] = Split(value, " = ");
       const auto [old_text, new_text] = Split(change, " => ");
-      std::string text = ReadFile(dir / file);
-      const size_t at = text.find(old_text);
+      const fs::path path = Resolve(dir, file);
+      std::string text = ReadFile(path);
+      const size_t at = text.find(Expand(old_text));
       ASSERT_NE(at, std::string::npos) << c.name << ": " << old_text << " not in " << file;
-      text.replace(at, old_text.size(), Expand(new_text));
-      WriteFile(dir / file, text);
+      text.replace(at, Expand(old_text).size(), Expand(new_text));
+      WriteFile(path, text);
     } else if (key == "setup") {
-      RunKvdiff(value, dir);
+      RunKvdiff(Expand(value), dir);
     } else {
       FAIL() << "catalogue line " << c.line << ": unknown directive " << key;
     }
@@ -218,23 +260,27 @@ void Build(const Case& c, const fs::path& dir) {
 TEST_F(Catalogue, HasAtLeastSixtyCases) { EXPECT_GE(ReadCatalogue().size(), 60u); }
 
 TEST_F(Catalogue, EveryCaseIsRefusedAsListed) {
-  const bool have_ref = [] {
+  const auto have = [](const std::string& backend) {
     for (const auto& n : harness::BackendRegistry::Global().Names())
-      if (n == "ref") return true;
+      if (n == backend) return true;
     return false;
-  }();
+  };
+  const bool have_ref = have("ref"), have_llamacpp = have("llama.cpp");
   int index = 0;
   for (const Case& c : ReadCatalogue()) {
     ++index;
     if (c.needs_ref && !have_ref) continue;
     if (c.needs_data && !fs::exists(DataDir() / "stories260K")) continue;
+    if (c.needs_llamacpp && !have_llamacpp) continue;
     SCOPED_TRACE(c.name + " (catalogue line " + std::to_string(c.line) + ")");
     const fs::path dir = *fixtures_ / ("case" + std::to_string(index));
     fs::create_directories(dir);
     fs::copy(*fixtures_ / "tiny", dir / "tiny", fs::copy_options::recursive);
     fs::copy(*fixtures_ / "nan", dir / "nan", fs::copy_options::recursive);
+    for (const auto& [name, value] : c.env) ::setenv(name.c_str(), value.c_str(), 1);
     Build(c, dir);
-    const CommandResult r = RunBounded(c.run, dir);
+    const CommandResult r = RunBounded(Expand(c.run), dir);
+    for (const auto& [name, value] : c.env) ::unsetenv(name.c_str());
     EXPECT_EQ(r.exit_code, c.exit) << "kvdiff " << c.run << "\nstderr: " << r.err.substr(0, 2000);
     // Refusals (exit 2) are one line on stderr; a failure (exit 1) may be in the report on stdout.
     EXPECT_THAT(c.exit == 1 ? r.out + r.err : r.err, HasSubstr(c.expect)) << "kvdiff " << c.run;
@@ -245,21 +291,25 @@ TEST_F(Catalogue, EveryCaseIsRefusedAsListed) {
 // The README's table, generated from the catalogue: | what is refused | command | exit | message |.
 std::string MarkdownTable() {
   auto cell = [](std::string s) {
-    for (size_t at = 0; (at = s.find('|', at)) != std::string::npos; at += 2) s.replace(at, 1, "\\|");
+    for (size_t at = 0; (at = s.find('|', at)) != std::string::npos; at += 2)
+      s.replace(at, 1, "\\|");
     return s;
   };
   std::string out = "| refused | command | exit | the message says |\n|---|---|---|---|\n";
   for (const Case& c : ReadCatalogue()) {
     std::string run = c.run.size() > 70 ? c.run.substr(0, 67) + "..." : c.run;
-    out += "| " + cell(c.name) + (c.needs_ref ? " (with LibTorch)" : "") + (c.needs_data ? " (shared data)" : "") + " | `kvdiff " +
-           cell(run) + "` | " + std::to_string(c.exit) + " | " + cell(c.expect) + " |\n";
+    out += "| " + cell(c.name) + (c.needs_ref ? " (with LibTorch)" : "") +
+           (c.needs_data ? " (shared data)" : "") + (c.needs_llamacpp ? " (with llama.cpp)" : "") +
+           " | `kvdiff " + cell(run) + "` | " + std::to_string(c.exit) + " | " + cell(c.expect) +
+           " |\n";
   }
   return out;
 }
 
 TEST_F(Catalogue, ReadmeTableMatches) {
   const std::string readme = ReadFile(fs::path(KVDIFF_SOURCE_DIR) / "README.md");
-  const std::string begin = "<!-- bad-input-catalogue: generated from tests/harness/bad_input_catalogue.txt -->\n";
+  const std::string begin =
+      "<!-- bad-input-catalogue: generated from tests/harness/bad_input_catalogue.txt -->\n";
   const std::string end = "<!-- end of bad-input-catalogue -->";
   const size_t b = readme.find(begin), e = readme.find(end);
   ASSERT_NE(b, std::string::npos) << "README.md lacks the catalogue markers";

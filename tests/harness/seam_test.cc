@@ -92,7 +92,9 @@ CampaignReport Campaign(const std::vector<std::string>& names, int64_t cases) {
   std::vector<std::unique_ptr<Backend>> owned;
   std::vector<const Backend*> backends;
   for (const std::string& name : names) {
-    owned.push_back(BackendRegistry::Global().Make(name, weights, BackendOptions{1}));
+    // In process: a test binary is no engine host (isolation runs through the kvdiff binary).
+    owned.push_back(
+        BackendRegistry::Global().Make(name, weights, BackendOptions{1, /*isolate=*/false}));
     backends.push_back(owned.back().get());
   }
   CampaignOptions options;
@@ -134,7 +136,16 @@ TEST(Seam, AnEnginePluginRunsACampaignThroughTheRegistry) {
   const CampaignReport r = Campaign({"impl", plugin}, 30);
   EXPECT_TRUE(r.Passed()) << r.Summary();
   EXPECT_GT(r.rows_compared, 1000);
+  // Naming a plugin only checks its path: loading runs its code, which isolation keeps out of
+  // this process, so the engine's own name is known once it is built.
   EXPECT_THAT(BackendRegistry::Global().Info(plugin).description,
+              HasSubstr("engine plugin " KVDIFF_EXAMPLE_ENGINE));
+  ModelSpec tiny;
+  tiny.preset = "tiny";
+  EXPECT_THAT(BackendRegistry::Global()
+                  .Make(plugin, LoadModelFor(tiny), BackendOptions{1, /*isolate=*/false})
+                  ->Info()
+                  .description,
               HasSubstr("engine plugin example"));
   // Engine options travel after '?', '&'-separated; an unknown one is the engine's InputError.
   EXPECT_THROW(Campaign({"impl", plugin + "?colour=blue"}, 1), InputError);

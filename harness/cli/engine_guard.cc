@@ -1,0 +1,68 @@
+#include "harness/cli/engine_guard.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "engines/isolated_engine.h"
+
+namespace kvdiff::cli {
+namespace {
+
+std::atomic<bool> finished{false};
+std::FILE* report = nullptr;
+
+// Runs inside exit(): only async-signal-safe calls, then _exit so no later handler can undo it.
+void OnExit() {
+  if (finished.load()) return;
+  static const char kMessage[] =
+      "kvdiff: engine failure: the process was ended by exit() before kvdiff finished its work "
+      "(an engine in this process called exit()?); no verdict was reached, so this run fails\n";
+  [[maybe_unused]] const ssize_t n = write(STDERR_FILENO, kMessage, sizeof kMessage - 1);
+  _exit(1);
+}
+
+}  // namespace
+
+void InstallExitGuard() {
+  std::atexit(OnExit);
+  std::at_quick_exit(OnExit);
+}
+
+void MarkFinished() {
+  if (report) std::fflush(report);
+  finished.store(true);
+}
+
+std::FILE* Report() { return report ? report : stdout; }
+
+void SeparateReportFromEngines() {
+  if (report) return;
+  std::fflush(stdout);
+  // Close-on-exec: an engine-host child gets its own fd 1 (our stderr), never the report.
+  const int fd = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
+  if (fd < 0) return;  // no stdout to protect
+  report = fdopen(fd, "w");
+  if (!report) {
+    close(fd);
+    return;
+  }
+  if (isatty(fd)) setvbuf(report, nullptr, _IOLBF, 0);
+  dup2(STDERR_FILENO, STDOUT_FILENO);
+}
+
+int ReportCloseFaults(int exit_code) {
+  for (const std::string& fault : engines::TakeCloseFaults()) {
+    fmt::print(stderr, "kvdiff: engine failure: {}\n", fault);
+    exit_code = std::max(exit_code, 1);
+  }
+  return exit_code;
+}
+
+}  // namespace kvdiff::cli
