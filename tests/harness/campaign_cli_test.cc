@@ -1,4 +1,5 @@
 // The long campaigns: `kvdiff check --cases 200` on tiny, and --shard partitions 1000 cases.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -22,6 +23,34 @@ TEST(CheckCampaign, TwoHundredCasesOnTinyPass) {
   const auto j = nlohmann::json::parse(ReadFile(dir / "c.json"));
   EXPECT_EQ(j.at("failures"), 0);
   EXPECT_EQ(j.at("case_indices").size(), 200u);
+  // The worst figure names its row and the gate it was held to there, which may be above the
+  // plain tolerance (the rope-f32 allowance of a long position): never "worst X (tolerance Y)".
+  const auto& worst = j.at("worst");
+  EXPECT_LE(worst.at("diff").get<double>(), worst.at("gate").get<double>());
+  EXPECT_TRUE(worst.at("within").get<bool>());
+  EXPECT_EQ(worst.at("diff"), j.at("worst_diff"));
+  const int64_t worst_case = j.at("worst_case");
+  EXPECT_EQ(j.at("results").at(worst_case).at("worst"), worst);
+  EXPECT_THAT(r.out, HasSubstr(fmt::format("worst difference: {:.1e} at {}, step {}, conversation "
+                                           "{}, position {}, within its gate {:.1e} (",
+                                           worst.at("diff").get<double>(),
+                                           worst.at("path").get<std::string>(),
+                                           worst.at("step").get<int64_t>(),
+                                           worst.at("conversation").get<std::string>(),
+                                           worst.at("position").get<int64_t>(),
+                                           worst.at("gate").get<double>())));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("(tolerance 1.0e-04)")));
+  // ref computes float32 RoPE angles: a row it shares with impl is held to the tolerance plus the
+  // rope-f32 allowance of its position (here the worst row is one, at a long position).
+  const int64_t position = worst.at("position");
+  if (worst.at("path") == "impl~ref") {
+    EXPECT_EQ(worst.at("gate_basis"),
+              fmt::format("tolerance 1.0e-04 + rope-f32 allowance 1.0e-06 x {}", position));
+    EXPECT_NEAR(worst.at("gate").get<double>(), 1e-4 + 1e-6 * static_cast<double>(position),
+                1e-12);
+  } else {
+    EXPECT_EQ(worst.at("gate_basis"), "tolerance 1.0e-04");
+  }
 }
 
 TEST(CheckCampaign, ShardsAreDisjointAndCoverEveryCase) {
