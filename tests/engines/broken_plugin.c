@@ -12,9 +12,13 @@
  *   bug=hang      append() never returns once a session would pass 24 positions (--isolate).
  *   bug=none      no bug (the wrapper itself must conform).
  *
+ * and, independently, lie=NAME: length() lies while the cache is right, as a plugin that counts
+ * its positions wrong: lie=plus1 (length+1), lie=zero, lie=minus1 (-1), lie=max (INT64_MAX).
+ *
  * `kvdiff conform` and `kvdiff check` must catch both bugs (tests/harness/conform_test.cc). */
 #include <dlfcn.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +27,7 @@
 #include "kvdiff/engine.h"
 
 enum bug { BUG_NONE, BUG_TRUNCATE, BUG_FORK, BUG_CRASH, BUG_HANG };
+enum lie { LIE_NONE, LIE_PLUS1, LIE_ZERO, LIE_MINUS1, LIE_MAX };
 
 enum { kBugLength = 24 }; /* where bug=crash and bug=hang strike */
 
@@ -30,6 +35,7 @@ struct kvdiff_engine {
   const kvdiff_engine_api* api; /* the example's */
   kvdiff_engine* inner;
   enum bug bug;
+  enum lie lie;
   char error[512];
 };
 
@@ -52,9 +58,10 @@ static const kvdiff_engine_api* InnerApi(const char* path, char* error, size_t s
 
 /* Splits bug=NAME and inner=PATH out of the options; the rest, in order, goes to `rest`. 0 on an
  * unknown bug. */
-static int ParseOptions(const char* options, enum bug* bug, char* inner, size_t inner_size,
-                        char* rest, size_t size) {
+static int ParseOptions(const char* options, enum bug* bug, enum lie* lie, char* inner,
+                        size_t inner_size, char* rest, size_t size) {
   *bug = BUG_NONE;
+  *lie = LIE_NONE;
   snprintf(inner, inner_size, "%s", KVDIFF_EXAMPLE_ENGINE);
   rest[0] = '\0';
   if (!options) return 1;
@@ -63,6 +70,18 @@ static int ParseOptions(const char* options, enum bug* bug, char* inner, size_t 
   for (char* item = strtok(copy, ",\n"); item; item = strtok(NULL, ",\n")) {
     if (strncmp(item, "inner=", 6) == 0) {
       snprintf(inner, inner_size, "%s", item + 6);
+      continue;
+    }
+    if (strncmp(item, "lie=", 4) == 0) {
+      static const char* const kLies[] = {"none", "plus1", "zero", "minus1", "max"};
+      int found = 0;
+      for (int k = 0; k < 5; ++k) {
+        if (strcmp(item + 4, kLies[k]) == 0) {
+          *lie = (enum lie)k;
+          found = 1;
+        }
+      }
+      if (!found) return 0;
       continue;
     }
     if (strncmp(item, "bug=", 4) == 0) {
@@ -91,9 +110,10 @@ static kvdiff_status Open(const char* model_dir, const char* options, kvdiff_eng
   *out = e;
   if (!e) return KVDIFF_ENGINE_FAILURE;
   char rest[1024], inner[1024];
-  if (!ParseOptions(options, &e->bug, inner, sizeof inner, rest, sizeof rest)) {
+  if (!ParseOptions(options, &e->bug, &e->lie, inner, sizeof inner, rest, sizeof rest)) {
     snprintf(e->error, sizeof e->error,
-             "broken: option bug: expected truncate, fork, crash, hang or none");
+             "broken: option bug: expected truncate, fork, crash, hang or none; option lie: "
+             "expected plus1, zero, minus1, max or none");
     return KVDIFF_INVALID_INPUT;
   }
   e->api = InnerApi(inner, e->error, sizeof e->error);
@@ -143,13 +163,30 @@ static kvdiff_status SessionNew(kvdiff_engine* e, kvdiff_session** out) {
   return *out ? KVDIFF_OK : KVDIFF_ENGINE_FAILURE;
 }
 
-static int64_t Length(const kvdiff_session* s) {
+/* The positions the session holds, as the bugs above account them. */
+static int64_t Held(const kvdiff_session* s) {
   return s->claimed >= 0 ? s->claimed : s->engine->api->length(s->inner);
+}
+
+static int64_t Length(const kvdiff_session* s) {
+  const int64_t held = Held(s);
+  switch (s->engine->lie) { /* THE LIE */
+    case LIE_PLUS1:
+      return held + 1;
+    case LIE_ZERO:
+      return 0;
+    case LIE_MINUS1:
+      return -1;
+    case LIE_MAX:
+      return INT64_MAX;
+    default:
+      return held;
+  }
 }
 
 static kvdiff_status Append(kvdiff_session* s, const int32_t* tokens, int64_t n, float* logits,
                             int64_t capacity) {
-  if (Length(s) + n > kBugLength) {
+  if (Held(s) + n > kBugLength) {
     if (s->engine->bug == BUG_CRASH) raise(SIGSEGV); /* THE BUG */
     if (s->engine->bug == BUG_HANG)
       for (;;) pause(); /* THE BUG */
@@ -169,9 +206,9 @@ static kvdiff_status Truncate(kvdiff_session* s, int64_t length) {
     if (status != KVDIFF_OK) snprintf(s->error, sizeof s->error, "%s", s->engine->api->session_error(s->inner));
     return status;
   }
-  if (length < 0 || length > Length(s)) {
+  if (length < 0 || length > Held(s)) {
     snprintf(s->error, sizeof s->error, "truncate to %lld: expected 0..%lld", (long long)length,
-             (long long)Length(s));
+             (long long)Held(s));
     return KVDIFF_INVALID_INPUT;
   }
   s->claimed = length; /* THE BUG: the cache keeps every position */
@@ -188,7 +225,7 @@ static kvdiff_status Fork(kvdiff_session* s, kvdiff_session** out) {
     snprintf(s->error, sizeof s->error, "fork failed");
     return status;
   }
-  const int64_t claimed = s->engine->bug == BUG_FORK ? Length(s) : s->claimed;
+  const int64_t claimed = s->engine->bug == BUG_FORK ? Held(s) : s->claimed;
   *out = Wrap(s->engine, inner, claimed);
   return *out ? KVDIFF_OK : KVDIFF_ENGINE_FAILURE;
 }
