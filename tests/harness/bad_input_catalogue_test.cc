@@ -17,17 +17,19 @@
 //   setup: ARGS         run kvdiff ARGS first (exit code ignored)
 //   run: ARGS           the command under test;  exit: N;  expect: FRAGMENT (on stderr; with
 //                       exit 1, a failure, on stdout or stderr)
-// Macros: @DEEP:N@ is N '[' then N ']'; @REPEAT:N:TEXT@ is TEXT N times joined by ",";
+// Macros: @BROKEN@ is the deliberately broken plugin (tests/engines/broken_plugin.c);
+// @DEEP:N@ is N '[' then N ']'; @REPEAT:N:TEXT@ is TEXT N times joined by ",";
 // @TIMES:N:TEXT@ is TEXT N times (TEXT without '@').
 // Every case directory starts with tiny/ (make-model --preset tiny --seed 3) and nan/ (the same
 // with a NaN final norm, so every logit is NaN).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <sys/stat.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "format/model_files.h"
@@ -126,6 +128,9 @@ std::string Expand(std::string text) {
   size_t at;
   while ((at = text.find("@SRC@")) != std::string::npos) text.replace(at, 5, KVDIFF_SOURCE_DIR);
   while ((at = text.find("@DATA@")) != std::string::npos) text.replace(at, 6, DataDir().string());
+  while ((at = text.find("@BROKEN@")) != std::string::npos) {
+    text.replace(at, 8, KVDIFF_BROKEN_ENGINE);
+  }
   return text;
 }
 
@@ -223,9 +228,12 @@ TEST_F(Catalogue, EveryCaseIsRefusedAsListed) {
       if (n == "ref") return true;
     return false;
   }();
+  // KVDIFF_CATALOGUE_CASE=TEXT runs only the cases whose name holds TEXT (to rerun one).
+  const char* only = std::getenv("KVDIFF_CATALOGUE_CASE");
   int index = 0;
   for (const Case& c : ReadCatalogue()) {
     ++index;
+    if (only && c.name.find(only) == std::string::npos) continue;
     if (c.needs_ref && !have_ref) continue;
     if (c.needs_data && !fs::exists(DataDir() / "stories260K")) continue;
     SCOPED_TRACE(c.name + " (catalogue line " + std::to_string(c.line) + ")");
@@ -234,7 +242,7 @@ TEST_F(Catalogue, EveryCaseIsRefusedAsListed) {
     fs::copy(*fixtures_ / "tiny", dir / "tiny", fs::copy_options::recursive);
     fs::copy(*fixtures_ / "nan", dir / "nan", fs::copy_options::recursive);
     Build(c, dir);
-    const CommandResult r = RunBounded(c.run, dir);
+    const CommandResult r = RunBounded(Expand(c.run), dir);
     EXPECT_EQ(r.exit_code, c.exit) << "kvdiff " << c.run << "\nstderr: " << r.err.substr(0, 2000);
     // Refusals (exit 2) are one line on stderr; a failure (exit 1) may be in the report on stdout.
     EXPECT_THAT(c.exit == 1 ? r.out + r.err : r.err, HasSubstr(c.expect)) << "kvdiff " << c.run;
