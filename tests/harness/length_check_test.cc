@@ -90,23 +90,28 @@ TEST(LengthCheck, EveryOpHoldsLengthToWhatWasFed) {
   auto weights = LoadModelFor(sc.model);
   PrepareScenario(sc, *weights);
   const Lie lies[] = {
-      {"new", 0, "conversation \"main\": Length() is 4 after an append of 3 tokens, but kvdiff "
-                 "fed it 3 positions"},
-      {"fork-parent", 1, "conversation \"main\": Length() is 4 after a fork to \"b\", but kvdiff "
-                         "fed it 3 positions"},
-      {"fork-child", 1, "conversation \"b\": Length() is 4 after a fork from \"main\", but "
-                        "kvdiff fed it 3 positions"},
-      {"truncate", 2, "conversation \"b\": Length() is 2 after truncate to 1, but kvdiff fed it 1 "
-                      "positions"},
-      {"reset", 3, "conversation \"main\": Length() is 1 after reset, but kvdiff fed it 0 "
-                   "positions"},
+      {"new", 0,
+       "conversation \"main\": Length() is 4 after an append of 3 tokens, but kvdiff "
+       "fed it 3 positions"},
+      {"fork-parent", 1,
+       "conversation \"main\": Length() is 4 after a fork to \"b\", but kvdiff "
+       "fed it 3 positions"},
+      {"fork-child", 1,
+       "conversation \"b\": Length() is 4 after a fork from \"main\", but "
+       "kvdiff fed it 3 positions"},
+      {"truncate", 2,
+       "conversation \"b\": Length() is 2 after truncate to 1, but kvdiff fed it 1 "
+       "positions"},
+      {"reset", 3,
+       "conversation \"main\": Length() is 1 after reset, but kvdiff fed it 0 "
+       "positions"},
   };
   for (const Lie& lie : lies) {
     const LiesAfter backend(MakeBackend("impl", weights, 1), lie.after);
     const Recording rec = Replay(sc, backend);
     ASSERT_EQ(rec.FirstError(), lie.step) << lie.after;
-    EXPECT_THAT(rec.steps[lie.step].message, HasSubstr("backend lies-after-" +
-                                                       std::string(lie.after) + ", " + lie.message))
+    EXPECT_THAT(rec.steps[lie.step].message,
+                HasSubstr("backend lies-after-" + std::string(lie.after) + ", " + lie.message))
         << lie.after;
   }
   // A new conversation is checked too: main's lie at step 0 stops main, not c.
