@@ -127,6 +127,9 @@ nlohmann::json CampaignReport::ToJson() const {
       {"demanding", demanding.ToJson()},
       {"results", cases_json}};
   if (random_shapes) out["shapes"] = "random";  // absent: fixed (reports of before --shapes)
+  // What the cases were drawn with: shards drawn otherwise are another campaign (merge refuses).
+  out["generation"] = {{"max_length", generation.max_length},
+                       {"long_fraction", generation.long_fraction}};
   return out;
 }
 
@@ -202,6 +205,7 @@ CampaignReport NewReport(const std::vector<std::string>& backend_names,
   report.cases = options.cases;
   report.shard = options.shard;
   report.tolerance = options.tolerance_abs;
+  report.generation = options.generation;
   return report;
 }
 

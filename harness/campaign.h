@@ -68,6 +68,7 @@ struct CampaignReport {
   double tolerance = kDefaultTolerance;
   uint64_t seed = 0;
   int64_t cases = 0;
+  GenerationOptions generation;  // --max-length, --long-fraction
   Shard shard;
   std::vector<CaseResult> results;  // in case order
   int64_t rows_compared = 0;

@@ -50,7 +50,12 @@ class Probe {
     Tokens history;  // what the session must hold: the oracle's input
   };
 
-  Conversation New() const { return {engine_.NewSession(), {}}; }
+  // A new session, which must say it holds nothing.
+  Conversation New() const {
+    Conversation c{engine_.NewSession(), {}};
+    ExpectLength(c, "a new session");
+    return c;
+  }
   int64_t vocab() const { return engine_.config().vocab_size; }
   int64_t max_positions() const { return engine_.config().max_position_embeddings; }
 
@@ -179,6 +184,7 @@ std::string CheckFork(Probe& p) {
   p.Append(parent, p.RandomTokens(8), "prefill of 8");
   Probe::Conversation child{parent.session->Fork(), parent.history};
   p.ExpectLength(child, "fork at 8");
+  p.ExpectLength(parent, "the parent of a fork at 8");
   // Interleaved, different tokens: each side must see only its own.
   p.Append(parent, p.RandomTokens(3), "parent +3 after the fork");
   p.Append(child, p.RandomTokens(2), "child +2 after the fork");
@@ -188,6 +194,7 @@ std::string CheckFork(Probe& p) {
   p.Append(child, p.RandomTokens(2), "child +2 with the parent freed");
   auto empty = p.New();
   Probe::Conversation empty_fork{empty.session->Fork(), {}};
+  p.ExpectLength(empty_fork, "fork of an empty session");
   p.Append(empty_fork, p.RandomTokens(3), "fork of an empty session +3");
   return p.Figures() + "; interleaved, parent freed, fork of an empty session";
 }

@@ -60,6 +60,9 @@ class SessionDriver : public Driver {
     sessions_[to] = sessions_.at(from)->Fork();
   }
   void Reset(const std::string& conv) override { sessions_.at(conv)->Reset(); }
+  std::optional<int64_t> Length(const std::string& conv) const override {
+    return sessions_.at(conv)->Length();
+  }
 
  private:
   const Backend& backend_;
@@ -91,6 +94,9 @@ class UncachedDriver : public Driver {
     histories_[to] = histories_.at(from);
   }
   void Reset(const std::string& conv) override { histories_.at(conv).clear(); }
+  std::optional<int64_t> Length(const std::string& conv) const override {
+    return static_cast<int64_t>(histories_.at(conv).size());
+  }
 
  private:
   const Backend& backend_;
@@ -135,6 +141,11 @@ class RawDriver : public Driver {
     // clears the cache but forgets the position.
     if (kind_ != DriverKind::kReuse) conv.cache->Clear();
     if (kind_ != DriverKind::kStalePosition) conv.index_pos = 0;
+  }
+  // The raw call used right keeps its cache as long as the conversation; the misuses do not.
+  std::optional<int64_t> Length(const std::string& name) const override {
+    if (kind_ != DriverKind::kRaw) return std::nullopt;
+    return convs_.at(name).cache->Length();
   }
 
  private:

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,10 @@ class Driver {
   virtual void Truncate(const std::string& conversation, int64_t length) = 0;
   virtual void Fork(const std::string& from, const std::string& to) = 0;
   virtual void Reset(const std::string& conversation) = 0;
+  // The number of positions the backend says the conversation holds (the session's Length()),
+  // which the replay holds to what it fed after every call; nullopt for the misuse drivers, whose
+  // caches are meant to hold what the conversation does not (reuse, pos0, stale-position).
+  virtual std::optional<int64_t> Length(const std::string& conversation) const = 0;
 };
 
 // A driver with conversation "main" open. InputError when `kind` does not apply to the backend.

@@ -167,8 +167,7 @@ std::string RowsTensorName(const RecordedRow& r) {
   return fmt::format("step{}.row{}", r.step, r.row);
 }
 
-Golden MakeGolden(const GoldenPaths& paths, const GoldenInput& in, const Recording& rec,
-                  const std::string& backend) {
+Golden GoldenHeader(const GoldenPaths& paths, const GoldenInput& in, const std::string& backend) {
   Golden g;
   g.scenario = paths.scenario.filename().string();
   g.scenario_sha256 = in.scenario_sha256;
@@ -183,6 +182,35 @@ Golden MakeGolden(const GoldenPaths& paths, const GoldenInput& in, const Recordi
   g.kvdiff_version = KVDIFF_VERSION;
   g.regenerate = fmt::format("kvdiff golden regen {} --backend {}", g.scenario, backend);
   g.rows_file = paths.rows.filename().string();
+  return g;
+}
+
+void CheckGoldenHeader(const Golden& recorded, const Golden& expected, const std::string& where) {
+  // kvdiff_version is not compared: a golden pins numbers across releases, which is its point.
+  const std::pair<const char*, std::pair<std::string, std::string>> fields[] = {
+      {"scenario", {Str(recorded.scenario), Str(expected.scenario)}},
+      {"model", {recorded.model.dump(), expected.model.dump()}},
+      {"model_description", {Str(recorded.model_description), Str(expected.model_description)}},
+      {"vocab_size", {std::to_string(recorded.vocab_size), std::to_string(expected.vocab_size)}},
+      {"dtype", {Str(recorded.dtype), Str(expected.dtype)}},
+      {"driver", {Str(recorded.driver), Str(expected.driver)}},
+      {"tolerance.abs",
+       {fmt::format("{}", recorded.tolerance), fmt::format("{}", expected.tolerance)}},
+      {"top_k", {std::to_string(recorded.top_k), std::to_string(expected.top_k)}},
+      {"regenerate", {Str(recorded.regenerate), Str(expected.regenerate)}},
+      {"rows_file", {Str(recorded.rows_file), Str(expected.rows_file)}},
+  };
+  for (const auto& [field, values] : fields) {
+    KVDIFF_CHECK(values.first == values.second,
+                 "{}.{}: the golden records {}, but its scenario and backend give {} (the golden "
+                 "was edited, or belongs to another scenario; run `{}`)",
+                 where, field, values.first, values.second, expected.regenerate);
+  }
+}
+
+Golden MakeGolden(const GoldenPaths& paths, const GoldenInput& in, const Recording& rec,
+                  const std::string& backend) {
+  Golden g = GoldenHeader(paths, in, backend);
   std::map<std::string, size_t> last_of;  // conversation -> index of its last row
   for (size_t k = 0; k < rec.rows.size(); ++k) last_of[rec.rows[k].conversation] = k;
   std::set<size_t> full_rows;
@@ -327,6 +355,10 @@ Golden ParseGolden(const std::string& text, const std::string& where) {
                  "{}: rows[{}].greedy: {} is not the top token {} of its top_k (the file was "
                  "edited? regenerate it with `{}`)",
                  where, i, r.greedy, r.top_k[0].first, g.regenerate);
+    const size_t listed = static_cast<size_t>(std::min<int64_t>(g.top_k, g.vocab_size));
+    KVDIFF_CHECK(r.top_k.size() == listed,
+                 "{}: rows[{}].top_k: {} entries, but top_k {} of vocab_size {} means {}", where, i,
+                 r.top_k.size(), g.top_k, g.vocab_size, listed);
     g.rows.push_back(std::move(r));
   }
   return g;

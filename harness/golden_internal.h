@@ -13,6 +13,11 @@ namespace kvdiff::harness::golden_detail {
 
 std::string ReadBytes(const std::filesystem::path& path);  // InputError when unreadable
 
+// The header regen writes for this scenario, made with `backend` (no rows).
+Golden GoldenHeader(const GoldenPaths& paths, const GoldenInput& in, const std::string& backend);
+// InputError, naming `where`, the field and both values, unless every recorded header field but
+// kvdiff_version equals the expected one.
+void CheckGoldenHeader(const Golden& recorded, const Golden& expected, const std::string& where);
 // A golden of the recording's rows (every row summarized, each conversation's last row whole).
 Golden MakeGolden(const GoldenPaths& paths, const GoldenInput& in, const Recording& rec,
                   const std::string& backend);

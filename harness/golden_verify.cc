@@ -206,9 +206,8 @@ GoldenSetReport VerifySet(const GoldenPaths& p, const std::vector<std::string>& 
                  "{}: no golden file; create it with `kvdiff golden regen {}`", p.golden.string(),
                  p.scenario.string());
     Golden g = ParseGolden(ReadBytes(p.golden), p.golden.string());
-    g.tolerance = ResolveTolerance(tolerance, g.tolerance);
     rep.made_with = g.backend;
-    rep.tolerance = g.tolerance;
+    rep.tolerance = ResolveTolerance(tolerance, g.tolerance);
     rep.model = g.model.dump();
     GoldenInput in = LoadGoldenInput(p.scenario);
     if (!in.missing.empty()) {
@@ -236,6 +235,8 @@ GoldenSetReport VerifySet(const GoldenPaths& p, const std::vector<std::string>& 
           p.rows.string(), p.golden.string(), regen);
     }
     if (!rep.stale.empty()) return rep;
+    CheckGoldenHeader(g, GoldenHeader(p, in, g.backend), p.golden.string());
+    g.tolerance = rep.tolerance;  // --tolerance wins over the recorded one from here on
     LoadFullRows(g, p.rows);
     for (const std::string& name : backends)
       rep.checks.push_back(CheckBackend(in, g, name, options, tolerance));

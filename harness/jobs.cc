@@ -4,6 +4,7 @@
 #include <atomic>
 #include <exception>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -49,7 +50,13 @@ void RunJobs(int64_t n, int jobs, const std::function<void(int job, int64_t i)>&
   };
   std::vector<std::thread> threads;
   threads.reserve(jobs - 1);
-  for (int j = 1; j < jobs; ++j) threads.emplace_back(work, j);
+  for (int j = 1; j < jobs; ++j) {
+    try {
+      threads.emplace_back(work, j);
+    } catch (const std::system_error&) {
+      break;  // out of threads (EAGAIN): the jobs started take the rest of the items
+    }
+  }
   work(0);
   for (auto& t : threads) t.join();
   if (error) std::rethrow_exception(error);

@@ -5,13 +5,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <optional>
-#include <sstream>
 
 #include "format/error.h"
+#include "format/input_file.h"
+#include "format/json_document.h"
 #include "harness/campaign_case.h"
 #include "harness/coverage.h"
 #include "harness/junit.h"
@@ -25,6 +25,16 @@ using nlohmann::json;
 // The fields every shard of one campaign shares; a report that differs is another campaign's.
 constexpr const char* kCampaignFields[] = {"kvdiff_version", "model", "backends",
                                            "tolerance",      "seed",  "cases"};
+// Options a report records when they were given, which every shard must share as well: "shapes"
+// (absent: fixed), "generation" (--max-length, --long-fraction), and the demanding part's settings
+// (not its counts, which are the shard's own).
+constexpr const char* kOptionalCampaignFields[] = {"shapes", "generation"};
+constexpr const char* kDemandingSettings[] = {"skipped", "model", "backends", "fraction", "rtol"};
+
+// `field` of `object` as its JSON text, or "absent".
+std::string FieldText(const json& object, const char* field) {
+  return object.is_object() && object.contains(field) ? object.at(field).dump() : "absent";
+}
 
 double DiffOf(const json& value) {
   return value.is_null() ? std::numeric_limits<double>::quiet_NaN() : value.get<double>();
@@ -56,6 +66,24 @@ struct ShardReport {
   std::vector<CaseResult> results;
 };
 
+// A report's own verdict must be the one its cases give: merge recomputes the verdict from the
+// cases, so a report that says it failed while its cases pass (or the reverse) was edited or
+// truncated, and is refused rather than silently overruled.
+void CheckVerdictMatchesResults(const json& root, const std::vector<CaseResult>& results) {
+  int64_t failed = 0;
+  for (const CaseResult& r : results) failed += r.passed ? 0 : 1;
+  const json& passed = root.at("passed");
+  KVDIFF_CHECK(passed.is_boolean() && passed.get<bool>() == (failed == 0),
+               "\"passed\" is {} but its results say {} ({} of {} cases failed): a report that "
+               "contradicts itself",
+               passed.dump(), failed == 0, failed, results.size());
+  const json& failures = root.at("failures");
+  KVDIFF_CHECK(failures.is_number_integer() && failures.get<int64_t>() == failed,
+               "\"failures\" is {} but {} of its {} results failed: a report that contradicts "
+               "itself",
+               failures.dump(), failed, results.size());
+}
+
 ShardReport ReadShard(const std::string& file, const json& root) {
   ShardReport s;
   s.file = file;
@@ -79,12 +107,36 @@ ShardReport ReadShard(const std::string& file, const json& root) {
                  "truncated or edited report",
                  s.shard.index, s.shard.count, root.at("cases").get<int64_t>(), expected.size(),
                  expected.empty() ? -1 : expected[0], ran.size());
+    CheckVerdictMatchesResults(root, s.results);
   } catch (const json::exception& e) {
     throw InputError(fmt::format("{}: not a `kvdiff check --json` report: {}", file, e.what()));
   } catch (const InputError& e) {
     throw InputError(fmt::format("{}: {}", file, e.what()));
   }
   return s;
+}
+
+// `field` must read the same in both reports (absent in both counts as the same).
+void CheckSameField(const ShardReport& s, const ShardReport& first, const json& a, const json& b,
+                    const std::string& field, const char* key) {
+  const std::string x = FieldText(a, key), y = FieldText(b, key);
+  KVDIFF_CHECK(x == y,
+               "{}: \"{}\" is {} but {} has {}: reports of different campaigns cannot merge",
+               s.file, field, x, first.file, y);
+}
+
+void CheckSameCampaign(const ShardReport& s, const ShardReport& first) {
+  for (const char* field : kCampaignFields)
+    CheckSameField(s, first, *s.root, *first.root, field, field);
+  for (const char* field : kOptionalCampaignFields) {
+    CheckSameField(s, first, *s.root, *first.root, field, field);
+  }
+  const json none = json::object();
+  const json& a = s.root->contains("demanding") ? s.root->at("demanding") : none;
+  const json& b = first.root->contains("demanding") ? first.root->at("demanding") : none;
+  for (const char* key : kDemandingSettings) {
+    CheckSameField(s, first, a, b, std::string("demanding.") + key, key);
+  }
 }
 
 }  // namespace
@@ -118,12 +170,7 @@ MergedCampaign MergeCampaignReports(const std::vector<std::pair<std::string, jso
   for (const auto& [file, root] : reports) shards.push_back(ReadShard(file, root));
   const ShardReport& first = shards[0];
   for (const ShardReport& s : shards) {
-    for (const char* field : kCampaignFields) {
-      KVDIFF_CHECK(s.root->at(field) == first.root->at(field),
-                   "{}: \"{}\" is {} but {} has {}: reports of different campaigns cannot merge",
-                   s.file, field, s.root->at(field).dump(), first.file,
-                   first.root->at(field).dump());
-    }
+    CheckSameCampaign(s, first);
     KVDIFF_CHECK(s.shard.count == first.shard.count,
                  "{}: shard {}/{} but {} is shard {}/{}: a campaign is split one way", s.file,
                  s.shard.index, s.shard.count, first.file, first.shard.index, first.shard.count);
@@ -225,15 +272,10 @@ MergedCampaign MergeCampaignReports(const std::vector<std::pair<std::string, jso
 MergedCampaign MergeCampaignReportFiles(const std::vector<std::string>& files) {
   std::vector<std::pair<std::string, json>> reports;
   for (const std::string& file : files) {
-    std::ifstream in(file, std::ios::binary);
-    KVDIFF_CHECK(in.good(), "{}: cannot read the report", file);
-    std::stringstream text;
-    text << in.rdbuf();
-    try {
-      reports.emplace_back(file, json::parse(text.str()));
-    } catch (const json::parse_error& e) {
-      throw InputError(fmt::format("{}: not JSON: {}", file, e.what()));
-    }
+    // Like every reader: a regular file of bounded size (a FIFO would wait forever), parsed with
+    // the depth and duplicate-key checks.
+    const std::string text = format::ReadInputFile(file, "report");
+    reports.emplace_back(file, format::ParseJsonDocument(text, file));
   }
   return MergeCampaignReports(reports);
 }

@@ -66,6 +66,7 @@ class Replayer {
       case Op::kNewConversation:
         driver_->NewConversation(step.name);
         conv = Conv{};
+        CheckLength(step.conversation, conv, "a new conversation");
         break;
       case Op::kPrefill: {
         std::vector<int64_t> chunks = step.chunks;
@@ -88,14 +89,18 @@ class Replayer {
         driver_->Truncate(step.conversation, step.length);
         if (conv.length != step.length) conv.last_row = -1;
         conv.length = step.length;
+        CheckLength(step.conversation, conv, fmt::format("truncate to {}", step.length));
         break;
       case Op::kFork:
         driver_->Fork(step.from, step.to);
         convs_[step.to] = convs_[step.from];
+        CheckLength(step.from, convs_[step.from], fmt::format("a fork to \"{}\"", step.to));
+        CheckLength(step.to, convs_[step.to], fmt::format("a fork from \"{}\"", step.from));
         break;
       case Op::kReset:
         driver_->Reset(step.conversation);
         conv = Conv{};
+        CheckLength(step.conversation, conv, "reset");
         break;
     }
   }
@@ -132,8 +137,20 @@ class Replayer {
       rec_.rows.push_back(std::move(row));
     }
     conv.last_row = static_cast<int64_t>(rec_.rows.size()) - 1;
+    CheckLength(name, conv, fmt::format("an append of {} token{}", n, n == 1 ? "" : "s"));
     if (trace) trace_->hit = true;
     ++call_;
+  }
+
+  // The session's own account of its length must be what it was fed: a session that miscounts
+  // its positions (the bug this tool exists to catch) is wrong even when its logits happen to be
+  // right, and later calls it makes from that count would be.
+  void CheckLength(const std::string& name, const Conv& conv, const std::string& after) {
+    const std::optional<int64_t> said = driver_->Length(name);
+    KVDIFF_CHECK(!said || *said == conv.length,
+                 "backend {}, conversation \"{}\": Length() is {} after {}, but kvdiff fed it {} "
+                 "positions",
+                 backend_.Name(), name, *said, after, conv.length);
   }
 
   // The history this conversation appends to: its own in place while it reaches the end, else

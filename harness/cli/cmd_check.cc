@@ -267,8 +267,8 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
                   "The number of shards when JOB_COMPLETION_INDEX selects one (else "
                   "KVDIFF_SHARD_COUNT)");
   cmd->add_option("--jobs", args->jobs,
-                  "Cases run at once, each job on its own backends (0: every core); the report "
-                  "is the same for any count")
+                  "Cases run at once, each job on its own backends (0: every core; at most "
+                  "256); the report is the same for any count")
       ->default_val(0)
       ->check(CLI::NonNegativeNumber);
   cmd->add_option(

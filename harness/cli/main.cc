@@ -14,16 +14,17 @@
 #include "format/error.h"
 #include "harness/cli/commands.h"
 #include "harness/cli/engine_guard.h"
+#include "harness/jobs.h"
 #include "harness/registry.h"
 #include "impl/thread_pool.h"
 
 namespace {
 
 // The command line's shared bounds, set here once for every subcommand (README, "Bad input"):
-// --threads 0 (every core) to kMaxThreads, refused while parsing, before any model is loaded or
-// any thread started; seeds whole numbers >= 0 (CLI11 would wrap -1 to 2^64-1); --backends not
-// empty (it would fall back to the default); and a readable refusal of a negative number
-// (CLI11's NonNegativeNumber names its bound, DBL_MAX: 309 digits).
+// --threads 0 (every core) to kMaxThreads and --jobs 0 to kMaxJobs, refused while parsing, before
+// any model is loaded or any thread started; seeds whole numbers >= 0 (CLI11 would wrap -1 to
+// 2^64-1); --backends not empty (it would fall back to the default); and a readable refusal of a
+// negative number (CLI11's NonNegativeNumber names its bound, DBL_MAX: 309 digits).
 void SharedOptionChecks(CLI::App& app) {
   const CLI::Validator non_negative(
       [](std::string& s) {
@@ -61,6 +62,7 @@ void SharedOptionChecks(CLI::App& app) {
       } catch (const CLI::OptionNotFound&) {
       }
       if (name == "--threads") opt->check(CLI::Range(0, kvdiff::impl::kMaxThreads));
+      if (name == "--jobs") opt->check(CLI::Range(0, kvdiff::harness::kMaxJobs));
       if (name == "--seed" || name == "--model-seed") opt->check(seed);
       if (name == "--backends") opt->check(not_empty);
     }

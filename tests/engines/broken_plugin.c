@@ -18,6 +18,8 @@
  * stdout and goes on). Faults before any option can be read are chosen when building: with
  * KVDIFF_FAULT_AT_LOAD=WHAT the library's ELF constructor strikes, with KVDIFF_GARBAGE_ENTRY the
  * entry point returns a pointer to nothing (tests/engines/CMakeLists.txt builds one of each).
+ * and, independently, lie=NAME: length() lies while the cache is right, as a plugin that counts
+ * its positions wrong: lie=plus1 (length+1), lie=zero, lie=minus1 (-1), lie=max (INT64_MAX).
  *
  * `kvdiff conform` and `kvdiff check` must catch both bugs (tests/harness/conform_test.cc). */
 #include <dlfcn.h>
@@ -31,6 +33,7 @@
 #include "kvdiff/engine.h"
 
 enum bug { BUG_NONE, BUG_TRUNCATE, BUG_FORK, BUG_CRASH, BUG_HANG };
+enum lie { LIE_NONE, LIE_PLUS1, LIE_ZERO, LIE_MINUS1, LIE_MAX };
 
 enum { kBugLength = 24 }; /* where bug=crash and bug=hang strike */
 
@@ -77,6 +80,7 @@ struct kvdiff_engine {
   enum bug bug;
   enum where fault_at;
   enum what fault;
+  enum lie lie;
   char error[512];
 };
 
@@ -103,6 +107,7 @@ static int ParseOptions(const char* options, struct kvdiff_engine* e, char* inne
                         size_t inner_size, char* rest, size_t size) {
   enum bug* bug = &e->bug;
   *bug = BUG_NONE;
+  e->lie = LIE_NONE;
   snprintf(inner, inner_size, "%s", KVDIFF_EXAMPLE_ENGINE);
   rest[0] = '\0';
   if (!options) return 1;
@@ -115,6 +120,18 @@ static int ParseOptions(const char* options, struct kvdiff_engine* e, char* inne
     }
     if (strncmp(item, "fault=", 6) == 0) {
       if (!ParseFault(item + 6, &e->fault_at, &e->fault)) return 0;
+      continue;
+    }
+    if (strncmp(item, "lie=", 4) == 0) {
+      static const char* const kLies[] = {"none", "plus1", "zero", "minus1", "max"};
+      int found = 0;
+      for (int k = 0; k < 5; ++k) {
+        if (strcmp(item + 4, kLies[k]) == 0) {
+          e->lie = (enum lie)k;
+          found = 1;
+        }
+      }
+      if (!found) return 0;
       continue;
     }
     if (strncmp(item, "bug=", 4) == 0) {
@@ -146,7 +163,8 @@ static kvdiff_status Open(const char* model_dir, const char* options, kvdiff_eng
   if (!ParseOptions(options, e, inner, sizeof inner, rest, sizeof rest)) {
     snprintf(e->error, sizeof e->error,
              "broken: option bug: expected truncate, fork, crash, hang or none; option fault: "
-             "expected open, info, close or append, ':', then exit0, exit3, segv, hang or print");
+             "expected open, info, close or append, ':', then exit0, exit3, segv, hang or print; "
+             "option lie: expected plus1, zero, minus1, max or none");
     return KVDIFF_INVALID_INPUT;
   }
   if (e->fault_at == AT_OPEN) Strike(e->fault);
@@ -199,15 +217,32 @@ static kvdiff_status SessionNew(kvdiff_engine* e, kvdiff_session** out) {
   return *out ? KVDIFF_OK : KVDIFF_ENGINE_FAILURE;
 }
 
-static int64_t Length(const kvdiff_session* s) {
+/* The positions the session holds, as the bugs above account them. */
+static int64_t Held(const kvdiff_session* s) {
   return s->claimed >= 0 ? s->claimed : s->engine->api->length(s->inner);
+}
+
+static int64_t Length(const kvdiff_session* s) {
+  const int64_t held = Held(s);
+  switch (s->engine->lie) { /* THE LIE */
+    case LIE_PLUS1:
+      return held + 1;
+    case LIE_ZERO:
+      return 0;
+    case LIE_MINUS1:
+      return -1;
+    case LIE_MAX:
+      return INT64_MAX;
+    default:
+      return held;
+  }
 }
 
 static kvdiff_status Append(kvdiff_session* s, const int32_t* tokens, int64_t n, float* logits,
                             int64_t capacity) {
-  if (s->engine->fault_at == AT_APPEND && (Length(s) + n > kBugLength || s->engine->fault == DO_PRINT))
+  if (s->engine->fault_at == AT_APPEND && (Held(s) + n > kBugLength || s->engine->fault == DO_PRINT))
     Strike(s->engine->fault);
-  if (Length(s) + n > kBugLength) {
+  if (Held(s) + n > kBugLength) {
     if (s->engine->bug == BUG_CRASH) raise(SIGSEGV); /* THE BUG */
     if (s->engine->bug == BUG_HANG)
       for (;;) pause(); /* THE BUG */
@@ -227,9 +262,9 @@ static kvdiff_status Truncate(kvdiff_session* s, int64_t length) {
     if (status != KVDIFF_OK) snprintf(s->error, sizeof s->error, "%s", s->engine->api->session_error(s->inner));
     return status;
   }
-  if (length < 0 || length > Length(s)) {
+  if (length < 0 || length > Held(s)) {
     snprintf(s->error, sizeof s->error, "truncate to %lld: expected 0..%lld", (long long)length,
-             (long long)Length(s));
+             (long long)Held(s));
     return KVDIFF_INVALID_INPUT;
   }
   s->claimed = length; /* THE BUG: the cache keeps every position */
@@ -246,7 +281,7 @@ static kvdiff_status Fork(kvdiff_session* s, kvdiff_session** out) {
     snprintf(s->error, sizeof s->error, "fork failed");
     return status;
   }
-  const int64_t claimed = s->engine->bug == BUG_FORK ? Length(s) : s->claimed;
+  const int64_t claimed = s->engine->bug == BUG_FORK ? Held(s) : s->claimed;
   *out = Wrap(s->engine, inner, claimed);
   return *out ? KVDIFF_OK : KVDIFF_ENGINE_FAILURE;
 }

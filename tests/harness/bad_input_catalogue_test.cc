@@ -21,7 +21,8 @@
 //   setup: ARGS         run kvdiff ARGS first (exit code ignored)
 //   run: ARGS           the command under test;  exit: N;  expect: FRAGMENT (on stderr; with
 //                       exit 1, a failure, on stdout or stderr)
-// Macros: @DEEP:N@ is N '[' then N ']'; @REPEAT:N:TEXT@ is TEXT N times joined by ",";
+// Macros: @BROKEN@ is the deliberately broken plugin (tests/engines/broken_plugin.c);
+// @DEEP:N@ is N '[' then N ']'; @REPEAT:N:TEXT@ is TEXT N times joined by ",";
 // @TIMES:N:TEXT@ is TEXT N times (TEXT without '@'); @HEX:0a0b@ the bytes written in hex;
 // @ENGINES@ the folder of tests/engines' misbehaving plugins; @EXAMPLE_ENGINE@ the example plugin.
 // Every case directory starts with tiny/ (make-model --preset tiny --seed 3) and nan/ (the same
@@ -30,6 +31,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -149,6 +151,9 @@ std::string Expand(std::string text) {
   while ((at = text.find("@EXAMPLE_ENGINE@")) != std::string::npos)
     text.replace(at, 16, KVDIFF_EXAMPLE_ENGINE);
   while ((at = text.find("@DATA@")) != std::string::npos) text.replace(at, 6, DataDir().string());
+  while ((at = text.find("@BROKEN@")) != std::string::npos) {
+    text.replace(at, 8, KVDIFF_BROKEN_ENGINE);
+  }
   return text;
 }
 
@@ -266,9 +271,12 @@ TEST_F(Catalogue, EveryCaseIsRefusedAsListed) {
     return false;
   };
   const bool have_ref = have("ref"), have_llamacpp = have("llama.cpp");
+  // KVDIFF_CATALOGUE_CASE=TEXT runs only the cases whose name holds TEXT (to rerun one).
+  const char* only = std::getenv("KVDIFF_CATALOGUE_CASE");
   int index = 0;
   for (const Case& c : ReadCatalogue()) {
     ++index;
+    if (only && c.name.find(only) == std::string::npos) continue;
     if (c.needs_ref && !have_ref) continue;
     if (c.needs_data && !fs::exists(DataDir() / "stories260K")) continue;
     if (c.needs_llamacpp && !have_llamacpp) continue;

@@ -196,10 +196,46 @@ TEST(MergeShards, ReportsOfDifferentCampaignsOrNotReportsAreBadInput) {
   WriteFile(dir / "cut.json", "{\"command\": \"ch");
   m = RunKvdiff("merge cut.json", dir.path());
   EXPECT_EQ(m.exit_code, 2);
-  EXPECT_THAT(m.err, HasSubstr("cut.json: not JSON"));
+  EXPECT_THAT(m.err, HasSubstr("cut.json: invalid JSON"));
   m = RunKvdiff("merge nothere.json", dir.path());
   EXPECT_EQ(m.exit_code, 2);
-  EXPECT_THAT(m.err, HasSubstr("nothere.json: cannot read the report"));
+  EXPECT_THAT(m.err, HasSubstr("cannot open report nothere.json"));
+}
+
+// Shards drawn with other options are another campaign, whatever their seed and case count; a
+// shard whose own verdict disagrees with its cases was edited. Both are refused naming the field
+// and both values, never merged into a verdict.
+TEST(MergeShards, ShardsOfOtherOptionsOrThatContradictThemselvesAreBadInput) {
+  TempDir dir;
+  const std::string campaign = "check --cases 6 --backends impl --demanding-fraction 0 ";
+  ASSERT_EQ(RunKvdiff(campaign + "--shard 1/2 --json a.json", dir.path()).exit_code, 0);
+  const std::pair<const char*, const char*> others[] = {
+      {"--long-fraction 0.5", "\"generation\" is {\"long_fraction\":0.5"},
+      {"--max-length 40", "\"generation\" is {\"long_fraction\":0.1,\"max_length\":40}"},
+      {"--tolerance 1e-3", "\"tolerance\" is {\"abs\":0.001} but a.json has {\"abs\":0.0001}"},
+  };
+  for (const auto& [option, message] : others) {
+    ASSERT_EQ(RunKvdiff(campaign + "--shard 2/2 --json b.json " + option, dir.path()).exit_code, 0);
+    const auto m = RunKvdiff("merge a.json b.json", dir.path());
+    EXPECT_EQ(m.exit_code, 2) << option << ": " << m.out;
+    EXPECT_THAT(m.err, HasSubstr(std::string("b.json: ") + message)) << option;
+  }
+  ASSERT_EQ(RunKvdiff(campaign + "--shard 2/2 --json b.json", dir.path()).exit_code, 0);
+  ASSERT_EQ(RunKvdiff("merge a.json b.json", dir.path()).exit_code, 0);
+  const std::string good = ReadFile(dir / "b.json");
+  const std::pair<std::pair<const char*, const char*>, const char*> edits[] = {
+      {{"\"passed\": true", "\"passed\": false"},
+       "b.json: \"passed\" is false but its results say true (0 of 3 cases failed)"},
+      {{"\"failures\": 0", "\"failures\": 3"}, "b.json: \"failures\" is 3 but 0 of its 3 results"},
+  };
+  for (const auto& [edit, message] : edits) {
+    std::string text = good;
+    text.replace(text.find(edit.first), std::string(edit.first).size(), edit.second);
+    WriteFile(dir / "b.json", text);
+    const auto m = RunKvdiff("merge a.json b.json", dir.path());
+    EXPECT_EQ(m.exit_code, 2) << edit.second << ": " << m.out;
+    EXPECT_THAT(m.err, HasSubstr(message));
+  }
 }
 
 TEST(CheckShardEnvironment, AMalformedVariableIsBadInputNamingIt) {
