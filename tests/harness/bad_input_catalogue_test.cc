@@ -1,11 +1,12 @@
 // The bad-input catalogue (bad_input_catalogue.txt): every way of feeding kvdiff a bad input that
-// the README's "Bad input" section lists, run through the binary. Each case builds its files in a
+// docs/bad-input.md lists, run through the binary. Each case builds its files in a
 // fresh directory, runs one command, and expects an exit code and a fragment of the message on
-// stderr; a crash or a hang is a failure (the exit code is then not the expected one). The README's
-// table is generated from the same file and must equal it (Catalogue.ReadmeTableMatches).
+// stderr; a crash or a hang is a failure (the exit code is then not the expected one). The table in
+// docs/bad-input.md is generated from the same file and must equal it
+// (Catalogue.ReadmeTableMatches).
 //
 // The file: cases separated by blank lines, one directive per line ("key: value"), "#" comments.
-//   case: TEXT          what is refused (the README's first column)
+//   case: TEXT          what is refused (the table's first column)
 //   needs: ref          skip unless the build has the LibTorch reference
 //   needs: data         skip unless the shared data (@DATA@: ../shared/data) is there
 //   needs: llamacpp     skip unless the build has the llama.cpp backend
@@ -296,7 +297,8 @@ TEST_F(Catalogue, EveryCaseIsRefusedAsListed) {
   }
 }
 
-// The README's table, generated from the catalogue: | what is refused | command | exit | message |.
+// The table of docs/bad-input.md, generated from the catalogue:
+// | what is refused | command | exit | message |.
 std::string MarkdownTable() {
   auto cell = [](std::string s) {
     for (size_t at = 0; (at = s.find('|', at)) != std::string::npos; at += 2)
@@ -315,15 +317,16 @@ std::string MarkdownTable() {
 }
 
 TEST_F(Catalogue, ReadmeTableMatches) {
-  const std::string readme = ReadFile(fs::path(KVDIFF_SOURCE_DIR) / "README.md");
+  const std::string readme = ReadFile(fs::path(KVDIFF_SOURCE_DIR) / "docs" / "bad-input.md");
   const std::string begin =
       "<!-- bad-input-catalogue: generated from tests/harness/bad_input_catalogue.txt -->\n";
   const std::string end = "<!-- end of bad-input-catalogue -->";
   const size_t b = readme.find(begin), e = readme.find(end);
-  ASSERT_NE(b, std::string::npos) << "README.md lacks the catalogue markers";
+  ASSERT_NE(b, std::string::npos) << "docs/bad-input.md lacks the catalogue markers";
   ASSERT_NE(e, std::string::npos);
   const std::string table = readme.substr(b + begin.size(), e - b - begin.size());
-  EXPECT_EQ(table, MarkdownTable()) << "paste this table into README.md:\n" << MarkdownTable();
+  EXPECT_EQ(table, MarkdownTable()) << "paste this table into docs/bad-input.md:\n"
+                                    << MarkdownTable();
 }
 
 }  // namespace
