@@ -141,9 +141,12 @@ std::string FormatDiff(double value) {
 
 std::string WorstRowText(const WorstRow& w) {
   if (!w.Found()) return "0 (no row compared)";
-  return fmt::format("{} at {}, step {}, conversation {}, position {}, {} its gate {} ({})",
-                     FormatDiff(w.diff), w.path, w.step, w.conversation, w.position,
-                     w.within ? "within" : "beyond", FormatDiff(w.gate), w.gate_basis);
+  const std::string gate = w.gate_basis == "tolerance"
+                               ? fmt::format("the tolerance {}", FormatDiff(w.gate))
+                               : fmt::format("its gate {} ({})", FormatDiff(w.gate), w.gate_basis);
+  return fmt::format("{} at {}, step {}, conversation {}, position {}, {} {}", FormatDiff(w.diff),
+                     w.path, w.step, w.conversation, w.position, w.within ? "within" : "beyond",
+                     gate);
 }
 
 json WorstRowToJson(const WorstRow& w) {

@@ -201,7 +201,7 @@ std::string GateBasis(const ComparedRow& r, const PathOutcome& o, const Scenario
     return fmt::format("tolerance {} + rope-f32 allowance {} x {}", FormatDiff(sc.tolerance_abs),
                        FormatDiff(options.rope_f32_per_position), r.position);
   }
-  return fmt::format("tolerance {}", FormatDiff(c.gate));
+  return "tolerance";
 }
 
 WorstRow WorstRowOf(const ComparedRow& r, const PathOutcome& o, int64_t step, const Scenario& sc,

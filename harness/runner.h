@@ -91,8 +91,8 @@ struct Localization {
 struct WorstRow {
   double diff = 0;  // max |a-b|; +inf when a value was not finite
   double gate = 0;  // the row's gate (RowComparison::gate)
-  // How the gate was made: "tolerance 1.0e-04", "tolerance 1.0e-04 + rope-f32 allowance 1.0e-06 x
-  // 511", "1.0e-02 x max |logit| 1.3e+03".
+  // How the gate was made: "tolerance" (the run's), "tolerance 1.0e-04 + rope-f32 allowance
+  // 1.0e-06 x 511", "1.0e-02 x max |logit| 1.3e+03".
   std::string gate_basis;
   std::string path;  // "impl~ref"; "impl" against its own ForwardFull
   int64_t step = -1;

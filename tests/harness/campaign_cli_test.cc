@@ -32,13 +32,13 @@ TEST(CheckCampaign, TwoHundredCasesOnTinyPass) {
   const int64_t worst_case = j.at("worst_case");
   EXPECT_EQ(j.at("results").at(worst_case).at("worst"), worst);
   EXPECT_THAT(r.out, HasSubstr(fmt::format("worst difference: {:.1e} at {}, step {}, conversation "
-                                           "{}, position {}, within its gate {:.1e} (",
+                                           "{}, position {}, within ",
                                            worst.at("diff").get<double>(),
                                            worst.at("path").get<std::string>(),
                                            worst.at("step").get<int64_t>(),
                                            worst.at("conversation").get<std::string>(),
-                                           worst.at("position").get<int64_t>(),
-                                           worst.at("gate").get<double>())));
+                                           worst.at("position").get<int64_t>())));
+  EXPECT_THAT(r.out, HasSubstr(fmt::format("{:.1e}", worst.at("gate").get<double>())));
   EXPECT_THAT(r.out, ::testing::Not(HasSubstr("(tolerance 1.0e-04)")));
   // ref computes float32 RoPE angles: a row it shares with impl is held to the tolerance plus the
   // rope-f32 allowance of its position (here the worst row is one, at a long position).
@@ -49,7 +49,8 @@ TEST(CheckCampaign, TwoHundredCasesOnTinyPass) {
     EXPECT_NEAR(worst.at("gate").get<double>(), 1e-4 + 1e-6 * static_cast<double>(position),
                 1e-12);
   } else {
-    EXPECT_EQ(worst.at("gate_basis"), "tolerance 1.0e-04");
+    EXPECT_EQ(worst.at("gate_basis"), "tolerance");
+    EXPECT_THAT(r.out, HasSubstr("within the tolerance 1.0e-04 in case"));
   }
 }
 
