@@ -141,7 +141,9 @@ std::pair<BackendInfo, BackendFactory> ResolvePluginBackend(const std::string& s
   info.description = fmt::format("engine plugin {}", path.string());
   info.dtype = "float32";  // the logits; the cache's dtype is the engine's to say
   info.raw_call = RawCall::kNone;
-  return {info, PluginFactory(path, options)};
+  // dlopen reads a name without a '/' as a library to search for, not as a file here: the plugin
+  // is loaded by the path of the file that was checked (the engine host runs elsewhere, too).
+  return {info, PluginFactory(std::filesystem::absolute(path), options)};
 }
 
 void RegisterNamedPlugin(BackendRegistry& registry, const std::string& name,
