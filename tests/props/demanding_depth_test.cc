@@ -5,7 +5,7 @@
 //  * the default campaign (its demanding share and gate) on a 30-layer shape passes on impl, with
 //    ref64 arbitrating the demanding cases;
 //  * it still catches the two faults the part exists for (a softmax without the max, a float32
-//    RMSNorm sum), each only in its demanding cases;
+//    RMSNorm sum), each only in its demanding cases, there and on the tiny preset;
 //  * on each preset's demanding variant, both faults break a short prompt's rows while the correct
 //    scalar model holds the gate: the scores overflow float32's exp, the hidden states its sum of
 //    squares, at every depth the presets have.
@@ -66,18 +66,24 @@ TEST(DemandingDepth, TheDefaultCampaignOnThirtyLayersPasses) {
   std::cout << report.demanding.Text();
 }
 
-TEST(DemandingDepth, TheDefaultCampaignOnThirtyLayersCatchesBothFaults) {
+// On the tiny preset (2 layers) and on the 30-layer shape.
+TEST(DemandingDepth, TheDefaultCampaignCatchesBothFaultsShallowAndDeep) {
   if (!harness::BackendRegistry::Global().Has("ref64")) GTEST_SKIP() << "needs LibTorch (ref64)";
-  for (Fault fault : {Fault::kSoftmaxWithoutMax, Fault::kNaiveFloat32RmsNorm}) {
-    SCOPED_TRACE(FaultName(fault));
-    testing::TempDir out;
-    const harness::CampaignReport report = DefaultCampaign(
-        ThirtyLayers(), [fault](auto w) { return MakeScalarBackend(w, fault); }, 40, out.path());
-    ASSERT_GE(report.demanding.cases, 2) << report.Summary();
-    EXPECT_EQ(report.demanding.failures, report.demanding.cases) << report.Summary();
-    EXPECT_EQ(report.Failures(), report.demanding.failures)
-        << "the fault fails ordinary cases too, so it proves nothing about demanding ones:\n"
-        << report.Summary();
+  harness::ModelSpec tiny;
+  tiny.preset = "tiny";
+  tiny.seed = 7;
+  for (const harness::ModelSpec& model : {tiny, ThirtyLayers()}) {
+    for (Fault fault : {Fault::kSoftmaxWithoutMax, Fault::kNaiveFloat32RmsNorm}) {
+      SCOPED_TRACE(model.Describe() + ": " + FaultName(fault));
+      testing::TempDir out;
+      const harness::CampaignReport report = DefaultCampaign(
+          model, [fault](auto w) { return MakeScalarBackend(w, fault); }, 40, out.path());
+      ASSERT_GE(report.demanding.cases, 2) << report.Summary();
+      EXPECT_EQ(report.demanding.failures, report.demanding.cases) << report.Summary();
+      EXPECT_EQ(report.Failures(), report.demanding.failures)
+          << "the fault fails ordinary cases too, so it proves nothing about demanding ones:\n"
+          << report.Summary();
+    }
   }
 }
 
