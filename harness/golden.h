@@ -78,7 +78,8 @@ GoldenRow SummarizeRow(const std::vector<float>& logits, int top_k);
 std::string GoldenToText(const Golden& golden);
 // Parses GoldenToText's output (full_rows left empty); InputError naming `where` and the field.
 Golden ParseGolden(const std::string& text, const std::string& where);
-// The backend's compute dtype, from the registry ("float64" for ref64).
+// The backend's compute dtype, from the registry ("float64" for ref64); "" for one this build
+// cannot make.
 std::string BackendDtype(const std::string& backend);
 
 // The three files of a golden set.

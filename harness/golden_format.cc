@@ -265,6 +265,9 @@ std::string Where(const GoldenRow& r) { return fmt::format("step {} row {}", r.s
 }  // namespace golden_detail
 
 std::string BackendDtype(const std::string& backend) {
+  // "" for a backend this build cannot make (ref64 without LibTorch): golden verify then takes
+  // the recorded dtype; regen never gets here with one (it builds the backend first).
+  if (!BackendRegistry::Global().Has(backend)) return "";
   return BackendRegistry::Global().Info(backend).dtype;
 }
 

@@ -55,8 +55,12 @@ inline float Exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * (r * r) + r + 1.0f;
-  // Unsigned shift: the same bits, and no undefined behaviour when n is out of range (NaN input).
-  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  // n is in [-126, 127] for every finite or infinite x (clamped above); a NaN x makes n NaN, whose
+  // conversion to int is undefined behaviour (clang's UBSan reports it), so it converts 0 instead:
+  // p is NaN then, and so is the result. A select, not a branch: it still vectorizes. Unsigned
+  // shift: the same bits, and no undefined behaviour when n + 127 is negative.
+  const float n_or_zero = n == n ? n : 0.0f;
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n_or_zero) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return p * scale;

@@ -160,7 +160,7 @@ TEST(ConformCli, AnF16CacheIsHeldToItsMeasuredProfileWhichStillCatchesCacheBugs)
       RunKvdiff(fmt::format("check --backends 'impl,{}' --cases 100", f16), dir.path());
   EXPECT_EQ(pass.exit_code, 0) << pass.out << pass.err;
   EXPECT_THAT(pass.out, HasSubstr("tolerance profile f16 (max |a-b| <= 1.0e-01) for " + f16));
-  EXPECT_THAT(pass.out, HasSubstr("(tolerance 1.0e-01)"));
+  EXPECT_THAT(pass.out, HasSubstr("within the tolerance 1.0e-01 in case"));
   // The profile's distribution metrics: the f16 cache moves the argmax of near-ties only, and
   // the next-token distribution by a KL far below a cache bug's.
   EXPECT_THAT(pass.out, HasSubstr("distribution impl~" + f16 + ": argmax agrees on "));

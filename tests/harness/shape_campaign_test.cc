@@ -124,7 +124,12 @@ TEST(InlineConfigModel, RefusesBadInputNamingTheField) {
          "max_position_embeddings": 64)";
   EXPECT_EQ(ModelError(R"({"config": {)" + good + R"(}, "seed": 3})"), "(accepted)");
   EXPECT_THAT(ModelError(R"({"config": {)" + good + R"(}, "seed": 3, "preset": "tiny"})"),
-              HasSubstr("model: unknown field \"preset\" (expected one of: config, seed)"));
+              HasSubstr("model: unknown field \"preset\" (expected one of: config, scale, seed)"));
+  // A config model takes a scale, as a preset does (the demanding variant of a shape).
+  EXPECT_EQ(ModelError(R"({"config": {)" + good + R"(}, "seed": 3, "scale": "demanding"})"),
+            "(accepted)");
+  EXPECT_THAT(ModelError(R"({"config": {)" + good + R"(}, "seed": 3, "scale": "loud"})"),
+              HasSubstr("model.scale"));
   EXPECT_THAT(ModelError(R"({"config": {)" + good + R"(, "num_kv_heads": 1}})"),
               HasSubstr("model.config: unknown field \"num_kv_heads\" (expected one of: "));
   EXPECT_THAT(ModelError(R"({"config": {)" + good + R"(, "head_dim": 7}})"),
