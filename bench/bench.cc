@@ -17,10 +17,10 @@
 #include <stdexcept>
 #include <thread>
 
-#include "harness/backend.h"
-#include "harness/registry.h"
 #include "format/error.h"
-#include "harness/report.h"
+#include "harness/backend/backend.h"
+#include "harness/backend/registry.h"
+#include "harness/report/run_report.h"
 #include "impl/thread_pool.h"
 
 namespace kvdiff::bench {

@@ -1,4 +1,4 @@
-#include "harness/cli/cli_util.h"
+#include "cli/cli_util.h"
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "format/error.h"
-#include "harness/registry.h"
+#include "harness/backend/registry.h"
 
 namespace kvdiff::cli {
 namespace {

@@ -8,7 +8,7 @@
 
 #include "format/model_files.h"
 #include "format/tensor.h"
-#include "harness/backend.h"
+#include "harness/backend/backend.h"
 
 namespace CLI {
 class App;

@@ -14,11 +14,11 @@
 #include <thread>
 #include <vector>
 
-#include "harness/backend.h"
-#include "harness/registry.h"
 #include "bench/bench.h"
-#include "harness/cli/commands.h"
+#include "cli/commands.h"
 #include "format/error.h"
+#include "harness/backend/backend.h"
+#include "harness/backend/registry.h"
 
 namespace kvdiff::cli {
 namespace {

@@ -10,20 +10,20 @@
 #include <string>
 #include <vector>
 
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "cli/engine_guard.h"
 #include "format/error.h"
-#include "harness/backend.h"
-#include "harness/campaign.h"
-#include "harness/cli/cli_util.h"
-#include "harness/cli/commands.h"
-#include "harness/cli/engine_guard.h"
-#include "harness/demanding.h"
-#include "harness/jobs.h"
-#include "harness/registry.h"
-#include "harness/report.h"
-#include "harness/runner.h"
-#include "harness/shape_generator.h"
-#include "harness/shard_env.h"
-#include "harness/tolerance_profile.h"
+#include "harness/backend/backend.h"
+#include "harness/backend/registry.h"
+#include "harness/campaign/campaign.h"
+#include "harness/campaign/demanding_part.h"
+#include "harness/campaign/jobs.h"
+#include "harness/campaign/shape_generator.h"
+#include "harness/campaign/shards.h"
+#include "harness/compare/tolerance_profile.h"
+#include "harness/report/run_report.h"
+#include "harness/run/differential_run.h"
 
 namespace kvdiff::cli {
 namespace {

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "harness/cli/commands.h"
+#include "cli/commands.h"
 #include "format/error.h"
 #include "format/safetensors.h"
-#include "harness/compare.h"
+#include "harness/compare/compare.h"
 
 namespace kvdiff::cli {
 namespace {

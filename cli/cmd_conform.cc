@@ -9,15 +9,15 @@
 #include <optional>
 #include <string>
 
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "cli/engine_guard.h"
 #include "format/error.h"
-#include "harness/cli/cli_util.h"
-#include "harness/cli/commands.h"
-#include "harness/cli/engine_guard.h"
-#include "harness/conform.h"
-#include "harness/registry.h"
-#include "harness/report.h"
-#include "harness/runner.h"
-#include "harness/tolerance_profile.h"
+#include "harness/backend/registry.h"
+#include "harness/compare/tolerance_profile.h"
+#include "harness/conform/conform.h"
+#include "harness/report/run_report.h"
+#include "harness/run/differential_run.h"
 
 namespace kvdiff::cli {
 namespace {

@@ -7,7 +7,7 @@
 #include <string>
 #include <variant>
 
-#include "harness/cli/commands.h"
+#include "cli/commands.h"
 #include "format/error.h"
 #include "format/gguf.h"
 #include "format/llama2c.h"

@@ -4,8 +4,8 @@
 #include <memory>
 #include <string>
 
+#include "cli/commands.h"
 #include "engines/isolated_engine.h"
-#include "harness/cli/commands.h"
 
 namespace kvdiff::cli {
 

@@ -9,15 +9,15 @@
 #include <string>
 #include <vector>
 
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "cli/engine_guard.h"
 #include "format/error.h"
 #include "format/model_files.h"
 #include "format/safetensors.h"
-#include "harness/backend.h"
-#include "harness/cli/cli_util.h"
-#include "harness/cli/commands.h"
-#include "harness/cli/engine_guard.h"
-#include "harness/compare.h"
-#include "harness/registry.h"
+#include "harness/backend/backend.h"
+#include "harness/backend/registry.h"
+#include "harness/compare/compare.h"
 
 namespace kvdiff::cli {
 namespace {

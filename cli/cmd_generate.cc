@@ -12,18 +12,18 @@
 #include <stdexcept>
 #include <string>
 
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "cli/engine_guard.h"
 #include "format/chat_template.h"
 #include "format/error.h"
 #include "format/input_file.h"
 #include "format/model_files.h"
 #include "format/tokenizer.h"
-#include "harness/backend.h"
-#include "harness/cli/cli_util.h"
-#include "harness/cli/commands.h"
-#include "harness/cli/engine_guard.h"
-#include "harness/compare.h"
-#include "harness/registry.h"
-#include "harness/replay.h"
+#include "harness/backend/backend.h"
+#include "harness/backend/registry.h"
+#include "harness/compare/compare.h"
+#include "harness/replay/replay.h"
 
 namespace kvdiff::cli {
 namespace {

@@ -9,13 +9,13 @@
 #include <string>
 #include <vector>
 
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "cli/engine_guard.h"
 #include "format/error.h"
-#include "harness/cli/cli_util.h"
-#include "harness/cli/commands.h"
-#include "harness/cli/engine_guard.h"
-#include "harness/golden.h"
-#include "harness/report.h"
-#include "harness/scenario.h"
+#include "harness/golden/golden.h"
+#include "harness/report/run_report.h"
+#include "harness/scenario/scenario.h"
 
 namespace kvdiff::cli {
 namespace {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/cli/commands.h"
+#include "cli/commands.h"
 #include "format/chat_template.h"
 #include "format/error.h"
 #include "format/model_files.h"

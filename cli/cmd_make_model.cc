@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "harness/cli/commands.h"
+#include "cli/commands.h"
 #include "format/error.h"
 #include "format/model_files.h"
 

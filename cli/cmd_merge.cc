@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "harness/cli/commands.h"
-#include "harness/merge.h"
-#include "harness/report.h"
+#include "cli/commands.h"
+#include "harness/campaign/merge.h"
+#include "harness/report/run_report.h"
 
 namespace kvdiff::cli {
 namespace {

@@ -11,16 +11,16 @@
 #include <string>
 #include <vector>
 
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "cli/engine_guard.h"
 #include "format/error.h"
 #include "format/model_files.h"
 #include "format/tokenizer.h"
-#include "harness/cli/cli_util.h"
-#include "harness/cli/commands.h"
-#include "harness/cli/engine_guard.h"
-#include "harness/report.h"
-#include "harness/repro.h"
-#include "harness/runner.h"
-#include "harness/scenario.h"
+#include "harness/report/run_report.h"
+#include "harness/repro/repro.h"
+#include "harness/run/differential_run.h"
+#include "harness/scenario/scenario.h"
 
 namespace kvdiff::cli {
 namespace {

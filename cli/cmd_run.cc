@@ -9,16 +9,16 @@
 #include <string>
 #include <vector>
 
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "cli/engine_guard.h"
 #include "format/error.h"
-#include "harness/backend.h"
-#include "harness/cli/cli_util.h"
-#include "harness/cli/commands.h"
-#include "harness/cli/engine_guard.h"
-#include "harness/compare.h"
-#include "harness/report.h"
-#include "harness/runner.h"
-#include "harness/scenario.h"
-#include "harness/tolerance_profile.h"
+#include "harness/backend/backend.h"
+#include "harness/compare/compare.h"
+#include "harness/compare/tolerance_profile.h"
+#include "harness/report/run_report.h"
+#include "harness/run/differential_run.h"
+#include "harness/scenario/scenario.h"
 
 namespace kvdiff::cli {
 namespace {

@@ -11,12 +11,12 @@
 #include <optional>
 #include <string>
 
-#include "format/input_file.h"
+#include "cli/cli_util.h"
+#include "cli/commands.h"
 #include "format/chat_template.h"
 #include "format/error.h"
+#include "format/input_file.h"
 #include "format/tokenizer.h"
-#include "harness/cli/cli_util.h"
-#include "harness/cli/commands.h"
 
 namespace kvdiff::cli {
 namespace {

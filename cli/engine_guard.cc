@@ -1,4 +1,4 @@
-#include "harness/cli/engine_guard.h"
+#include "cli/engine_guard.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>

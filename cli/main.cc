@@ -11,11 +11,11 @@
 #include <new>
 #include <string>
 
+#include "cli/commands.h"
+#include "cli/engine_guard.h"
 #include "format/error.h"
-#include "harness/cli/commands.h"
-#include "harness/cli/engine_guard.h"
-#include "harness/jobs.h"
-#include "harness/registry.h"
+#include "harness/backend/registry.h"
+#include "harness/campaign/jobs.h"
 #include "impl/thread_pool.h"
 
 namespace {

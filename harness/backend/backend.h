@@ -1,7 +1,7 @@
 // Backends: every model implementation offered to the harness through one interface, so the
 // harness never asks which one it holds. What a backend is (its name, dtype, what raw calls it
-// offers) is its BackendInfo, kept in the registry (harness/registry.h) and asked, never guessed
-// from the name.
+// offers) is its BackendInfo, kept in the registry (harness/backend/registry.h) and asked, never
+// guessed from the name.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +27,7 @@ class BackendSession {
 
 // The raw call a port makes, unchecked: candle's forward(tokens, index_pos, cache), or
 // transformers' model(input_ids, past_key_values=cache), which reads the position from the cache.
-// The misuse drivers (harness/drivers.h) are written once against it.
+// The misuse drivers (harness/replay/drivers.h) are written once against it.
 class RawCache {
  public:
   virtual ~RawCache() = default;
@@ -73,7 +73,7 @@ struct BackendInfo {
   // generators draw lengths around them.
   std::vector<int64_t> interesting_sizes;
   // What K/V are attended in, when narrower than the compute dtype ("f16"): selects a tolerance
-  // profile (harness/tolerance_profile.h). Empty for float32 and float64 caches.
+  // profile (harness/compare/tolerance_profile.h). Empty for float32 and float64 caches.
   std::string cache_dtype;
   // "f32" when RoPE angles are computed in float32 (pos · inv_freq rounded to float, as
   // transformers and llama.cpp do): they drift from the exact angles as the position grows, so
@@ -82,7 +82,7 @@ struct BackendInfo {
   std::string rope_angles;
   // Not empty: the backend reproduces, on purpose, an arithmetic that overflows on demanding
   // models (make-model --scale demanding), and says why; the campaign's demanding cases leave it
-  // out (harness/demanding.h). ref: transformers' float32 LlamaRMSNorm.
+  // out (harness/campaign/demanding_part.h). ref: transformers' float32 LlamaRMSNorm.
   std::string overflows_on_demanding_models;
 };
 

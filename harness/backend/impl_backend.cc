@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "format/error.h"
-#include "harness/registry.h"
+#include "harness/backend/registry.h"
 #include "impl/kernels.h"
 #include "impl/kv_cache.h"
 #include "impl/model.h"

@@ -21,7 +21,7 @@
 #include "format/error.h"
 #include "format/input_file.h"
 #include "format/scratch_dir.h"
-#include "harness/registry.h"
+#include "harness/backend/registry.h"
 
 namespace kvdiff::harness {
 namespace {

@@ -2,7 +2,7 @@
 // interface. A session is what a transformers user holds between calls: the model and one
 // DynamicCache; the raw call is model(input_ids, past_key_values=cache), which reads the position
 // from the cache. Compiled only with KVDIFF_WITH_TORCH; it includes reference/'s torch-free header.
-#include "harness/registry.h"
+#include "harness/backend/registry.h"
 
 #include <utility>
 

@@ -1,4 +1,4 @@
-#include "harness/registry.h"
+#include "harness/backend/registry.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -1,8 +1,8 @@
-#include "harness/campaign.h"
-#include "harness/campaign_case.h"
+#include "harness/campaign/campaign.h"
+#include "harness/campaign/campaign_detail.h"
 
-#include "harness/jobs.h"
-#include "harness/junit.h"
+#include "harness/campaign/jobs.h"
+#include "harness/report/junit.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -13,7 +13,7 @@
 #include <mutex>
 
 #include "format/error.h"
-#include "harness/report.h"
+#include "harness/report/run_report.h"
 
 namespace kvdiff::harness {
 
@@ -189,7 +189,7 @@ CampaignReport RunCampaign(const ModelSpec& model, const std::vector<const Backe
   return RunCampaignOnJobs(model, {backends}, options);
 }
 
-namespace campaign_case {
+namespace campaign_detail {
 
 void CheckOptions(const CampaignOptions& options) {
   KVDIFF_CHECK(options.cases >= 0, "--cases: expected a count >= 0, got {}", options.cases);
@@ -286,7 +286,7 @@ void AddResult(CampaignReport& report, CaseResult result) {
   report.results.push_back(std::move(result));
 }
 
-}  // namespace campaign_case
+}  // namespace campaign_detail
 
 CampaignReport RunCampaignOnJobs(const ModelSpec& model,
                                  const std::vector<std::vector<const Backend*>>& jobs,
@@ -297,11 +297,11 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model,
     KVDIFF_CHECK(job.size() == backends.size(), "check: every job needs the same backends");
   }
   const format::LlamaConfig& config = backends[0]->config();
-  campaign_case::CheckOptions(options);
+  campaign_detail::CheckOptions(options);
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::string> backend_names;
   for (const Backend* b : backends) backend_names.push_back(b->Name());
-  CampaignReport report = campaign_case::NewReport(backend_names, options);
+  CampaignReport report = campaign_detail::NewReport(backend_names, options);
   report.model = model;
   report.model_description = DescribeModel(config);
   const std::vector<int64_t> indices = ShardCases(options.cases, options.shard);
@@ -336,15 +336,15 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model,
       static_cast<int64_t>(indices.size()), static_cast<int>(jobs.size()),
       [&](int job, int64_t i) {
         if (is_demanding(indices[i])) {
-          scenarios[i] = campaign_case::NewCase(config, demanding.model, demanding.backends,
+          scenarios[i] = campaign_detail::NewCase(config, demanding.model, demanding.backends,
                                                 options, generation, indices[i],
                                                 demanding.options.rtol);
-          results[i] = campaign_case::RunCase(scenarios[i], demanding.jobs[job], options,
+          results[i] = campaign_detail::RunCase(scenarios[i], demanding.jobs[job], options,
                                               indices[i], true);
         } else {
-          scenarios[i] = campaign_case::NewCase(config, model, report.backends, options,
+          scenarios[i] = campaign_detail::NewCase(config, model, report.backends, options,
                                                 generation, indices[i]);
-          results[i] = campaign_case::RunCase(scenarios[i], jobs[job], options, indices[i]);
+          results[i] = campaign_detail::RunCase(scenarios[i], jobs[job], options, indices[i]);
         }
       },
       [&](int64_t i) {
@@ -357,7 +357,7 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model,
   for (size_t i = 0; i < results.size(); ++i) {
     report.coverage.Add(scenarios[i], report.model_description,
                         IsLongCase(options.seed, indices[i], generation.long_fraction, context));
-    campaign_case::AddResult(report, std::move(results[i]));
+    campaign_detail::AddResult(report, std::move(results[i]));
   }
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;

@@ -10,13 +10,13 @@
 #include <string>
 #include <vector>
 
-#include "harness/backend.h"
-#include "harness/junit.h"
-#include "harness/case_generator.h"
-#include "harness/coverage.h"
-#include "harness/demanding.h"
-#include "harness/runner.h"
-#include "harness/scenario.h"
+#include "harness/backend/backend.h"
+#include "harness/campaign/case_generator.h"
+#include "harness/campaign/coverage.h"
+#include "harness/campaign/demanding_part.h"
+#include "harness/report/junit.h"
+#include "harness/run/differential_run.h"
+#include "harness/scenario/scenario.h"
 
 namespace kvdiff::harness {
 
@@ -39,8 +39,9 @@ struct CampaignOptions {
   // backends' declared sizes and the powers of two (CampaignBoundaries).
   GenerationOptions generation;
   RunOptions run;
-  // The cases run on the demanding variant of the model against ref64 (harness/demanding.h); the
-  // caller builds its backends. Inactive (skipped set, or no jobs): every case is an ordinary one.
+  // The cases run on the demanding variant of the model against ref64
+  // (harness/campaign/demanding_part.h); the caller builds its backends. Inactive (skipped set, or
+  // no jobs): every case is an ordinary one.
   DemandingPart demanding;
   // Called after every case with (done, total, failures) for a progress line.
   std::function<void(int64_t, int64_t, int64_t)> progress;
@@ -114,12 +115,13 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model,
                                  const CampaignOptions& options);
 
 // --shapes random: case k runs on a model of its own, ShapeModel(options.seed, k)
-// (harness/shape_generator.h), with backends built for it by the registry from `backend_names`
-// (every one for every case, on whichever of the `jobs` threads runs it). Its history is capped
-// by its own context, and its boundaries are the powers of two and declared sizes below that
-// context; the coverage's boundaries are the union of the cases' and its context the largest
-// (README, "Random shapes"). A backend that cannot be built for a shape (an engine that refuses
-// it) fails that case, naming the backend and saying why. The report is the same for any jobs.
+// (harness/campaign/shape_generator.h), with backends built for it by the registry from
+// `backend_names` (every one for every case, on whichever of the `jobs` threads runs it). Its
+// history is capped by its own context, and its boundaries are the powers of two and declared sizes
+// below that context; the coverage's boundaries are the union of the cases' and its context the
+// largest (README, "Random shapes"). A backend that cannot be built for a shape (an engine that
+// refuses it) fails that case, naming the backend and saying why. The report is the same for any
+// jobs.
 CampaignReport RunRandomShapeCampaign(const std::vector<std::string>& backend_names,
                                       const BackendOptions& backend_options, int jobs,
                                       const CampaignOptions& options);

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "harness/campaign.h"
+#include "harness/campaign/campaign.h"
 
-namespace kvdiff::harness::campaign_case {
+namespace kvdiff::harness::campaign_detail {
 
 // InputError naming --cases or --tolerance.
 void CheckOptions(const CampaignOptions& options);
@@ -18,7 +18,7 @@ CampaignReport NewReport(const std::vector<std::string>& backend_names,
                          const CampaignOptions& options);
 // Case k's scenario on `model` (whose config is `config`), with the campaign's backends and
 // tolerance, validated (a generator bug must not pass as a backend bug). A demanding case
-// (harness/demanding.h) also has the relative gate tolerance_rel.
+// (harness/campaign/demanding_part.h) also has the relative gate tolerance_rel.
 Scenario NewCase(const format::LlamaConfig& config, const ModelSpec& model,
                  const std::vector<std::string>& backend_names, const CampaignOptions& options,
                  const GenerationOptions& generation, int64_t k, double tolerance_rel = 0);
@@ -32,4 +32,4 @@ void AddResult(CampaignReport& report, CaseResult result);
 // Makes an ordinary case's worst row the report's when it is worse (the first on ties).
 void AddWorst(CampaignReport& report, const CaseResult& result);
 
-}  // namespace kvdiff::harness::campaign_case
+}  // namespace kvdiff::harness::campaign_detail

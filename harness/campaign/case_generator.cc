@@ -1,4 +1,4 @@
-#include "harness/case_generator.h"
+#include "harness/campaign/case_generator.h"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 #include <map>
 
 #include "format/error.h"
-#include "harness/case_rng.h"
+#include "harness/campaign/case_rng.h"
 
 namespace kvdiff::harness {
 namespace {

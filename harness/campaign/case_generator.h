@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "format/model_files.h"
-#include "harness/backend.h"
-#include "harness/scenario.h"
+#include "harness/backend/backend.h"
+#include "harness/scenario/scenario.h"
 
 namespace kvdiff::harness {
 

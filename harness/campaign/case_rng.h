@@ -1,7 +1,8 @@
 // The random numbers of a campaign's case k: a stream of format/prng.h's SplitMix64 named by
 // (seed, k), so case k is the same on every platform and whichever shard or job runs it
 // (std distributions are not portable). The case generator draws a case's steps from it and the
-// shape generator (harness/shape_generator.h) the case's model, each from a stream of its own.
+// shape generator (harness/campaign/shape_generator.h) the case's model, each from a stream of its
+// own.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "harness/coverage.h"
+#include "harness/campaign/coverage.h"
 
 #include "format/error.h"
 

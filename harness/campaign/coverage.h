@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "format/model_files.h"
-#include "harness/case_generator.h"
-#include "harness/scenario.h"
+#include "harness/campaign/case_generator.h"
+#include "harness/scenario/scenario.h"
 
 namespace kvdiff::harness {
 

@@ -1,4 +1,4 @@
-#include "harness/demanding.h"
+#include "harness/campaign/demanding_part.h"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 
 #include "format/error.h"
 #include "format/prng.h"
-#include "harness/registry.h"
+#include "harness/backend/registry.h"
 
 namespace kvdiff::harness {
 

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/backend.h"
-#include "harness/scenario.h"
+#include "harness/backend/backend.h"
+#include "harness/scenario/scenario.h"
 
 namespace kvdiff::harness {
 

@@ -1,4 +1,4 @@
-#include "harness/jobs.h"
+#include "harness/campaign/jobs.h"
 
 #include <algorithm>
 #include <atomic>

@@ -1,4 +1,4 @@
-#include "harness/merge.h"
+#include "harness/campaign/merge.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -12,10 +12,10 @@
 #include "format/error.h"
 #include "format/input_file.h"
 #include "format/json_document.h"
-#include "harness/campaign_case.h"
-#include "harness/coverage.h"
-#include "harness/junit.h"
-#include "harness/report.h"
+#include "harness/campaign/campaign_detail.h"
+#include "harness/campaign/coverage.h"
+#include "harness/report/junit.h"
+#include "harness/report/run_report.h"
 
 namespace kvdiff::harness {
 namespace {
@@ -143,8 +143,8 @@ void CheckSameCampaign(const ShardReport& s, const ShardReport& first) {
 
 
 namespace {
-// The demanding part's counts (harness/demanding.h) over every shard's cases: the head report's
-// "demanding" object describes its model, backends and gate, which the shards share.
+// The demanding part's counts (harness/campaign/demanding_part.h) over every shard's cases: the
+// head report's "demanding" object describes its model, backends and gate, which the shards share.
 void MergeDemandingPart(const json& results, json& report) {
   if (!report.contains("demanding") || report["demanding"].contains("skipped")) return;
   int64_t cases = 0, failures = 0;
@@ -225,7 +225,7 @@ MergedCampaign MergeCampaignReports(const std::vector<std::pair<std::string, jso
   for (const CaseResult& r : c.results) {
     c.rows_compared += r.rows_compared;
     // As in the campaign: worst_diff is over the ordinary cases, the demanding ones are relative.
-    if (!r.demanding) campaign_case::AddWorst(c, r);
+    if (!r.demanding) campaign_detail::AddWorst(c, r);
   }
 
   m.report = head;  // fields a later kvdiff adds travel along

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "harness/campaign.h"
+#include "harness/campaign/campaign.h"
 
 namespace kvdiff::harness {
 

@@ -1,7 +1,7 @@
-// `kvdiff check --shapes random`: every case on a model of its own (harness/shape_generator.h),
-// with backends built for it. What it shares with the fixed campaign (one case run, the report)
-// is harness/campaign_case.h; what differs is here: the per-case model and backends, and a
-// coverage whose contexts and boundaries are per case.
+// `kvdiff check --shapes random`: every case on a model of its own
+// (harness/campaign/shape_generator.h), with backends built for it. What it shares with the fixed
+// campaign (one case run, the report) is harness/campaign/campaign_detail.h; what differs is here:
+// the per-case model and backends, and a coverage whose contexts and boundaries are per case.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -10,11 +10,11 @@
 #include <memory>
 
 #include "format/error.h"
-#include "harness/campaign.h"
-#include "harness/campaign_case.h"
-#include "harness/jobs.h"
-#include "harness/registry.h"
-#include "harness/shape_generator.h"
+#include "harness/backend/registry.h"
+#include "harness/campaign/campaign.h"
+#include "harness/campaign/campaign_detail.h"
+#include "harness/campaign/jobs.h"
+#include "harness/campaign/shape_generator.h"
 
 namespace kvdiff::harness {
 namespace {
@@ -48,7 +48,7 @@ ShapeCase RunShapeCase(const std::vector<std::string>& names, const BackendOptio
   GenerationOptions generation = options.generation;
   // The case as its file says how to get it again.
   auto new_case = [&] {
-    Scenario sc = campaign_case::NewCase(config, model, names, options, generation, k);
+    Scenario sc = campaign_detail::NewCase(config, model, names, options, generation, k);
     sc.description = fmt::format("kvdiff check --shapes random --seed {}: case {}{}", options.seed,
                                  k, out.long_case ? " (long)" : "");
     return sc;
@@ -66,14 +66,14 @@ ShapeCase RunShapeCase(const std::vector<std::string>& names, const BackendOptio
       out.result.steps = static_cast<int64_t>(out.scenario.steps.size());
       out.result.failure =
           fmt::format("backend {} could not be built for this shape: {}", name, e.what());
-      out.result.scenario_file = campaign_case::WriteFailingCase(options, k, out.scenario);
+      out.result.scenario_file = campaign_detail::WriteFailingCase(options, k, out.scenario);
       return out;
     }
   }
   generation.boundaries = out.boundaries = CampaignBoundaries(backends, out.context);
   out.scenario = new_case();
   const std::string shape = std::move(out.result.shape);
-  out.result = campaign_case::RunCase(out.scenario, backends, options, k);
+  out.result = campaign_detail::RunCase(out.scenario, backends, options, k);
   out.result.shape = shape;
   out.ran = true;
   return out;
@@ -108,11 +108,11 @@ CampaignReport RunRandomShapeCampaign(const std::vector<std::string>& backend_na
                                       const CampaignOptions& options) {
   KVDIFF_CHECK(!backend_names.empty(), "check: no backend to run");
   KVDIFF_CHECK(jobs >= 1, "check: expected at least one job, got {}", jobs);
-  campaign_case::CheckOptions(options);
+  campaign_detail::CheckOptions(options);
   // Resolved here, once: a plugin family resolves a name on first use, not from several threads.
   for (const std::string& name : backend_names) (void)BackendRegistry::Global().Info(name);
   const auto start = std::chrono::steady_clock::now();
-  CampaignReport report = campaign_case::NewReport(backend_names, options);
+  CampaignReport report = campaign_detail::NewReport(backend_names, options);
   // The demanding part scales a preset's weights; here every case draws a model of its own.
   report.demanding.skipped =
       "--shapes random (the demanding part runs on a preset's demanding variant: use --shapes fixed)";
@@ -135,7 +135,7 @@ CampaignReport RunRandomShapeCampaign(const std::vector<std::string>& backend_na
         }
       });
   report.coverage = FoldCoverage(cases);
-  for (ShapeCase& c : cases) campaign_case::AddResult(report, std::move(c.result));
+  for (ShapeCase& c : cases) campaign_detail::AddResult(report, std::move(c.result));
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;
 }

@@ -1,10 +1,10 @@
-#include "harness/shape_generator.h"
+#include "harness/campaign/shape_generator.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 
-#include "harness/case_rng.h"
+#include "harness/campaign/case_rng.h"
 
 namespace kvdiff::harness {
 namespace {

@@ -1,18 +1,21 @@
-// `kvdiff check --shapes random`: the model of case k, a small random Llama drawn from (seed, k)
-// alone with kvdiff's own PRNG (harness/case_rng.h), so a case has the same shape on every machine,
-// shard and job. The shapes cover what a port gets wrong when it was only tried on one model:
-// grouped-query ratios 1..8 (MHA, GQA, MQA), head_dim 8..128 (powers of two and odd multiples of
-// two), a hidden size that is not heads x head_dim now and then, 1-3 layers, tied and untied heads,
-// llama3 rope scaling or none, rope_theta, rms_norm_eps, odd vocabularies, and contexts from a few
-// positions (a case reaches the end) to thousands. Every shape is small enough for a case to run
-// in milliseconds. The property generators (tests/props/generators.h) draw from the same limits.
+// `kvdiff check --shapes random`: the model of case k, a small random Llama
+// drawn from (seed, k) alone with kvdiff's own PRNG
+// (harness/campaign/case_rng.h), so a case has the same shape on every machine,
+// shard and job. The shapes cover what a port gets wrong when it was only tried
+// on one model: grouped-query ratios 1..8 (MHA, GQA, MQA), head_dim 8..128
+// (powers of two and odd multiples of two), a hidden size that is not heads x
+// head_dim now and then, 1-3 layers, tied and untied heads, llama3 rope scaling
+// or none, rope_theta, rms_norm_eps, odd vocabularies, and contexts from a few
+// positions (a case reaches the end) to thousands. Every shape is small enough
+// for a case to run in milliseconds. The property generators
+// (tests/props/generators.h) draw from the same limits.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "format/config.h"
-#include "harness/scenario.h"
+#include "harness/scenario/scenario.h"
 
 namespace kvdiff::harness {
 

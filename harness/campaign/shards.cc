@@ -1,4 +1,4 @@
-#include "harness/shard_env.h"
+#include "harness/campaign/shards.h"
 
 #include <fmt/format.h>
 

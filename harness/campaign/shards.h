@@ -13,7 +13,7 @@
 #include <optional>
 #include <string>
 
-#include "harness/campaign.h"
+#include "harness/campaign/campaign.h"
 
 namespace kvdiff::harness {
 

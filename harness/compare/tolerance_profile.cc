@@ -1,11 +1,11 @@
-#include "harness/tolerance_profile.h"
+#include "harness/compare/tolerance_profile.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
 
-#include "harness/compare.h"
+#include "harness/compare/compare.h"
 
 namespace kvdiff::harness {
 namespace {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/backend.h"
+#include "harness/backend/backend.h"
 
 namespace kvdiff::harness {
 

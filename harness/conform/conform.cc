@@ -1,4 +1,4 @@
-#include "harness/conform.h"
+#include "harness/conform/conform.h"
 
 #include <fmt/format.h>
 
@@ -12,11 +12,11 @@
 
 #include "format/error.h"
 #include "format/prng.h"
-#include "harness/campaign.h"
-#include "harness/junit.h"
-#include "harness/report.h"
-#include "harness/runner.h"
-#include "harness/tolerance_profile.h"
+#include "harness/campaign/campaign.h"
+#include "harness/compare/tolerance_profile.h"
+#include "harness/report/junit.h"
+#include "harness/report/run_report.h"
+#include "harness/run/differential_run.h"
 
 namespace kvdiff::harness {
 namespace {

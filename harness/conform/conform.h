@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "harness/backend.h"
-#include "harness/compare.h"
-#include "harness/scenario.h"
+#include "harness/backend/backend.h"
+#include "harness/compare/compare.h"
+#include "harness/scenario/scenario.h"
 
 namespace kvdiff::harness {
 

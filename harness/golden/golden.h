@@ -19,12 +19,12 @@
 #include <utility>
 #include <vector>
 
-#include "harness/backend.h"
-#include "harness/compare.h"
 #include "format/model_files.h"
-#include "harness/replay.h"
-#include "harness/runner.h"
-#include "harness/scenario.h"
+#include "harness/backend/backend.h"
+#include "harness/compare/compare.h"
+#include "harness/replay/replay.h"
+#include "harness/run/differential_run.h"
+#include "harness/scenario/scenario.h"
 
 namespace kvdiff::harness {
 

@@ -6,8 +6,8 @@
 #include <filesystem>
 #include <string>
 
-#include "harness/golden.h"
-#include "harness/replay.h"
+#include "harness/golden/golden.h"
+#include "harness/replay/replay.h"
 
 namespace kvdiff::harness::golden_detail {
 

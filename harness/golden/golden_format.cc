@@ -1,8 +1,8 @@
 // Golden files: the data types, the text format, finding golden sets and loading their scenarios.
-#include "format/json_document.h"
 #include "format/input_file.h"
-#include "harness/golden.h"
-#include "harness/golden_internal.h"
+#include "format/json_document.h"
+#include "harness/golden/golden.h"
+#include "harness/golden/golden_detail.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -17,14 +17,14 @@
 #include <set>
 #include <sstream>
 
-#include "harness/drivers.h"
-#include "harness/registry.h"
-#include "harness/replay.h"
 #include "format/error.h"
 #include "format/safetensors.h"
 #include "format/scratch_dir.h"
-#include "harness/report.h"
-#include "harness/sha256.h"
+#include "harness/backend/registry.h"
+#include "harness/golden/sha256.h"
+#include "harness/replay/drivers.h"
+#include "harness/replay/replay.h"
+#include "harness/report/run_report.h"
 
 namespace kvdiff::harness {
 namespace golden_detail {

@@ -11,13 +11,13 @@
 
 #include "format/error.h"
 #include "format/model_files.h"
-#include "harness/drivers.h"
-#include "harness/golden.h"
-#include "harness/golden_internal.h"
-#include "harness/registry.h"
-#include "harness/replay.h"
-#include "harness/report.h"
-#include "harness/sha256.h"
+#include "harness/backend/registry.h"
+#include "harness/golden/golden.h"
+#include "harness/golden/golden_detail.h"
+#include "harness/golden/sha256.h"
+#include "harness/replay/drivers.h"
+#include "harness/replay/replay.h"
+#include "harness/report/run_report.h"
 
 namespace kvdiff::harness {
 

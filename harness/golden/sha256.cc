@@ -1,4 +1,4 @@
-#include "harness/sha256.h"
+#include "harness/golden/sha256.h"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "harness/drivers.h"
+#include "harness/replay/drivers.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

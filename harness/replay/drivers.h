@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "format/tensor.h"
-#include "harness/backend.h"
+#include "harness/backend/backend.h"
 
 namespace kvdiff::harness {
 

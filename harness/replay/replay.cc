@@ -1,4 +1,4 @@
-#include "harness/replay.h"
+#include "harness/replay/replay.h"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "format/error.h"
-#include "harness/drivers.h"
+#include "harness/replay/drivers.h"
 
 namespace kvdiff::harness {
 namespace {

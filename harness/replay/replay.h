@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "format/tensor.h"
-#include "harness/backend.h"
-#include "harness/compare.h"
-#include "harness/scenario.h"
+#include "harness/backend/backend.h"
+#include "harness/compare/compare.h"
+#include "harness/scenario/scenario.h"
 
 namespace kvdiff::harness {
 

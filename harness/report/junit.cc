@@ -1,10 +1,10 @@
-#include "harness/junit.h"
+#include "harness/report/junit.h"
 
 #include <fmt/format.h>
 
 #include <cstdint>
 
-#include "harness/report.h"
+#include "harness/report/run_report.h"
 
 namespace kvdiff::harness {
 namespace {

@@ -1,4 +1,4 @@
-#include "harness/report.h"
+#include "harness/report/run_report.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -9,7 +9,7 @@
 #include <limits>
 
 #include "format/error.h"
-#include "harness/junit.h"
+#include "harness/report/junit.h"
 
 namespace kvdiff::harness {
 namespace {

@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "harness/runner.h"
+#include "harness/run/differential_run.h"
 
 namespace kvdiff::harness {
 

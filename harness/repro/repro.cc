@@ -1,4 +1,4 @@
-#include "harness/repro.h"
+#include "harness/repro/repro.h"
 
 #include <fmt/format.h>
 
@@ -8,10 +8,10 @@
 #include <stdexcept>
 
 #include "format/error.h"
-#include "harness/compare.h"
-#include "harness/drivers.h"
-#include "harness/registry.h"
-#include "harness/replay.h"
+#include "harness/backend/registry.h"
+#include "harness/compare/compare.h"
+#include "harness/replay/drivers.h"
+#include "harness/replay/replay.h"
 
 namespace kvdiff::harness {
 namespace {

@@ -14,7 +14,7 @@
 //   stale-position   the second prompt in a new cache at the first conversation's index_pos:
 //                    "cannot broadcast [s, P+s] to [1, nh, s, s]"
 //   reference-reuse  transformers' way: one DynamicCache reused: silent, departs from fresh
-// Each experiment is a scenario replayed through a driver (harness/drivers.h) on the backend
+// Each experiment is a scenario replayed through a driver (harness/replay/drivers.h) on the backend
 // under test: the raw call for the candle experiments, a transformers-semantics backend's raw call
 // (ref) for reference-reuse.
 #pragma once
@@ -29,8 +29,8 @@
 #include "format/model_files.h"
 #include "format/tensor.h"
 #include "format/tokenizer.h"
-#include "harness/backend.h"
-#include "harness/scenario.h"
+#include "harness/backend/backend.h"
+#include "harness/scenario/scenario.h"
 
 namespace kvdiff::harness {
 

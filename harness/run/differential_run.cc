@@ -1,4 +1,4 @@
-#include "harness/runner.h"
+#include "harness/run/differential_run.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -14,10 +14,10 @@
 #include "format/llama2c.h"
 #include "format/tokenizer.h"
 #include "format/tokenizer_json.h"
-#include "harness/drivers.h"
-#include "harness/registry.h"
-#include "harness/report.h"
-#include "harness/tolerance_profile.h"
+#include "harness/backend/registry.h"
+#include "harness/compare/tolerance_profile.h"
+#include "harness/replay/drivers.h"
+#include "harness/report/run_report.h"
 
 namespace kvdiff::harness {
 namespace {

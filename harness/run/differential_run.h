@@ -12,13 +12,13 @@
 #include <string>
 #include <vector>
 
-#include "harness/backend.h"
-#include "harness/registry.h"
-#include "harness/compare.h"
-#include "harness/replay.h"
 #include "format/model_files.h"
 #include "format/tokenizer.h"
-#include "harness/scenario.h"
+#include "harness/backend/backend.h"
+#include "harness/backend/registry.h"
+#include "harness/compare/compare.h"
+#include "harness/replay/replay.h"
+#include "harness/scenario/scenario.h"
 
 namespace kvdiff::harness {
 

@@ -1,6 +1,6 @@
-#include "format/json_document.h"
+#include "harness/scenario/scenario.h"
 #include "format/input_file.h"
-#include "harness/scenario.h"
+#include "format/json_document.h"
 
 #include <fmt/format.h>
 
@@ -11,8 +11,8 @@
 #include <sstream>
 
 #include "format/error.h"
-#include "harness/registry.h"
-#include "harness/shape_generator.h"
+#include "harness/backend/registry.h"
+#include "harness/campaign/shape_generator.h"
 
 namespace kvdiff::harness {
 namespace {

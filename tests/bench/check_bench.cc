@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "bench/bench.h"
-#include "harness/campaign.h"
-#include "harness/registry.h"
-#include "harness/runner.h"
+#include "harness/backend/registry.h"
+#include "harness/campaign/campaign.h"
+#include "harness/run/differential_run.h"
 
 namespace kvdiff::harness {
 namespace {

@@ -13,9 +13,9 @@
 #include <string>
 
 #include "format/model_files.h"
-#include "harness/conform.h"
-#include "harness/registry.h"
-#include "harness/runner.h"
+#include "harness/backend/registry.h"
+#include "harness/conform/conform.h"
+#include "harness/run/differential_run.h"
 #include "tests/harness/harness_test_util.h"
 #include "tests/test_support.h"
 

@@ -1,7 +1,7 @@
 // The command line's parsers of lists: token ids (--tokens, --chunks), --shard and --backends.
-#include "harness/campaign.h"
-#include "harness/cli/cli_util.h"
-#include "harness/scenario.h"
+#include "cli/cli_util.h"
+#include "harness/campaign/campaign.h"
+#include "harness/scenario/scenario.h"
 #include "tests/fuzz/fuzz_support.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,5 +1,5 @@
 // Golden files (harness::ParseGolden), printed back when accepted.
-#include "harness/golden.h"
+#include "harness/golden/golden.h"
 #include "tests/fuzz/fuzz_support.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,6 +1,6 @@
 // Scenario JSON (harness::ParseScenario), then its validation against the tiny preset.
 #include "format/model_files.h"
-#include "harness/scenario.h"
+#include "harness/scenario/scenario.h"
 #include "tests/fuzz/fuzz_support.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

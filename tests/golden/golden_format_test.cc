@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "format/error.h"
-#include "harness/golden.h"
+#include "harness/golden/golden.h"
 #include "tests/harness/harness_test_util.h"
 #include "tests/test_support.h"
 

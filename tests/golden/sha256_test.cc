@@ -1,5 +1,5 @@
 // SHA-256 against the FIPS 180-2 example vectors, split updates, and a real model file.
-#include "harness/sha256.h"
+#include "harness/golden/sha256.h"
 
 #include <gtest/gtest.h>
 

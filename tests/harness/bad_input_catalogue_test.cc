@@ -40,7 +40,7 @@
 
 #include "format/model_files.h"
 #include "format/safetensors.h"
-#include "harness/registry.h"
+#include "harness/backend/registry.h"
 #include "tests/harness/harness_test_util.h"
 #include "tests/test_support.h"
 

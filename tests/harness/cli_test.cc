@@ -4,8 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/tolerance_profile.h"
-#include "harness/registry.h"
+#include "harness/backend/registry.h"
+#include "harness/compare/tolerance_profile.h"
 #include "tests/harness/harness_test_util.h"
 #include "tests/test_support.h"
 
@@ -53,7 +53,7 @@ TEST(RunCli, Pos0ExitsOneAtTheFirstDecodeStep) {
 
 TEST(RunCli, ShippedScenariosBehaveAsTheirDescriptionsSay) {
   TempDir dir;
-  const std::string s = KVDIFF_SOURCE_DIR "/harness/scenarios/";
+  const std::string s = KVDIFF_SOURCE_DIR "/examples/scenarios/";
   EXPECT_EQ(
       RunKvdiff("run " + s + "example.json --backends impl --threads 1", dir.path()).exit_code, 0);
   EXPECT_EQ(RunKvdiff("run " + s + "pos0.json --threads 1", dir.path()).exit_code, 1);

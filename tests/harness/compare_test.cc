@@ -1,5 +1,5 @@
 // The comparison arithmetic on hand-made rows.
-#include "harness/compare.h"
+#include "harness/compare/compare.h"
 
 #include <gtest/gtest.h>
 

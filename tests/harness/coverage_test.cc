@@ -1,12 +1,12 @@
 // The reach of the campaign's generator, and the coverage report that shows it.
-#include "harness/coverage.h"
+#include "harness/campaign/coverage.h"
 
 #include <gtest/gtest.h>
 
 #include "format/error.h"
-#include "harness/case_generator.h"
-#include "harness/registry.h"
-#include "harness/runner.h"
+#include "harness/backend/registry.h"
+#include "harness/campaign/case_generator.h"
+#include "harness/run/differential_run.h"
 
 namespace kvdiff::harness {
 namespace {

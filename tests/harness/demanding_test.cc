@@ -1,13 +1,13 @@
-// The campaign's demanding part (harness/demanding.h): which cases, which model, which backends,
-// and what the campaign report says about them.
-#include "harness/demanding.h"
+// The campaign's demanding part (harness/campaign/demanding_part.h): which cases, which model,
+// which backends, and what the campaign report says about them.
+#include "harness/campaign/demanding_part.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "format/error.h"
-#include "harness/campaign.h"
-#include "harness/registry.h"
+#include "harness/backend/registry.h"
+#include "harness/campaign/campaign.h"
 #include "tests/test_support.h"
 
 namespace kvdiff::harness {

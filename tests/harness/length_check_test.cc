@@ -10,10 +10,10 @@
 #include <string>
 
 #include "format/model_files.h"
-#include "harness/registry.h"
-#include "harness/replay.h"
-#include "harness/runner.h"
-#include "harness/scenario.h"
+#include "harness/backend/registry.h"
+#include "harness/replay/replay.h"
+#include "harness/run/differential_run.h"
+#include "harness/scenario/scenario.h"
 
 namespace kvdiff::testing {
 namespace {

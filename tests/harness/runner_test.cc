@@ -1,8 +1,8 @@
 // The runner on the tiny model (impl backend, in process): the session driver agrees with the
 // oracle, the misuse drivers diverge exactly where the seed says, errors are outcomes, and the
 // JSON / JUnit / terminal reports carry it all.
-#include "harness/registry.h"
-#include "harness/runner.h"
+#include "harness/backend/registry.h"
+#include "harness/run/differential_run.h"
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>
@@ -13,12 +13,12 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
-#include "harness/backend.h"
-#include "harness/drivers.h"
 #include "format/error.h"
 #include "format/llama2c.h"
-#include "harness/report.h"
-#include "harness/scenario.h"
+#include "harness/backend/backend.h"
+#include "harness/replay/drivers.h"
+#include "harness/report/run_report.h"
+#include "harness/scenario/scenario.h"
 #include "tests/harness/harness_test_util.h"
 #include "tests/test_support.h"
 

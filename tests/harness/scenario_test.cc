@@ -1,14 +1,14 @@
 // Scenario parsing and validation: valid files, and every refusal naming the step and field.
-#include "harness/scenario.h"
+#include "harness/scenario/scenario.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <set>
 
-#include "harness/campaign.h"
 #include "format/error.h"
 #include "format/model_files.h"
+#include "harness/campaign/campaign.h"
 
 namespace kvdiff::harness {
 namespace {

@@ -11,12 +11,12 @@
 
 #include "format/error.h"
 #include "format/model_files.h"
-#include "harness/tolerance_profile.h"
-#include "harness/campaign.h"
-#include "harness/registry.h"
-#include "harness/runner.h"
-#include "harness/scenario.h"
-#include "harness/shape_generator.h"
+#include "harness/backend/registry.h"
+#include "harness/campaign/campaign.h"
+#include "harness/campaign/shape_generator.h"
+#include "harness/compare/tolerance_profile.h"
+#include "harness/run/differential_run.h"
+#include "harness/scenario/scenario.h"
 #include "tests/harness/harness_test_util.h"
 #include "tests/test_support.h"
 

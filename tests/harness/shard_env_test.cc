@@ -1,6 +1,6 @@
 // Shard selection from --shard and from the environments of CI fleets, and the job runner that
 // runs a campaign's cases on several threads with a sequential loop's result.
-#include "harness/shard_env.h"
+#include "harness/campaign/shards.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "format/error.h"
-#include "harness/jobs.h"
-#include "harness/merge.h"
+#include "harness/campaign/jobs.h"
+#include "harness/campaign/merge.h"
 
 namespace kvdiff::harness {
 namespace {

@@ -9,10 +9,10 @@
 #include <memory>
 #include <vector>
 
-#include "harness/backend.h"
-#include "harness/runner.h"
-#include "harness/scenario.h"
-#include "harness/tolerance_profile.h"
+#include "harness/backend/backend.h"
+#include "harness/compare/tolerance_profile.h"
+#include "harness/run/differential_run.h"
+#include "harness/scenario/scenario.h"
 
 namespace kvdiff::harness {
 namespace {

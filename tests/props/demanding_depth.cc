@@ -1,6 +1,6 @@
 // How float32 error grows with depth on demanding models (make-model --scale demanding), measured
 // against ref64 (LibTorch, float64): the evidence behind RandomModelScale::Demanding()'s score
-// layers (format/model_files.h) and the demanding part's gate (harness/demanding.h).
+// layers (format/model_files.h) and the demanding part's gate (harness/campaign/demanding_part.h).
 //
 //   demanding_depth [--preset smollm2-135m|tiny] [--prompt N] [--seeds K] [--example PATH]
 //
@@ -24,8 +24,8 @@
 
 #include "format/model_files.h"
 #include "format/prng.h"
-#include "harness/compare.h"
-#include "harness/registry.h"
+#include "harness/backend/registry.h"
+#include "harness/compare/compare.h"
 #include "tests/props/scalar_llama.h"
 
 namespace kvdiff::props {

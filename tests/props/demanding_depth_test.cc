@@ -17,9 +17,9 @@
 #include <string>
 
 #include "format/model_files.h"
-#include "harness/campaign.h"
-#include "harness/demanding.h"
-#include "harness/registry.h"
+#include "harness/backend/registry.h"
+#include "harness/campaign/campaign.h"
+#include "harness/campaign/demanding_part.h"
 #include "tests/props/properties.h"
 #include "tests/props/scalar_llama.h"
 #include "tests/test_support.h"

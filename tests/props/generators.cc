@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "harness/shape_generator.h"
+#include "harness/campaign/shape_generator.h"
 
 namespace kvdiff::props {
 
@@ -43,8 +43,9 @@ rc::Gen<ModelCase> GenSmallModel() {
     c.num_key_value_heads = Pick<int64_t>({1, 2});
     c.num_attention_heads = c.num_key_value_heads * Pick<int64_t>({1, 2, 3});  // n_rep 1..3
     c.head_dim = Pick<int64_t>({4, 8, 16});
-    // At least kMinShapeWidth wide, as check --shapes random draws (harness/shape_generator.h
-    // says why: narrower models are ill-conditioned in float32).
+    // At least kMinShapeWidth wide, as check --shapes random draws
+    // (harness/campaign/shape_generator.h says why: narrower models are ill-conditioned in
+    // float32).
     while (c.num_attention_heads * c.head_dim < harness::kMinShapeWidth) c.head_dim *= 2;
     c.hidden_size = c.num_attention_heads * c.head_dim;
     c.intermediate_size = *rc::gen::inRange<int64_t>(8, 65);

@@ -36,8 +36,8 @@ std::ostream& operator<<(std::ostream& os, const ModelCase& model);
 // tied or untied head, with or without llama3 rope scaling (original context 8-32, so the scaled
 // and the kept frequency bands both occur at the positions a test reaches), capacity 8-32
 // positions. One case runs in ms. A subset of what `check --shapes random` draws
-// (harness/shape_generator.h: GQA ratios up to 8, head_dim up to 128, longer contexts), kept
-// smaller so that the properties' hundreds of cases per test stay fast and shrink well.
+// (harness/campaign/shape_generator.h: GQA ratios up to 8, head_dim up to 128, longer contexts),
+// kept smaller so that the properties' hundreds of cases per test stay fast and shrink well.
 rc::Gen<ModelCase> GenSmallModel();
 // GenSmallModel's shapes with the demanding scale (make-model --scale demanding): attention scores
 // in the hundreds, hidden states whose float32 sum of squares overflows, logits in the thousands.

@@ -1,6 +1,6 @@
 #include "tests/props/properties.h"
 
-#include "harness/registry.h"
+#include "harness/backend/registry.h"
 
 #include <fmt/format.h>
 

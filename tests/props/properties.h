@@ -13,9 +13,9 @@
 #include <memory>
 #include <string>
 
-#include "harness/backend.h"
-#include "harness/compare.h"
-#include "harness/demanding.h"
+#include "harness/backend/backend.h"
+#include "harness/campaign/demanding_part.h"
+#include "harness/compare/compare.h"
 #include "tests/props/generators.h"
 
 namespace kvdiff::props {
@@ -25,7 +25,8 @@ namespace kvdiff::props {
 constexpr double kTolerance = 1e-4;
 // On demanding models (GenDemandingModel, logits in the thousands) the gate is also relative:
 // max |a - b| <= kDemandingRtol * max |logit| of the oracle row, the campaign's default, measured
-// on these shapes too (harness/demanding.h: float32 rounding alone reaches 2.2e-3 here).
+// on these shapes too (harness/campaign/demanding_part.h: float32 rounding alone reaches 2.2e-3
+// here).
 constexpr double kDemandingRtol = harness::kDefaultDemandingRtol;
 
 using BackendFactory =

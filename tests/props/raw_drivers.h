@@ -7,7 +7,7 @@
 #include <string>
 
 #include "format/model_files.h"
-#include "harness/backend.h"
+#include "harness/backend/backend.h"
 
 namespace kvdiff::props {
 

@@ -17,12 +17,12 @@
 #include <string>
 #include <vector>
 
-#include "harness/campaign.h"
-#include "harness/registry.h"
-#include "harness/report.h"
-#include "harness/demanding.h"
-#include "tests/test_support.h"
+#include "harness/backend/registry.h"
+#include "harness/campaign/campaign.h"
+#include "harness/campaign/demanding_part.h"
+#include "harness/report/run_report.h"
 #include "tests/props/scalar_llama.h"
+#include "tests/test_support.h"
 
 namespace kvdiff::props {
 namespace {
@@ -133,10 +133,10 @@ TEST_F(ReachTest, EveryReachMutantIsCaughtByTheDefaultCampaign) {
 
 // Faults right only for O(1) numbers (a softmax without the row max, a float32 sum of squares in
 // RMSNorm) through the DEFAULT `kvdiff check` campaign as RunCampaign runs it: the ordinary cases
-// with the mutant beside impl, and the demanding part (harness/demanding.h, its default fraction
-// and relative gate) with the mutant rebuilt over the demanding variant of the model, beside impl
-// and ref64 (when built). The ordinary cases must all pass (the fault is invisible there) and the
-// demanding part must fail.
+// with the mutant beside impl, and the demanding part (harness/campaign/demanding_part.h, its
+// default fraction and relative gate) with the mutant rebuilt over the demanding variant of the
+// model, beside impl and ref64 (when built). The ordinary cases must all pass (the fault is
+// invisible there) and the demanding part must fail.
 TEST_F(ReachTest, NumericFaultsAreCaughtByTheDefaultCampaignsDemandingPartOnly) {
   harness::DemandingPart part;
   part.model = *harness::DemandingVariant(model_);

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "format/model_files.h"
-#include "harness/backend.h"
 #include "format/model_files.h"
 #include "format/tensor.h"
+#include "harness/backend/backend.h"
 
 namespace kvdiff::props {
 

@@ -1,6 +1,6 @@
 // The "ref"/"ref64" backends: the Backend/BackendSession interface over ReferenceModel and
 // DynamicCache (Append = forward with the cache, Length, Truncate = Crop, Fork, Reset).
-#include "harness/registry.h"
+#include "harness/backend/registry.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // `kvdiff repro` through the binary (exit codes 0/1/2, the table, --save), and the scenario files
-// in harness/repro/ replayed by `kvdiff run` with the outcome their descriptions document.
+// in examples/repro/ replayed by `kvdiff run` with the outcome their descriptions document.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "format/model_files.h"
-#include "harness/scenario.h"
+#include "harness/scenario/scenario.h"
 #include "tests/repro/repro_test_util.h"
 #include "tests/test_support.h"
 
@@ -175,7 +175,7 @@ TEST(ReproFiles, PresetFilesReplayWithTheirDocumentedOutcome) {
     if (expect.needs_torch) continue;
 #endif
     const auto r =
-        RunKvdiff("run " KVDIFF_SOURCE_DIR "/harness/repro/" + name + " --threads 1", dir.path());
+        RunKvdiff("run " KVDIFF_SOURCE_DIR "/examples/repro/" + name + " --threads 1", dir.path());
     EXPECT_EQ(r.exit_code, expect.exit_code) << name << "\n" << r.out << r.err;
     EXPECT_THAT(r.out, HasSubstr(expect.output)) << name;
   }

@@ -13,8 +13,8 @@
 #include "format/chat_template.h"
 #include "format/model_files.h"
 #include "format/tokenizer.h"
-#include "harness/runner.h"
-#include "harness/scenario.h"
+#include "harness/run/differential_run.h"
+#include "harness/scenario/scenario.h"
 #include "tests/repro/repro_test_util.h"
 #include "tests/test_support.h"
 

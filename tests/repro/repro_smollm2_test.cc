@@ -25,7 +25,7 @@ TEST(ReproSmollm2, ReuseFailsWithTheSourceDocumentsExactError) {
 TEST(ReproSmollm2, TheShippedScenarioReplaysTheSameError) {
   TempDir dir;
   const auto r =
-      RunKvdiff("run " KVDIFF_SOURCE_DIR "/harness/repro/reuse-smollm2.json", dir.path());
+      RunKvdiff("run " KVDIFF_SOURCE_DIR "/examples/repro/reuse-smollm2.json", dir.path());
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("error: step 3 prefill(second,n=5) on impl: cannot broadcast "
                                "[5, 5] to [1, 9, 5, 29]"));

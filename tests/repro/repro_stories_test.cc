@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "format/tokenizer.h"
-#include "harness/repro.h"
+#include "harness/repro/repro.h"
 #include "tests/repro/repro_test_util.h"
 #include "tests/test_support.h"
 
@@ -128,7 +128,7 @@ const StoriesCase kStoriesCases[] = {
     {"reuse-stories.json", 1, "on impl: cannot broadcast [4, 4] to [1, 8, 4, 30]"},
     {"reuse1-stories.json", 1, "first divergence: step 3 prefill(second,n=1)"},
 };
-const std::string kReproFolder = KVDIFF_SOURCE_DIR "/harness/repro/";
+const std::string kReproFolder = KVDIFF_SOURCE_DIR "/examples/repro/";
 
 TEST_F(ReproStories, StoriesFilesReplayAsTheyStandWithTheirDocumentedOutcome) {
   // The files name ../../../shared/data (the shared data beside the clone); KVDIFF_DATA_DIR may

@@ -1,14 +1,14 @@
 // The repro experiments as a library, on the tiny preset: the fixes (ok, fresh, fresh1) give the
 // correct output, the bugs (pos0, reuse, reuse1) depart from it the way the source document says,
 // and the correct output is the uncached greedy one, computed here independently.
-#include "harness/registry.h"
-#include "harness/repro.h"
+#include "harness/backend/registry.h"
+#include "harness/repro/repro.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "format/error.h"
-#include "harness/scenario.h"
+#include "harness/scenario/scenario.h"
 #include "impl/model.h"
 #include "tests/repro/repro_test_util.h"
 #include "tests/test_support.h"

@@ -5,7 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "harness/repro.h"
+#include "harness/repro/repro.h"
 #include "tests/repro/repro_test_util.h"
 #include "tests/test_support.h"
 
@@ -43,7 +43,7 @@ TEST(ReproTorch, ReferenceReuseIsSilentAndDepartsFromFreshOnStories) {
   ExpectReferenceReuseAsDocumented(repro);
 
   const auto r = RunKvdiff("run " KVDIFF_SOURCE_DIR
-                           "/harness/repro/reference-reuse-stories.json --model stories260K "
+                           "/examples/repro/reference-reuse-stories.json --model stories260K "
                            "--threads 1",
                            dir.path());
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
