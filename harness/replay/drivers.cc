@@ -1,9 +1,9 @@
 #include "harness/replay/drivers.h"
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <map>
+#include <stdexcept>
 
 #include "format/error.h"
 
@@ -13,33 +13,19 @@ namespace {
 // What a driver needs of a backend's raw call.
 enum class Needs { kNothing, kRawCall, kPositionArgument };
 
-struct DriverKindInfo {
-  DriverKind kind;
-  const char* name;
-  Needs needs;
-  const char* what;
-};
-
-constexpr DriverKindInfo kDriverKinds[] = {
-    {DriverKind::kSession, "session", Needs::kNothing,
-     "the checked API: one session per conversation, no position anywhere"},
-    {DriverKind::kUncached, "uncached", Needs::kNothing,
-     "no cache: every call recomputes ForwardFull of the whole history"},
-    {DriverKind::kRaw, "raw", Needs::kRawCall,
-     "the raw call used right: the caller tracks index_pos, a new cache per conversation"},
-    {DriverKind::kPos0, "pos0", Needs::kPositionArgument,
-     "the raw call with index_pos 0 on every call"},
-    {DriverKind::kReuse, "reuse", Needs::kRawCall,
-     "a new conversation reuses the previous one's cache from index_pos 0; reset never clears"},
-    {DriverKind::kQuantized, "quantized", Needs::kRawCall,
-     "reuse on candle's quantized_llama, which drops its cache when index_pos is 0"},
-    {DriverKind::kStalePosition, "stale-position", Needs::kPositionArgument,
-     "a new conversation gets a fresh cache, but index_pos carries on from the previous one"},
-};
-
-const DriverKindInfo& KindInfo(DriverKind kind) {
-  for (const DriverKindInfo& k : kDriverKinds)
-    if (k.kind == kind) return k;
+Needs NeedsOf(DriverKind kind) {
+  switch (kind) {
+    case DriverKind::kSession:
+    case DriverKind::kUncached:
+      return Needs::kNothing;
+    case DriverKind::kRaw:
+    case DriverKind::kReuse:
+    case DriverKind::kQuantized:
+      return Needs::kRawCall;
+    case DriverKind::kPos0:
+    case DriverKind::kStalePosition:
+      return Needs::kPositionArgument;
+  }
   throw std::logic_error("unknown DriverKind");
 }
 
@@ -165,40 +151,22 @@ class RawDriver : public Driver {
 
 }  // namespace
 
-std::vector<DriverKind> AllDriverKinds() {
-  std::vector<DriverKind> kinds;
-  for (const DriverKindInfo& k : kDriverKinds) kinds.push_back(k.kind);
-  return kinds;
-}
-
-std::string DriverName(DriverKind kind) { return KindInfo(kind).name; }
-std::string DriverWhat(DriverKind kind) { return KindInfo(kind).what; }
-
-DriverKind ParseDriverName(const std::string& name) {
-  std::vector<std::string> names;
-  for (const DriverKindInfo& k : kDriverKinds) {
-    if (name == k.name) return k.kind;
-    names.push_back(k.name);
-  }
-  throw InputError(fmt::format("driver: unknown driver \"{}\" (expected one of {})", name,
-                               fmt::join(names, ", ")));
-}
-
 std::string DriverNotApplicable(DriverKind kind, const BackendInfo& info) {
-  const DriverKindInfo& k = KindInfo(kind);
-  if (k.needs == Needs::kNothing) return {};
+  const Needs needs = NeedsOf(kind);
+  if (needs == Needs::kNothing) return {};
+  const std::string name = DriverName(kind);
   if (info.raw_call == RawCall::kNone) {
     return fmt::format(
         "driver \"{}\" does not apply to backend \"{}\": it drives the raw call, and {} offers "
         "only the checked session API",
-        k.name, info.name, info.name);
+        name, info.name, info.name);
   }
-  if (k.needs == Needs::kPositionArgument && info.raw_call != RawCall::kTakesPosition) {
+  if (needs == Needs::kPositionArgument && info.raw_call != RawCall::kTakesPosition) {
     return fmt::format(
         "driver \"{}\" does not apply to backend \"{}\": its raw call takes no position (like "
         "transformers' forward, it reads it from its cache), so there is no index_pos to get "
         "wrong; {} runs on backends whose raw call takes index_pos",
-        k.name, info.name, k.name);
+        name, info.name, name);
   }
   return {};
 }

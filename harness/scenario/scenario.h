@@ -14,7 +14,7 @@
 #include "format/model_files.h"
 #include "format/tensor.h"
 #include "harness/compare/compare.h"
-#include "harness/replay/drivers.h"
+#include "harness/scenario/driver_kind.h"
 
 namespace kvdiff::harness {
 
@@ -79,7 +79,7 @@ struct ModelSpec {
   format::RandomModelScale scale;
   // "preset tiny, seed 3" ("preset tiny, seed 3, scale demanding"), "path /abs/dir",
   // "llama2c /abs/ck.bin, tokenizer /abs/tok.bin" or "config(layers=2, heads=8/2kv, ...), seed 3"
-  // (harness/campaign/shape_generator.h's ShapeParams)
+  // (harness/scenario/shape_params.h's ShapeParams)
   std::string Describe() const;
   // The "model" object of a scenario file; ParseScenario reads it back to the same spec.
   nlohmann::json ToJson() const;
