@@ -1,14 +1,12 @@
-// `kvdiff check --shapes random`: the model of case k, a small random Llama
-// drawn from (seed, k) alone with kvdiff's own PRNG
-// (harness/campaign/case_rng.h), so a case has the same shape on every machine,
-// shard and job. The shapes cover what a port gets wrong when it was only tried
-// on one model: grouped-query ratios 1..8 (MHA, GQA, MQA), head_dim 8..128
-// (powers of two and odd multiples of two), a hidden size that is not heads x
-// head_dim now and then, 1-3 layers, tied and untied heads, llama3 rope scaling
-// or none, rope_theta, rms_norm_eps, odd vocabularies, and contexts from a few
-// positions (a case reaches the end) to thousands. Every shape is small enough
-// for a case to run in milliseconds. The property generators
-// (tests/props/generators.h) draw from the same limits.
+// `kvdiff check --shapes random`: the model of case k, a small random Llama drawn from (seed, k)
+// alone with kvdiff's own PRNG (harness/campaign/case_rng.h), so a case has the same shape on every
+// machine, shard and job. The shapes cover what a port gets wrong when it was only tried on one
+// model: grouped-query ratios 1..8 (MHA, GQA, MQA), head_dim 8..128 (powers of two and odd
+// multiples of two), a hidden size that is not heads x head_dim now and then, 1-3 layers, tied and
+// untied heads, llama3 rope scaling or none, rope_theta, rms_norm_eps, odd vocabularies, and
+// contexts from a few positions (a case reaches the end) to thousands. Every shape is small enough
+// for a case to run in milliseconds. The property generators (tests/props/generators.h) draw from
+// the same limits.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +14,7 @@
 
 #include "format/config.h"
 #include "harness/scenario/scenario.h"
+#include "harness/scenario/shape_params.h"  // ShapeParams, AttentionKind: a shape as text
 
 namespace kvdiff::harness {
 
@@ -36,13 +35,5 @@ format::LlamaConfig DrawShape(uint64_t seed, int64_t k);
 // Case k's model: DrawShape's config with random weights of a seed drawn alongside it, as the
 // inline-config ModelSpec a failing case's replay file records.
 ModelSpec ShapeModel(uint64_t seed, int64_t k);
-
-// How the query heads share the KV heads: "MHA" (as many KV heads as query heads, one head
-// included), "MQA" (one KV head for several), else "GQA n_rep=R".
-std::string AttentionKind(const format::LlamaConfig& config);
-// Every field a shape draws, as one parameter string:
-// "layers=2, heads=8/2kv, head_dim=16, hidden=128, ffn=300, vocab=377, ctx=512, theta=500000,
-//  eps=1e-05, tied, llama3(factor=8, low=1, high=4, orig=32)".
-std::string ShapeParams(const format::LlamaConfig& config);
 
 }  // namespace kvdiff::harness

@@ -12,7 +12,7 @@
 
 #include "format/error.h"
 #include "harness/backend/registry.h"
-#include "harness/campaign/shape_generator.h"
+#include "harness/scenario/shape_params.h"
 
 namespace kvdiff::harness {
 namespace {
