@@ -179,4 +179,10 @@ RowComparison CompareRows(const float* a, const float* b, int64_t n, const Toler
   return c;
 }
 
+std::string FormatDiff(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  return fmt::format("{:.1e}", value);
+}
+
 }  // namespace kvdiff::harness

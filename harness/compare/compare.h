@@ -89,4 +89,7 @@ std::string DescribeNonFinite(const float* row, int64_t n);
 std::string DescribeNonFiniteLogits(const std::string& backend, const std::string& where,
                                     const float* data, int64_t rows, int64_t cols);
 
+// A difference as every report spells it: "3.2e-07", "inf", "nan".
+std::string FormatDiff(double value);
+
 }  // namespace kvdiff::harness

@@ -133,12 +133,6 @@ std::string Paint(const std::string& text, const char* colour, bool color) {
   return color ? std::string(colour) + text + kReset : text;
 }
 
-std::string FormatDiff(double value) {
-  if (std::isnan(value)) return "nan";
-  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
-  return fmt::format("{:.1e}", value);
-}
-
 std::string WorstRowText(const WorstRow& w) {
   if (!w.Found()) return "0 (no row compared)";
   const std::string gate = w.gate_basis == "tolerance"

@@ -40,8 +40,6 @@ extern const char* const kRed;
 extern const char* const kYellow;
 extern const char* const kBold;
 std::string Paint(const std::string& text, const char* colour, bool color);
-// "3.2e-07", "inf", "nan".
-std::string FormatDiff(double value);
 // "1.8e-04 at impl~ref, conversation c0, position 511, within its gate 6.1e-04 (tolerance 1.0e-04
 // + rope-f32 allowance 1.0e-06 x 511)", "... within the tolerance 1.0e-04" ("beyond" when it
 // failed); "0 (no row compared)".

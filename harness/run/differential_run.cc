@@ -17,7 +17,6 @@
 #include "harness/backend/registry.h"
 #include "harness/compare/tolerance_profile.h"
 #include "harness/replay/drivers.h"
-#include "harness/report/run_report.h"
 
 namespace kvdiff::harness {
 namespace {
