@@ -1,5 +1,5 @@
-// The runner on the tiny model (impl backend, in process): the session driver agrees with the
-// oracle, the misuse drivers diverge exactly where the seed says, errors are outcomes, and the
+// The differential run on the tiny model (impl backend, in process): the session driver agrees with
+// the oracle, the misuse drivers diverge exactly where the seed says, errors are outcomes, and the
 // JSON / JUnit / terminal reports carry it all.
 #include "harness/backend/registry.h"
 #include "harness/run/differential_run.h"

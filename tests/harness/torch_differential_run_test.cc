@@ -1,4 +1,4 @@
-// The runner across impl, ref and ref64 on the tiny model: cross-backend comparisons, and the
+// The differential run across impl, ref and ref64 on the tiny model: cross-backend comparisons, and the
 // transformers-style reuse misuse (silent on the reference, an error on impl's raw call).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
