@@ -124,7 +124,7 @@ const std::map<std::string, Shipped>& ShippedPresetFiles() {
 }
 
 TEST(ReproFiles, EveryShippedFileHasADocumentedOutcomeHere) {
-  const std::filesystem::path folder = KVDIFF_SOURCE_DIR "/harness/repro";
+  const std::filesystem::path folder = KVDIFF_SOURCE_DIR "/examples/repro";
   int count = 0;
   for (const auto& entry : std::filesystem::directory_iterator(folder)) {
     const std::string name = entry.path().filename().string();
