@@ -150,7 +150,7 @@ TEST(ReproFiles, StoriesFilesNameTheSharedCheckpointAsTheGoldenSetsDo) {
         {"tokenizer", "../../../shared/data/stories260K/tok512.bin"}}}};
   EXPECT_EQ(golden_model, expected);
   int count = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(root / "harness" / "repro")) {
+  for (const auto& entry : std::filesystem::directory_iterator(root / "examples" / "repro")) {
     const std::string name = entry.path().filename().string();
     if (name.find("-stories.json") == std::string::npos) continue;
     ++count;
