@@ -23,6 +23,7 @@
 #include "harness/demanding.h"
 #include "tests/test_support.h"
 #include "tests/props/scalar_llama.h"
+#include "tests/harness/harness_test_util.h"
 
 namespace kvdiff::props {
 namespace {
@@ -38,8 +39,7 @@ struct Caught {
 class ReachTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    model_.preset = "tiny";
-    model_.seed = 7;
+    model_ = testing::TinyModel();
     weights_ = harness::LoadModelFor(model_);
     impl_ = harness::MakeBackend("impl", weights_, 1);
   }
