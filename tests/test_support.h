@@ -2,12 +2,19 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
+#include <Eigen/Core>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace kvdiff::testing {
 
@@ -50,6 +57,70 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+inline std::string ReadFile(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+inline void WriteFile(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+struct CommandResult {
+  int exit_code = -1;  // 128 + the signal when a signal ended it, as a shell says
+  std::string out, err;
+};
+
+// One shell word: 'it''s' quoting, so any path or argument passes unchanged.
+inline std::string ShellQuote(const std::string& word) {
+  std::string q = "'";
+  for (char c : word) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Runs `kvdiff args` (the binary under test, KVDIFF_BINARY; args as a shell would split them) in
+// dir, capturing stdout and stderr. The shard variables of CI fleets (which `kvdiff check` reads)
+// are removed from the child's environment, so a test binary run under GoogleTest or Bazel
+// sharding does not shard the campaigns it starts; `env` sets variables for this child only.
+inline CommandResult RunKvdiff(const std::string& args, const std::filesystem::path& dir,
+                               const std::vector<std::pair<std::string, std::string>>& env = {}) {
+  const auto out = dir / "stdout.txt";
+  const auto err = dir / "stderr.txt";
+  std::string vars = "env";
+  for (const char* name : {"TEST_SHARD_INDEX", "TEST_TOTAL_SHARDS", "TEST_SHARD_STATUS_FILE",
+                           "GTEST_SHARD_INDEX", "GTEST_TOTAL_SHARDS", "JOB_COMPLETION_INDEX",
+                           "KVDIFF_SHARD_COUNT"}) {
+    vars += std::string(" -u ") + name;
+  }
+  for (const auto& [name, value] : env) vars += " " + name + "=" + ShellQuote(value);
+  const std::string cmd = "cd " + ShellQuote(dir.string()) + " && " + vars + " " +
+                          ShellQuote(KVDIFF_BINARY) + " " + args + " >" +
+                          ShellQuote(out.string()) + " 2>" + ShellQuote(err.string());
+  const int status = std::system(cmd.c_str());
+  CommandResult r;
+  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) r.exit_code = 128 + WTERMSIG(status);
+  r.out = ReadFile(out);
+  r.err = ReadFile(err);
+  return r;
+}
+
+// Max |a - b| of two logits matrices (Eigen), after checking their shapes and that neither holds
+// a NaN or an inf (each a test failure naming `a_name` or `b_name`; infinity when shapes differ).
+template <class A, class B>
+float MaxAbsDiff(const Eigen::MatrixBase<A>& a, const Eigen::MatrixBase<B>& b,
+                 const char* a_name = "the engine's", const char* b_name = "impl's") {
+  EXPECT_EQ(a.rows(), b.rows());
+  EXPECT_EQ(a.cols(), b.cols());
+  if (a.rows() != b.rows() || a.cols() != b.cols()) return INFINITY;
+  EXPECT_TRUE(a.allFinite()) << a_name << " logits hold NaN or inf";
+  EXPECT_TRUE(b.allFinite()) << b_name << " logits hold NaN or inf";
+  return (a - b).cwiseAbs().maxCoeff();
+}
 
 }  // namespace kvdiff::testing
 

@@ -201,14 +201,13 @@ TEST(ConformCli, ReproAllOnStories260KThroughLlamaCpp) {
 // impl through the library call: the suite needs nothing but the Backend interface.
 TEST(Conform, ImplConformsAgainstItself) {
   using namespace harness;
-  ModelSpec model;
-  model.preset = "tiny";
-  model.seed = 7;
+  const ModelSpec model = testing::TinyModel();
   auto weights = LoadModelFor(model);
   auto impl = MakeBackend("impl", weights, 1);
   ConformOptions options;
   options.campaign_cases = 10;
-  options.out_dir = TempDir().path() / "failures";
+  const TempDir failures;  // lives until the run is over, then takes its files with it
+  options.out_dir = failures / "failures";
   const ConformReport report = RunConformance(model, *impl, *impl, options);
   EXPECT_TRUE(report.Passed()) << report.Table();
   EXPECT_EQ(report.checks.size(), 12u);
@@ -216,9 +215,7 @@ TEST(Conform, ImplConformsAgainstItself) {
 
 TEST(Conform, TheCapacityCheckIsSkippedAboveItsFillLimitSayingWhy) {
   using namespace harness;
-  ModelSpec model;
-  model.preset = "tiny";
-  model.seed = 7;
+  const ModelSpec model = testing::TinyModel();
   auto weights = LoadModelFor(model);
   auto impl = MakeBackend("impl", weights, 1);
   ConformOptions options;

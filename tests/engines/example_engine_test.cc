@@ -20,20 +20,11 @@ namespace kvdiff::engines {
 namespace {
 
 using ::testing::HasSubstr;
+using ::kvdiff::testing::MaxAbsDiff;
 
 // The project's gate. Both sides compute in float32 and differ only in summation order (the
 // example sums one token at a time in plain loops, impl in Eigen tiles): ~1e-6 on tiny.
 constexpr float kTolerance = 1e-4f;
-
-// Max |a - b|, after checking shapes and that neither side holds a NaN or an inf.
-float MaxAbsDiff(const Logits& a, const Logits& b) {
-  EXPECT_EQ(a.rows(), b.rows());
-  EXPECT_EQ(a.cols(), b.cols());
-  if (a.rows() != b.rows() || a.cols() != b.cols()) return INFINITY;
-  EXPECT_TRUE(a.allFinite()) << "engine logits hold NaN or inf";
-  EXPECT_TRUE(b.allFinite()) << "impl logits hold NaN or inf";
-  return (a - b).cwiseAbs().maxCoeff();
-}
 
 class ExampleEngineTest : public ::testing::Test {
  protected:

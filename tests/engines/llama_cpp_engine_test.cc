@@ -23,20 +23,12 @@ namespace kvdiff::engines {
 namespace {
 
 using ::testing::HasSubstr;
+using ::kvdiff::testing::MaxAbsDiff;
 
 // The project's gate: llama.cpp with an f32 cache and flash attention off is within ~5e-6 of a
 // float64 reference on tiny (summation order only).
 constexpr float kTolerance = 1e-4f;
 constexpr const char* kExact = "kv=f32,flash_attn=off";
-
-float MaxAbsDiff(const Logits& a, const Logits& b) {
-  EXPECT_EQ(a.rows(), b.rows());
-  EXPECT_EQ(a.cols(), b.cols());
-  if (a.rows() != b.rows() || a.cols() != b.cols()) return INFINITY;
-  EXPECT_TRUE(a.allFinite()) << "llama.cpp logits hold NaN or inf";
-  EXPECT_TRUE(b.allFinite()) << "impl logits hold NaN or inf";
-  return (a - b).cwiseAbs().maxCoeff();
-}
 
 class LlamaCppEngineTest : public ::testing::Test {
  protected:

@@ -21,28 +21,12 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-struct Result {
-  int exit_code;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
-
-std::string Slurp(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using Result = testing::CommandResult;
 
 class Cli : public ::testing::Test {
  protected:
-  Result Run(const std::string& args) {
-    const auto out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    const std::string command = std::string("'") + KVDIFF_BINARY + "' " + args + " >'" +
-                                out.string() + "' 2>'" + err.string() + "'";
-    const int status = std::system(command.c_str());
-    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    return {code, Slurp(out), Slurp(err)};
-  }
-  std::string P(const std::string& name) { return "'" + (dir_ / name).string() + "'"; }
+  Result Run(const std::string& args) { return testing::RunKvdiff(args, dir_.path()); }
+  std::string P(const std::string& name) { return testing::ShellQuote((dir_ / name).string()); }
   testing::TempDir dir_;
 };
 
@@ -53,11 +37,11 @@ TEST_F(Cli, MakeModelIsDeterministic) {
                            HasSubstr("preset tiny"), HasSubstr("seed 7")));
   ASSERT_EQ(Run("make-model --preset tiny --seed 7 --out " + P("b")).exit_code, 0);
   ASSERT_EQ(Run("make-model --preset tiny --seed 8 --out " + P("c")).exit_code, 0);
-  const std::string bytes_a = Slurp(dir_ / "a" / "model.safetensors");
+  const std::string bytes_a = testing::ReadFile(dir_ / "a" / "model.safetensors");
   EXPECT_GT(bytes_a.size(), 400000u);
-  EXPECT_EQ(bytes_a, Slurp(dir_ / "b" / "model.safetensors"));
-  EXPECT_EQ(Slurp(dir_ / "a" / "config.json"), Slurp(dir_ / "b" / "config.json"));
-  EXPECT_NE(bytes_a, Slurp(dir_ / "c" / "model.safetensors"));
+  EXPECT_EQ(bytes_a, testing::ReadFile(dir_ / "b" / "model.safetensors"));
+  EXPECT_EQ(testing::ReadFile(dir_ / "a" / "config.json"), testing::ReadFile(dir_ / "b" / "config.json"));
+  EXPECT_NE(bytes_a, testing::ReadFile(dir_ / "c" / "model.safetensors"));
   // What the binary wrote is what the library generates.
   const ModelWeights loaded = LoadModel(dir_ / "a");
   const ModelWeights generated = MakeRandomModel(PresetConfig("tiny"), 7);

@@ -21,11 +21,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string Slurp(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 template <typename T>
 T Value(const GgufHeader& h, const std::string& key) {
   const GgufKv* kv = h.Find(key);
@@ -103,7 +98,7 @@ TEST_F(GgufTest, TinyF32HeaderMetadataAndTensorsReadBack) {
   EXPECT_GE(std::filesystem::file_size(dir_ / "tiny.gguf"), h.data_offset + previous_end);
 
   // The data: q rows interleaved, v as it is.
-  const std::string file = Slurp(dir_ / "tiny.gguf");
+  const std::string file = testing::ReadFile(dir_ / "tiny.gguf");
   auto data_of = [&](const std::string& name, size_t count) {
     std::vector<float> v(count);
     std::memcpy(v.data(), file.data() + h.data_offset + TensorNamed(h, name).offset, count * 4);
@@ -127,7 +122,7 @@ TEST_F(GgufTest, F16AndBf16MatricesKeepNormsF32) {
   EXPECT_EQ(TensorNamed(bf16, "blk.0.attn_q.weight").type, 30u);
   EXPECT_EQ(TensorNamed(f16, "blk.0.ffn_norm.weight").type, 0u);
   EXPECT_EQ(TensorNamed(bf16, "output_norm.weight").type, 0u);
-  const std::string file = Slurp(dir_ / "f16.gguf");
+  const std::string file = testing::ReadFile(dir_ / "f16.gguf");
   uint16_t first;
   std::memcpy(&first, file.data() + f16.data_offset + TensorNamed(f16, "token_embd.weight").offset,
               2);
@@ -137,7 +132,7 @@ TEST_F(GgufTest, F16AndBf16MatricesKeepNormsF32) {
 TEST_F(GgufTest, SameModelGivesByteIdenticalFiles) {
   ConvertHfToGguf(dir_ / "tiny", dir_ / "a.gguf", DType::kF32);
   ConvertHfToGguf(dir_ / "tiny", dir_ / "b.gguf", DType::kF32);
-  EXPECT_EQ(Slurp(dir_ / "a.gguf"), Slurp(dir_ / "b.gguf"));
+  EXPECT_EQ(testing::ReadFile(dir_ / "a.gguf"), testing::ReadFile(dir_ / "b.gguf"));
   for (const auto& entry : std::filesystem::directory_iterator(dir_.path())) {
     EXPECT_EQ(entry.path().string().find(".tmp"), std::string::npos) << entry.path();
   }
@@ -163,7 +158,7 @@ TEST_F(GgufTest, ReaderRefusesBadMagicAndTruncation) {
     EXPECT_THAT(e.what(), HasSubstr("expected the magic \"GGUF\""));
   }
   ConvertHfToGguf(dir_ / "tiny", dir_ / "t.gguf", DType::kF32);
-  WriteFileAtomically(dir_ / "cut.gguf", Slurp(dir_ / "t.gguf").substr(0, 300));
+  WriteFileAtomically(dir_ / "cut.gguf", testing::ReadFile(dir_ / "t.gguf").substr(0, 300));
   EXPECT_THROW(ReadGgufHeader(dir_ / "cut.gguf"), InputError);
 }
 
@@ -191,21 +186,17 @@ TEST(GgufVocabTest, Stories260KCarriesItsSentencePieceVocabulary) {
   EXPECT_EQ(Value<uint32_t>(h, "llama.attention.head_count_kv"), 4u);
 }
 
-int RunCli(const std::string& args) {
-  const int status =
-      std::system((std::string("'") + KVDIFF_BINARY + "' " + args + " >/dev/null 2>&1").c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-}
-
 TEST_F(GgufTest, CliConvertGgufWritesTheFileAndRefusesABadDtype) {
-  const std::string model = "'" + (dir_ / "tiny").string() + "'";
-  EXPECT_EQ(RunCli("convert gguf --model " + model + " --out '" + (dir_ / "c.gguf").string() + "'"),
-            0);
+  const std::string model = testing::ShellQuote((dir_ / "tiny").string());
+  auto convert = [&](const std::string& args) {
+    return testing::RunKvdiff("convert gguf --model " + model + " " + args, dir_.path());
+  };
+  const testing::CommandResult made = convert("--out c.gguf");
+  EXPECT_EQ(made.exit_code, 0) << made.err;
   ConvertHfToGguf(dir_ / "tiny", dir_ / "d.gguf", DType::kF32);
-  EXPECT_EQ(Slurp(dir_ / "c.gguf"), Slurp(dir_ / "d.gguf"));
-  EXPECT_EQ(RunCli("convert gguf --model " + model + " --dtype f8 --out '" +
-                   (dir_ / "e.gguf").string() + "'"),
-            2);
+  EXPECT_EQ(testing::ReadFile(dir_ / "c.gguf"), testing::ReadFile(dir_ / "d.gguf"));
+  const testing::CommandResult refused = convert("--dtype f8 --out e.gguf");
+  EXPECT_EQ(refused.exit_code, 2) << refused.err;
   EXPECT_FALSE(std::filesystem::exists(dir_ / "e.gguf"));
 }
 

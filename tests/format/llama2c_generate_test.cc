@@ -19,35 +19,12 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-struct RunResult {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string Quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-RunResult RunKvdiff(const std::vector<std::string>& args, const std::filesystem::path& err_file) {
-  std::string cmd = Quote(KVDIFF_BINARY);
-  for (const auto& a : args) cmd += " " + Quote(a);
-  cmd += " 2>" + Quote(err_file.string());
-  RunResult result;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) return result;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) result.out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(err_file);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  result.err = ss.str();
-  return result;
+// `kvdiff ARGS...` in dir, each argument one shell word.
+kvdiff::testing::CommandResult Kvdiff(const std::vector<std::string>& args,
+                                      const kvdiff::testing::TempDir& dir) {
+  std::string line;
+  for (const std::string& a : args) line += " " + kvdiff::testing::ShellQuote(a);
+  return kvdiff::testing::RunKvdiff(line, dir.path());
 }
 
 // Built twice: without KVDIFF_ANCHOR_REF the anchor runs impl (and the refusal tests run); with it
@@ -67,11 +44,9 @@ TEST(KVDIFF_ANCHOR_SUITE, Stories260KGreedyFromBosOnEveryPath) {
   KVDIFF_REQUIRE_SHARED_DATA(data);
   kvdiff::testing::TempDir dir;
   const auto model = dir / "stories260K";
-  const auto err = dir / "stderr.txt";
-  RunResult convert = RunKvdiff(
+  kvdiff::testing::CommandResult convert = Kvdiff(
       {"convert", "llama2c", "--checkpoint", (data / "stories260K" / "stories260K.bin").string(),
-       "--tokenizer", (data / "stories260K" / "tok512.bin").string(), "--out", model.string()},
-      err);
+       "--tokenizer", (data / "stories260K" / "tok512.bin").string(), "--out", model.string()}, dir);
   ASSERT_EQ(convert.exit_code, 0) << convert.err;
   EXPECT_THAT(convert.out, HasSubstr("tokenizer.kvdiff.json"));
 
@@ -81,18 +56,16 @@ TEST(KVDIFF_ANCHOR_SUITE, Stories260KGreedyFromBosOnEveryPath) {
   for (const std::string& backend : Backends()) {
     for (const std::string mode : {"--cached", "--uncached"}) {
       const std::string path = backend + " " + mode;
-      RunResult ids = RunKvdiff({"generate", "--model", model.string(), "--prompt", "", "-n", n,
-                                 "--backend", backend, mode, "--ids"},
-                                err);
+      kvdiff::testing::CommandResult ids = Kvdiff({"generate", "--model", model.string(), "--prompt", "", "-n", n,
+                                 "--backend", backend, mode, "--ids"}, dir);
       ASSERT_EQ(ids.exit_code, 0) << path << ": " << ids.err;
       if (first_ids.empty()) {
         first_ids = ids.out;
       } else {
         EXPECT_EQ(ids.out, first_ids) << path << " departs from " << Backends()[0] << " --cached";
       }
-      RunResult text = RunKvdiff({"generate", "--model", model.string(), "--prompt", "", "-n", n,
-                                  "--backend", backend, mode},
-                                 err);
+      kvdiff::testing::CommandResult text = Kvdiff({"generate", "--model", model.string(), "--prompt", "", "-n", n,
+                                  "--backend", backend, mode}, dir);
       ASSERT_EQ(text.exit_code, 0) << path << ": " << text.err;
       EXPECT_THAT(text.out, StartsWith(kAnchor)) << path;
     }
@@ -108,15 +81,14 @@ TEST(KVDIFF_ANCHOR_SUITE, Stories260KGreedyFromBosOnEveryPath) {
   EXPECT_EQ(count, 40);
 
   // --tokens 1 is the same start as --prompt "" (which encodes to BOS alone).
-  RunResult from_ids =
-      RunKvdiff({"generate", "--model", model.string(), "--tokens", "1", "-n", n, "--ids"}, err);
+  kvdiff::testing::CommandResult from_ids =
+      Kvdiff({"generate", "--model", model.string(), "--tokens", "1", "-n", n, "--ids"}, dir);
   ASSERT_EQ(from_ids.exit_code, 0) << from_ids.err;
   EXPECT_EQ(from_ids.out, first_ids);
 
   // A text prompt is echoed, then continued.
-  RunResult prompted = RunKvdiff(
-      {"generate", "--model", model.string(), "--prompt", "Once upon a time, Lily", "-n", "10"},
-      err);
+  kvdiff::testing::CommandResult prompted = Kvdiff(
+      {"generate", "--model", model.string(), "--prompt", "Once upon a time, Lily", "-n", "10"}, dir);
   ASSERT_EQ(prompted.exit_code, 0) << prompted.err;
   EXPECT_THAT(prompted.out, StartsWith("Once upon a time, Lily"));
   EXPECT_GT(prompted.out.size(), std::string("Once upon a time, Lily").size() + 10);
@@ -126,7 +98,6 @@ TEST(KVDIFF_ANCHOR_SUITE, Stories260KGreedyFromBosOnEveryPath) {
 TEST(Llama2cGenerateTest, CommandsRefuseBadInput) {
   KVDIFF_REQUIRE_SHARED_DATA(data);
   kvdiff::testing::TempDir dir;
-  const auto err = dir / "stderr.txt";
   // A truncated checkpoint: exit 2, expected vs actual bytes, nothing written.
   {
     std::ifstream in(data / "stories260K" / "stories260K.bin", std::ios::binary);
@@ -134,9 +105,8 @@ TEST(Llama2cGenerateTest, CommandsRefuseBadInput) {
     std::ofstream out(dir / "cut.bin", std::ios::binary);
     out << bytes.substr(0, 1000000);
   }
-  RunResult cut = RunKvdiff({"convert", "llama2c", "--checkpoint", (dir / "cut.bin").string(),
-                             "--out", (dir / "cut").string()},
-                            err);
+  kvdiff::testing::CommandResult cut = Kvdiff({"convert", "llama2c", "--checkpoint", (dir / "cut.bin").string(),
+                             "--out", (dir / "cut").string()}, dir);
   EXPECT_EQ(cut.exit_code, 2);
   EXPECT_THAT(cut.err,
               HasSubstr("implies 1056540 bytes (tied classifier), the file has 1000000 bytes"));
@@ -145,25 +115,23 @@ TEST(Llama2cGenerateTest, CommandsRefuseBadInput) {
   // A model converted without a tokenizer: --prompt is refused, --tokens --ids works.
   const auto model = dir / "notok";
   ASSERT_EQ(
-      RunKvdiff({"convert", "llama2c", "--checkpoint",
-                 (data / "stories260K" / "stories260K.bin").string(), "--out", model.string()},
-                err)
+      Kvdiff({"convert", "llama2c", "--checkpoint",
+                 (data / "stories260K" / "stories260K.bin").string(), "--out", model.string()}, dir)
           .exit_code,
       0);
-  RunResult no_tok =
-      RunKvdiff({"generate", "--model", model.string(), "--prompt", "Hi", "-n", "3"}, err);
+  kvdiff::testing::CommandResult no_tok =
+      Kvdiff({"generate", "--model", model.string(), "--prompt", "Hi", "-n", "3"}, dir);
   EXPECT_EQ(no_tok.exit_code, 2);
   EXPECT_THAT(no_tok.err, HasSubstr("has no tokenizer.kvdiff.json"));
-  RunResult ids = RunKvdiff(
-      {"generate", "--model", model.string(), "--tokens", "1,403", "-n", "3", "--ids"}, err);
+  kvdiff::testing::CommandResult ids = Kvdiff(
+      {"generate", "--model", model.string(), "--tokens", "1,403", "-n", "3", "--ids"}, dir);
   EXPECT_EQ(ids.exit_code, 0) << ids.err;
-  RunResult bad_id = RunKvdiff(
-      {"generate", "--model", model.string(), "--tokens", "1,512", "-n", "3", "--ids"}, err);
+  kvdiff::testing::CommandResult bad_id = Kvdiff(
+      {"generate", "--model", model.string(), "--tokens", "1,512", "-n", "3", "--ids"}, dir);
   EXPECT_EQ(bad_id.exit_code, 2);
   EXPECT_THAT(bad_id.err, HasSubstr("--tokens: token id 512 at index 1 is out of range for vocab_size 512"));
-  RunResult both = RunKvdiff(
-      {"generate", "--model", model.string(), "--tokens", "1", "--ids", "--cached", "--uncached"},
-      err);
+  kvdiff::testing::CommandResult both = Kvdiff(
+      {"generate", "--model", model.string(), "--tokens", "1", "--ids", "--cached", "--uncached"}, dir);
   EXPECT_EQ(both.exit_code, 2);
 }
 #endif

@@ -19,15 +19,7 @@ namespace {
 using nlohmann::json;
 using ::testing::HasSubstr;
 
-struct Result {
-  int exit_code;
-  std::string out, err;
-};
-
-std::string Slurp(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using Result = testing::CommandResult;
 
 // SentencePiece-style: <unk> <s> </s>, <0x00>..<0xFF> (ids 3..258), ▁ h i ▁h ▁hi (259..263).
 json TinyTokenizer() {
@@ -81,13 +73,8 @@ class TokenizeCli : public ::testing::Test {
                .dump();
   }
   Result Run(const std::string& args) {
-    const auto out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    const std::string command = std::string("'") + KVDIFF_BINARY + "' tokenize --model '" +
-                                dir_.path().string() + "' " + args + " >'" + out.string() +
-                                "' 2>'" + err.string() + "'";
-    const int status = std::system(command.c_str());
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), Slurp(out),
-            Slurp(err)};
+    return testing::RunKvdiff("tokenize --model " + testing::ShellQuote(dir_.path().string()) + " " + args,
+                              dir_.path());
   }
   testing::TempDir dir_;
 };
@@ -194,7 +181,7 @@ TEST_F(TokenizeCli, GenerateInfoAndScenarioTextUseTokenizerJson) {
     const std::string command =
         std::string("'") + KVDIFF_BINARY + "' " + args + " >'" + out.string() + "' 2>&1";
     const int status = std::system(command.c_str());
-    return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : -1, Slurp(out));
+    return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : -1, testing::ReadFile(out));
   };
   auto [code, out] = run("generate --model '" + model + "' --prompt 'Hi 12' -n 2 --ids");
   EXPECT_EQ(code, 0) << out;

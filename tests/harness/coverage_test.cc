@@ -7,6 +7,7 @@
 #include "harness/backend/registry.h"
 #include "harness/campaign/case_generator.h"
 #include "harness/run/differential_run.h"
+#include "tests/harness/harness_test_util.h"
 
 namespace kvdiff::harness {
 namespace {
@@ -14,9 +15,7 @@ namespace {
 format::LlamaConfig Tiny() { return format::PresetConfig("tiny"); }
 
 ModelSpec TinySpec() {
-  ModelSpec m;
-  m.preset = "tiny";
-  m.seed = 7;
+  const ModelSpec m = testing::TinyModel();
   return m;
 }
 

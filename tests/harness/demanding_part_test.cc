@@ -9,6 +9,7 @@
 #include "harness/backend/registry.h"
 #include "harness/campaign/campaign.h"
 #include "tests/test_support.h"
+#include "tests/harness/harness_test_util.h"
 
 namespace kvdiff::harness {
 namespace {
@@ -35,9 +36,7 @@ TEST(Demanding, CasesAreAFunctionOfSeedIndexAndFraction) {
 }
 
 TEST(Demanding, TheVariantIsThePresetWithTheDemandingScale) {
-  ModelSpec tiny;
-  tiny.preset = "tiny";
-  tiny.seed = 7;
+  const ModelSpec tiny = testing::TinyModel();
   const auto v = DemandingVariant(tiny);
   ASSERT_TRUE(v.has_value());
   EXPECT_EQ(v->Describe(), "preset tiny, seed 7, scale demanding");
@@ -49,8 +48,7 @@ TEST(Demanding, TheVariantIsThePresetWithTheDemandingScale) {
 
 TEST(Demanding, BackendsLeaveOutWhatOverflowsAndEndWithTheArbiter) {
   if (!BackendRegistry::Global().Has("ref64")) GTEST_SKIP() << "needs LibTorch (ref64)";
-  ModelSpec model;
-  model.preset = "tiny";
+  const ModelSpec model = testing::TinyModel();
   auto weights = LoadModelFor(model);
   auto impl = MakeBackend("impl", weights, 1);
   auto ref = MakeBackend("ref", weights, 1);
@@ -70,9 +68,7 @@ TEST(Demanding, BackendsLeaveOutWhatOverflowsAndEndWithTheArbiter) {
 // difference, and a failing demanding case's file replays on the demanding model.
 TEST(Demanding, TheCampaignReportsItsDemandingCases) {
   if (!BackendRegistry::Global().Has("ref64")) GTEST_SKIP() << "needs LibTorch (ref64)";
-  ModelSpec model;
-  model.preset = "tiny";
-  model.seed = 7;
+  const ModelSpec model = testing::TinyModel();
   auto weights = LoadModelFor(model);
   auto impl = MakeBackend("impl", weights, 1);
   DemandingPart part;

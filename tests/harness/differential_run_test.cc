@@ -30,9 +30,7 @@ using ::testing::HasSubstr;
 class RunnerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    ModelSpec spec;
-    spec.preset = "tiny";
-    spec.seed = 3;
+    const ModelSpec spec = testing::TinyModel(3);
     weights_ = new std::shared_ptr<const format::ModelWeights>(LoadModelFor(spec));
     impl_ = MakeBackend("impl", *weights_, 1).release();
   }

@@ -1,58 +1,22 @@
-// Helpers for the harness tests: run the kvdiff binary, read files, check XML well-formedness.
+// Helpers for the harness tests: the tiny model spec, XML well-formedness (running kvdiff and
+// reading files: tests/test_support.h).
 #pragma once
 
-#include <sys/wait.h>
-
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
+
+#include "harness/scenario/scenario.h"
+#include "tests/test_support.h"
 
 namespace kvdiff::testing {
 
-inline std::string ReadFile(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-inline void WriteFile(const std::filesystem::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-}
-
-struct CommandResult {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-// Runs `KVDIFF_BINARY args` in dir, capturing stdout and stderr. The shard variables of CI fleets
-// (which `kvdiff check` reads) are removed from the child's environment, so a test binary run
-// under GoogleTest or Bazel sharding does not shard the campaigns it starts; `env` sets variables
-// for this child only.
-inline CommandResult RunKvdiff(const std::string& args, const std::filesystem::path& dir,
-                               const std::vector<std::pair<std::string, std::string>>& env = {}) {
-  const auto out = dir / "stdout.txt";
-  const auto err = dir / "stderr.txt";
-  std::string vars = "env";
-  for (const char* name : {"TEST_SHARD_INDEX", "TEST_TOTAL_SHARDS", "TEST_SHARD_STATUS_FILE",
-                           "GTEST_SHARD_INDEX", "GTEST_TOTAL_SHARDS", "JOB_COMPLETION_INDEX",
-                           "KVDIFF_SHARD_COUNT"}) {
-    vars += std::string(" -u ") + name;
-  }
-  for (const auto& [name, value] : env) vars += " " + name + "='" + value + "'";
-  const std::string cmd = "cd '" + dir.string() + "' && " + vars + " '" KVDIFF_BINARY "' " + args +
-                          " >'" + out.string() + "' 2>'" + err.string() + "'";
-  const int status = std::system(cmd.c_str());
-  CommandResult r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = ReadFile(out);
-  r.err = ReadFile(err);
-  return r;
+// The model most tests run on: the tiny preset (2 layers, hidden 64), random weights of `seed`.
+inline harness::ModelSpec TinyModel(uint64_t seed = 7) {
+  harness::ModelSpec model;
+  model.preset = "tiny";
+  model.seed = seed;
+  return model;
 }
 
 // A small XML 1.0 well-formedness check (enough for our JUnit files): one root element, tags

@@ -9,6 +9,7 @@
 #include "format/error.h"
 #include "format/model_files.h"
 #include "harness/campaign/campaign.h"
+#include "tests/harness/harness_test_util.h"
 
 namespace kvdiff::harness {
 namespace {
@@ -385,9 +386,7 @@ TEST(Shards, ParseAndPartition) {
 
 TEST(GenerateCase, IsAFunctionOfSeedAndIndexAndAlwaysValid) {
   const auto config = TinyConfig();
-  ModelSpec model;
-  model.preset = "tiny";
-  model.seed = 7;
+  const ModelSpec model = testing::TinyModel();
   EXPECT_EQ(GenerateCase(config, model, 5, 17).ToJson(),
             GenerateCase(config, model, 5, 17).ToJson());
   EXPECT_NE(GenerateCase(config, model, 5, 17).ToJson(),

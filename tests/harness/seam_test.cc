@@ -85,9 +85,7 @@ void RegisterScaled(const std::string& name, float scale) {
 }
 
 CampaignReport Campaign(const std::vector<std::string>& names, int64_t cases) {
-  ModelSpec model;
-  model.preset = "tiny";
-  model.seed = 7;
+  const ModelSpec model = testing::TinyModel();
   auto weights = LoadModelFor(model);
   std::vector<std::unique_ptr<Backend>> owned;
   std::vector<const Backend*> backends;
@@ -99,7 +97,8 @@ CampaignReport Campaign(const std::vector<std::string>& names, int64_t cases) {
   }
   CampaignOptions options;
   options.cases = cases;
-  options.out_dir = TempDir().path() / "failures";
+  const TempDir failures;  // lives until the run is over, then takes its files with it
+  options.out_dir = failures / "failures";
   return RunCampaign(model, backends, options);
 }
 
@@ -140,8 +139,7 @@ TEST(Seam, AnEnginePluginRunsACampaignThroughTheRegistry) {
   // this process, so the engine's own name is known once it is built.
   EXPECT_THAT(BackendRegistry::Global().Info(plugin).description,
               HasSubstr("engine plugin " KVDIFF_EXAMPLE_ENGINE));
-  ModelSpec tiny;
-  tiny.preset = "tiny";
+  const ModelSpec tiny = testing::TinyModel(0);
   EXPECT_THAT(BackendRegistry::Global()
                   .Make(plugin, LoadModelFor(tiny), BackendOptions{1, /*isolate=*/false})
                   ->Info()

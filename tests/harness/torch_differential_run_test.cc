@@ -13,6 +13,7 @@
 #include "harness/compare/tolerance_profile.h"
 #include "harness/run/differential_run.h"
 #include "harness/scenario/scenario.h"
+#include "tests/harness/harness_test_util.h"
 
 namespace kvdiff::harness {
 namespace {
@@ -22,9 +23,7 @@ using ::testing::HasSubstr;
 class TorchRunnerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    ModelSpec spec;
-    spec.preset = "tiny";
-    spec.seed = 3;
+    const ModelSpec spec = testing::TinyModel(3);
     weights_ = new std::shared_ptr<const format::ModelWeights>(LoadModelFor(spec));
     for (const char* name : {"impl", "ref", "ref64"}) {
       backends_.push_back(MakeBackend(name, *weights_, 1).release());
@@ -95,9 +94,7 @@ TEST_F(TorchRunnerTest, ReusingADynamicCacheIsSilentAndWrong) {
 // within it; with the profile's allowance every cross path passes, and every backend's own
 // cached-vs-uncached path is held to the flat gate either way.
 TEST(RopeF32Profile, Float32AnglesDriftWithThePositionAndTheProfileAllowsExactlyThat) {
-  ModelSpec spec;
-  spec.preset = "tiny";
-  spec.seed = 7;
+  const ModelSpec spec = testing::TinyModel();
   const auto weights = LoadModelFor(spec);
   std::vector<std::unique_ptr<Backend>> owned;
   std::vector<const Backend*> backends;

@@ -20,30 +20,15 @@ namespace {
 
 using ::testing::HasSubstr;
 
-struct CliRun {
-  int exit_code;
-  std::string out;
-  std::string err;
-};
-
-CliRun Kvdiff(const kvdiff::testing::TempDir& dir, const std::string& args) {
-  const std::string out = (dir / "stdout.txt").string(), err = (dir / "stderr.txt").string();
-  const std::string command = "cd '" + dir.path().string() + "' && '" KVDIFF_BINARY "' " + args +
-                              " >'" + out + "' 2>'" + err + "'";
-  const int status = std::system(command.c_str());
-  auto slurp = [](const std::string& path) {
-    std::ifstream in(path);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-  };
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+kvdiff::testing::CommandResult Kvdiff(const kvdiff::testing::TempDir& dir,
+                                      const std::string& args) {
+  return kvdiff::testing::RunKvdiff(args, dir.path());
 }
 
 class ForwardCliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    CliRun made = Kvdiff(dir_, "make-model --preset tiny --seed 7 --out m");
+    kvdiff::testing::CommandResult made = Kvdiff(dir_, "make-model --preset tiny --seed 7 --out m");
     ASSERT_EQ(made.exit_code, 0) << made.err;
   }
   kvdiff::testing::TempDir dir_;
@@ -59,7 +44,7 @@ RowMatrix ReadLogits(const std::filesystem::path& path) {
 }
 
 TEST_F(ForwardCliTest, WritesTheLogitsOfEveryPositionAndPrintsTheTop5) {
-  CliRun run = Kvdiff(dir_, "forward --model m --tokens 1,2,3,4,5 --out l.safetensors");
+  kvdiff::testing::CommandResult run = Kvdiff(dir_, "forward --model m --tokens 1,2,3,4,5 --out l.safetensors");
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const RowMatrix logits = ReadLogits(dir_ / "l.safetensors");
   ASSERT_EQ(logits.rows(), 5);
@@ -76,7 +61,7 @@ TEST_F(ForwardCliTest, WritesTheLogitsOfEveryPositionAndPrintsTheTop5) {
 TEST_F(ForwardCliTest, CachedInChunksAgreesWithUncached) {
   ASSERT_EQ(Kvdiff(dir_, "forward --model m --tokens 9,8,7,6,5,4 --out full.safetensors").exit_code, 0);
   for (std::string chunks : {"", " --chunks 2,1,3", " --chunks 6"}) {
-    CliRun run = Kvdiff(dir_, "forward --model m --tokens 9,8,7,6,5,4 --cached" + chunks +
+    kvdiff::testing::CommandResult run = Kvdiff(dir_, "forward --model m --tokens 9,8,7,6,5,4 --cached" + chunks +
                                " --threads 1 --out cached.safetensors");
     ASSERT_EQ(run.exit_code, 0) << run.err;
     const RowMatrix diff = ReadLogits(dir_ / "cached.safetensors") - ReadLogits(dir_ / "full.safetensors");
@@ -95,12 +80,12 @@ TEST_F(ForwardCliTest, BadInputExitsWith2AndSaysWhy) {
       {"--tokens 1,2 --backend nope", "unknown backend 'nope' (available: impl"},
   };
   for (const auto& [args, message] : cases) {
-    CliRun run = Kvdiff(dir_, "forward --model m " + args + " --out x.safetensors");
+    kvdiff::testing::CommandResult run = Kvdiff(dir_, "forward --model m " + args + " --out x.safetensors");
     EXPECT_EQ(run.exit_code, 2) << args;
     EXPECT_THAT(run.err, HasSubstr(message)) << args;
     EXPECT_FALSE(std::filesystem::exists(dir_ / "x.safetensors")) << args;
   }
-  CliRun missing = Kvdiff(dir_, "forward --model nowhere --tokens 1 --out x.safetensors");
+  kvdiff::testing::CommandResult missing = Kvdiff(dir_, "forward --model nowhere --tokens 1 --out x.safetensors");
   EXPECT_EQ(missing.exit_code, 2);
 }
 

@@ -23,6 +23,7 @@
 #include "tests/props/properties.h"
 #include "tests/props/scalar_llama.h"
 #include "tests/test_support.h"
+#include "tests/harness/harness_test_util.h"
 
 namespace kvdiff::props {
 namespace {
@@ -69,9 +70,7 @@ TEST(DemandingDepth, TheDefaultCampaignOnThirtyLayersPasses) {
 // On the tiny preset (2 layers) and on the 30-layer shape.
 TEST(DemandingDepth, TheDefaultCampaignCatchesBothFaultsShallowAndDeep) {
   if (!harness::BackendRegistry::Global().Has("ref64")) GTEST_SKIP() << "needs LibTorch (ref64)";
-  harness::ModelSpec tiny;
-  tiny.preset = "tiny";
-  tiny.seed = 7;
+  const harness::ModelSpec tiny = testing::TinyModel();
   for (const harness::ModelSpec& model : {tiny, ThirtyLayers()}) {
     for (Fault fault : {Fault::kSoftmaxWithoutMax, Fault::kNaiveFloat32RmsNorm}) {
       SCOPED_TRACE(model.Describe() + ": " + FaultName(fault));

@@ -21,6 +21,7 @@
 #include "harness/campaign/campaign.h"
 #include "harness/campaign/demanding_part.h"
 #include "harness/report/run_report.h"
+#include "tests/harness/harness_test_util.h"
 #include "tests/props/scalar_llama.h"
 #include "tests/test_support.h"
 
@@ -38,8 +39,7 @@ struct Caught {
 class ReachTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    model_.preset = "tiny";
-    model_.seed = 7;
+    model_ = testing::TinyModel();
     weights_ = harness::LoadModelFor(model_);
     impl_ = harness::MakeBackend("impl", weights_, 1);
   }

@@ -12,6 +12,7 @@
 #include "impl/model.h"
 #include "tests/repro/repro_test_util.h"
 #include "tests/test_support.h"
+#include "tests/harness/harness_test_util.h"
 
 namespace kvdiff::testing {
 namespace {
@@ -226,9 +227,7 @@ TEST(ReproPromptsTest, TheOneTokenPromptSkipsABosAndCanBeGiven) {
 TEST(ReproScenario, EachExperimentBecomesAScenarioThatParsesBack) {
   const auto config = format::PresetConfig("tiny");
   const ReproPrompts p = Prompts(config);
-  harness::ModelSpec model;
-  model.preset = "tiny";
-  model.seed = 3;
+  const harness::ModelSpec model = testing::TinyModel(3);
   for (Experiment e : harness::AllExperiments()) {
     SCOPED_TRACE(harness::ExperimentName(e));
     // reference-reuse runs on a backend with transformers' semantics, which needs LibTorch.
