@@ -251,7 +251,7 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
   CLI::Option* model_seed =
       cmd->add_option("--model-seed", args->model_seed, "Seed of the preset's random weights")
           ->default_val(7);
-  // At least one (a campaign of none proves nothing), at most kMaxCases (README, "Bad input").
+  // At least one (a campaign of none proves nothing), at most kMaxCases (docs/bad-input.md).
   constexpr int64_t kMaxCases = 10'000'000;
   cmd->add_option("--cases", args->cases, "Number of random scenarios (1 to 10000000)")
       ->required()

@@ -93,7 +93,7 @@ void AddMakeModelCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--scale", options->scale,
                   "Push the numbers beyond the defaults: \"demanding\" (attention scores x25, "
                   "hidden states x1e19, logits x300) or factors "
-                  "\"scores=F,activations=F,logits=F\" (README, \"make-model\")")
+                  "\"scores=F,activations=F,logits=F\" (docs/models-and-text.md)")
       ->capture_default_str();
   auto* tied = cmd->add_flag("--tied", options->tied, "Tie lm_head to the embedding");
   auto* untied = cmd->add_flag("--untied", options->untied, "Store a separate lm_head.weight");

@@ -20,7 +20,7 @@
 
 namespace {
 
-// The command line's shared bounds, set here once for every subcommand (README, "Bad input"):
+// The command line's shared bounds, set here once for every subcommand (docs/bad-input.md):
 // --threads 0 (every core) to kMaxThreads and --jobs 0 to kMaxJobs, refused while parsing, before
 // any model is loaded or any thread started; seeds whole numbers >= 0 (CLI11 would wrap -1 to
 // 2^64-1); --backends not empty (it would fall back to the default); and a readable refusal of a

@@ -16,7 +16,7 @@ BackendRegistry& BackendRegistry::Global() {
     RegisterImplBackend(*r);
     r->RegisterFamily(kPluginPrefix, ResolvePluginBackend);
 #ifdef KVDIFF_LLAMACPP_ENGINE_PATH
-    // Flash attention off and an f32 cache: the settings held to the 1e-4 gate (README).
+    // Flash attention off and an f32 cache: the settings held to the 1e-4 gate (docs/engines.md, "Testing llama.cpp").
     RegisterNamedPlugin(*r, "llama.cpp", "llama.cpp through its C API, f32 KV cache",
                         KVDIFF_LLAMACPP_ENGINE_PATH, "kv=f32,flash_attn=off",
                         {// ggml's rope: theta = p · base^(-2i/d) in float

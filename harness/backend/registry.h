@@ -1,6 +1,6 @@
 // The backend registry: the one table of the backends this kvdiff can build. `--backends`, the
 // default set, help texts, error messages and every capability question read it; a new backend
-// is one class and one Register call (see the README's "Adding a backend").
+// is one class and one Register call (docs/engines.md, "Adding a backend").
 #pragma once
 
 #include <filesystem>

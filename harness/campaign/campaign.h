@@ -119,7 +119,7 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model,
 // `backend_names` (every one for every case, on whichever of the `jobs` threads runs it). Its
 // history is capped by its own context, and its boundaries are the powers of two and declared sizes
 // below that context; the coverage's boundaries are the union of the cases' and its context the
-// largest (README, "Random shapes"). A backend that cannot be built for a shape (an engine that
+// largest (docs/campaigns.md, "Random shapes"). A backend that cannot be built for a shape (an engine that
 // refuses it) fails that case, naming the backend and saying why. The report is the same for any
 // jobs.
 CampaignReport RunRandomShapeCampaign(const std::vector<std::string>& backend_names,

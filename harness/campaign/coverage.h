@@ -3,8 +3,8 @@
 // for every boundary whether the campaign reached it from both sides.
 //
 // Every field is a count (or a maximum), so the coverage of shards adds up: Merge() of the shards'
-// coverage is the coverage of the whole campaign. The JSON form is documented in the README
-// ("Coverage").
+// coverage is the coverage of the whole campaign. The JSON form is documented in
+// docs/campaigns.md ("Coverage").
 #pragma once
 
 #include <cstdint>

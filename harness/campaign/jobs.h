@@ -7,7 +7,7 @@
 
 namespace kvdiff::harness {
 
-// The most jobs `--jobs` accepts (README, "Bad input"), like --threads: each job holds its own
+// The most jobs `--jobs` accepts (docs/bad-input.md), like --threads: each job holds its own
 // backends and a thread, and beyond a few hundred threads the system may refuse one.
 inline constexpr int kMaxJobs = 256;
 

@@ -8,7 +8,7 @@
 namespace kvdiff::harness {
 
 // The gate: max |a - b| over a logits row, absolute. float32 Llamas of the sizes kvdiff runs
-// agree with a float64 one to ~2e-5 (README, "Tolerances"); a wrong position or a stale cache
+// agree with a float64 one to ~2e-5 (docs/concepts.md, "Tolerances"); a wrong position or a stale cache
 // moves logits by far more.
 inline constexpr double kDefaultTolerance = 1e-4;
 

@@ -1,4 +1,4 @@
-// The main job's speed, for the README's figures (it asserts nothing):
+// The main job's speed, for docs/performance.md's figures (it asserts nothing):
 //   CheckCampaign/jobs:N    `kvdiff check`'s campaign on the tiny preset with the default backends
 //                           (impl, ref), one thread per backend, N jobs; counter cases_per_s
 //   RefForwardFull/tokens:512/threads:T   the reference's uncached forward on smollm2-135m, with

@@ -1,4 +1,4 @@
-// The one seam: a new backend is one class and one Register call (the README's example, built
+// The one seam: a new backend is one class and one Register call (docs/engines.md's example, built
 // here); the misuse drivers run on any backend's raw call; an engine plugin runs a campaign
 // through the registry; and a scenario whose backend fails mid-way replays the same way in `run`
 // and in `golden` (the failing conversation stops, the others go on).
@@ -30,7 +30,7 @@ std::shared_ptr<const format::ModelWeights> Tiny(uint64_t seed = 3) {
       format::MakeRandomModel(format::PresetConfig("tiny"), seed));
 }
 
-// ---- The README's "Adding a backend" example, as written there ----------------------------
+// ---- docs/engines.md's "Adding a backend" example, as written there ----------------------------
 
 // impl with every logit multiplied by `scale`: scale 1.0 must pass, anything else must not.
 class ScaledBackend : public Backend {

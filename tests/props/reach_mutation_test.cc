@@ -28,7 +28,7 @@
 namespace kvdiff::props {
 namespace {
 
-constexpr int64_t kDefaultCampaignCases = 200;  // what the README's `kvdiff check` example runs
+constexpr int64_t kDefaultCampaignCases = 200;  // what the README's `ci/demo` runs
 
 struct Caught {
   int64_t case_index = -1;  // -1: not caught by the campaign
