@@ -18,7 +18,7 @@ double ResolveTolerance(const std::optional<double>& flag, std::optional<double>
 
 // The gate of a row: max |a - b| <= abs, or <= rel * max_i |b_i| when rel > 0. The relative part
 // is for models whose logits are in the thousands (make-model --scale demanding), where float32
-// rounding alone is ~1e-7 of the logits' size and an absolute 1e-4 means nothing (README,
+// rounding alone is ~1e-7 of the logits' size and an absolute 1e-4 means nothing (docs/campaigns.md,
 // "The demanding part"); rel = 0 is the plain absolute gate.
 struct Tolerance {
   double abs = kDefaultTolerance;
