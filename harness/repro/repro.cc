@@ -40,167 +40,94 @@ Tokens CheckedIds(const Tokens& ids, const format::LlamaConfig& config, const ch
   return ids;
 }
 
-std::string Quote(const std::string& bytes) {
-  std::string out = "\"";
-  for (unsigned char c : bytes) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (c < 0x20 || c == 0x7f) {
-          out += fmt::format("\\x{:02x}", c);
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out + "\"";
-}
+// What the source document says an experiment shows; an experiment's verdict and its scenario
+// file's expectation follow from it.
+enum class Outcome {
+  kCorrect,             // both lines equal their correct lines
+  kFirstDeparts,        // no error; the first line departs from ok at its 2nd token or later
+  kReuseError,          // the second prompt's call raises the reuse broadcast error
+  kStalePositionError,  // the second prompt's call raises the stale-position broadcast error
+  kSecondDeparts,       // no error; the second line departs from its correct line
+};
 
-std::string Ids(const Tokens& tokens) { return fmt::format("[{}]", fmt::join(tokens, " ")); }
+// One experiment: its name, what it does, what the document says happens, how it runs.
+struct ExperimentSpec {
+  Experiment experiment;
+  const char* name;
+  const char* what;
+  const char* documented;
+  // kRaw: the raw call used right; an engine with only the checked API runs it on its session.
+  DriverKind driver;
+  bool one_token;  // the second prompt is the one-token one (reuse1, fresh1)
+  Outcome outcome;
+};
 
-std::string VsCorrect(const ReproLine& line) {
-  if (!line.error.empty()) return "error";
-  if (line.departs_at == 0) return "= " + line.baseline;
-  return fmt::format("departs from {} at token {}", line.baseline, line.departs_at);
-}
+// In the order of the source document.
+const ExperimentSpec kExperiments[] = {
+    {Experiment::kOk, "ok",
+     "the caller tracks positions: prefill at index_pos 0, then +1 per step; a new cache per "
+     "conversation",
+     "the correct output", DriverKind::kRaw, false, Outcome::kCorrect},
+    {Experiment::kPos0, "pos0", "index_pos 0 on every decode step",
+     "no error; departs from ok (SmolLM2: from the 2nd token)", DriverKind::kPos0, false,
+     Outcome::kFirstDeparts},
+    {Experiment::kReuse, "reuse",
+     "the second, multi-token prompt reuses the first conversation's cache at index_pos 0",
+     "the raw call fails: cannot broadcast [s, s] to [1, nh, s, P+s]", DriverKind::kReuse, false,
+     Outcome::kReuseError},
+    {Experiment::kReuse1, "reuse1",
+     "the one-token second prompt reuses the first conversation's cache at index_pos 0",
+     "no error; continues the first conversation (departs from fresh1)", DriverKind::kReuse, true,
+     Outcome::kSecondDeparts},
+    {Experiment::kFresh, "fresh", "the second, multi-token prompt in a new cache",
+     "the correct output", DriverKind::kRaw, false, Outcome::kCorrect},
+    {Experiment::kFresh1, "fresh1", "the one-token second prompt in a new cache",
+     "the correct output", DriverKind::kRaw, true, Outcome::kCorrect},
+    {Experiment::kQuantized, "quantized",
+     "reuse on candle's quantized_llama, which drops its cache when index_pos is 0",
+     "no error; the cache is dropped at index_pos 0: equals fresh", DriverKind::kQuantized, false,
+     Outcome::kCorrect},
+    {Experiment::kStalePosition, "stale-position",
+     "the second prompt in a new cache, at the index_pos the first conversation reached",
+     "the raw call fails: cannot broadcast [s, P+s] to [1, nh, s, s]",
+     DriverKind::kStalePosition, false, Outcome::kStalePositionError},
+    {Experiment::kReferenceReuse, "reference-reuse",
+     "transformers' way (LibTorch reference): one DynamicCache reused for the second prompt",
+     "no error; departs from fresh", DriverKind::kReuse, false, Outcome::kSecondDeparts},
+};
 
-// Pads to a display width counted in UTF-8 characters, so text columns line up.
-std::string Pad(const std::string& s, size_t width) {
-  size_t chars = 0;
-  for (unsigned char c : s) chars += (c & 0xC0) != 0x80;
-  return chars >= width ? s : s + std::string(width - chars, ' ');
-}
-size_t Width(const std::string& s) {
-  size_t chars = 0;
-  for (unsigned char c : s) chars += (c & 0xC0) != 0x80;
-  return chars;
+const ExperimentSpec& SpecOf(Experiment e) {
+  for (const ExperimentSpec& spec : kExperiments)
+    if (spec.experiment == e) return spec;
+  throw std::logic_error("an Experiment missing from kExperiments");
 }
 
 }  // namespace
 
 std::vector<Experiment> AllExperiments() {
-  return {Experiment::kOk,     Experiment::kPos0,      Experiment::kReuse,
-          Experiment::kReuse1, Experiment::kFresh,     Experiment::kFresh1,
-          Experiment::kQuantized, Experiment::kStalePosition, Experiment::kReferenceReuse};
+  std::vector<Experiment> all;
+  for (const ExperimentSpec& spec : kExperiments) all.push_back(spec.experiment);
+  return all;
 }
 
-std::string ExperimentName(Experiment e) {
-  switch (e) {
-    case Experiment::kOk:
-      return "ok";
-    case Experiment::kPos0:
-      return "pos0";
-    case Experiment::kReuse:
-      return "reuse";
-    case Experiment::kReuse1:
-      return "reuse1";
-    case Experiment::kFresh:
-      return "fresh";
-    case Experiment::kFresh1:
-      return "fresh1";
-    case Experiment::kQuantized:
-      return "quantized";
-    case Experiment::kStalePosition:
-      return "stale-position";
-    case Experiment::kReferenceReuse:
-      return "reference-reuse";
-  }
-  return "?";
-}
+std::string ExperimentName(Experiment e) { return SpecOf(e).name; }
+std::string ExperimentWhat(Experiment e) { return SpecOf(e).what; }
+std::string ExperimentDocumented(Experiment e) { return SpecOf(e).documented; }
 
 Experiment ParseExperimentName(const std::string& name) {
   std::vector<std::string> names;
-  for (Experiment e : AllExperiments()) {
-    if (ExperimentName(e) == name) return e;
-    names.push_back(ExperimentName(e));
+  for (const ExperimentSpec& spec : kExperiments) {
+    if (spec.name == name) return spec.experiment;
+    names.push_back(spec.name);
   }
   throw InputError(
       fmt::format("experiment \"{}\": expected one of {}, all", name, fmt::join(names, ", ")));
 }
 
-std::string ExperimentWhat(Experiment e) {
-  switch (e) {
-    case Experiment::kOk:
-      return "the caller tracks positions: prefill at index_pos 0, then +1 per step; a new cache "
-             "per conversation";
-    case Experiment::kPos0:
-      return "index_pos 0 on every decode step";
-    case Experiment::kReuse:
-      return "the second, multi-token prompt reuses the first conversation's cache at index_pos 0";
-    case Experiment::kReuse1:
-      return "the one-token second prompt reuses the first conversation's cache at index_pos 0";
-    case Experiment::kFresh:
-      return "the second, multi-token prompt in a new cache";
-    case Experiment::kFresh1:
-      return "the one-token second prompt in a new cache";
-    case Experiment::kQuantized:
-      return "reuse on candle's quantized_llama, which drops its cache when index_pos is 0";
-    case Experiment::kStalePosition:
-      return "the second prompt in a new cache, at the index_pos the first conversation reached";
-    case Experiment::kReferenceReuse:
-      return "transformers' way (LibTorch reference): one DynamicCache reused for the second "
-             "prompt";
-  }
-  return "?";
-}
-
-std::string ExperimentDocumented(Experiment e) {
-  switch (e) {
-    case Experiment::kOk:
-      return "the correct output";
-    case Experiment::kPos0:
-      return "no error; departs from ok (SmolLM2: from the 2nd token)";
-    case Experiment::kReuse:
-      return "the raw call fails: cannot broadcast [s, s] to [1, nh, s, P+s]";
-    case Experiment::kReuse1:
-      return "no error; continues the first conversation (departs from fresh1)";
-    case Experiment::kFresh:
-      return "the correct output";
-    case Experiment::kFresh1:
-      return "the correct output";
-    case Experiment::kQuantized:
-      return "no error; the cache is dropped at index_pos 0: equals fresh";
-    case Experiment::kStalePosition:
-      return "the raw call fails: cannot broadcast [s, P+s] to [1, nh, s, s]";
-    case Experiment::kReferenceReuse:
-      return "no error; departs from fresh";
-  }
-  return "?";
-}
-
 DriverKind ExperimentDriver(Experiment e, const BackendInfo& backend) {
-  switch (e) {
-    case Experiment::kOk:
-    case Experiment::kFresh:
-    case Experiment::kFresh1:
-      // The document's fix is on the raw call; an engine with only the checked API runs it there.
-      return backend.raw_call == RawCall::kNone ? DriverKind::kSession : DriverKind::kRaw;
-    case Experiment::kPos0:
-      return DriverKind::kPos0;
-    case Experiment::kReuse:
-    case Experiment::kReuse1:
-    case Experiment::kReferenceReuse:
-      return DriverKind::kReuse;
-    case Experiment::kQuantized:
-      return DriverKind::kQuantized;
-    case Experiment::kStalePosition:
-      return DriverKind::kStalePosition;
-  }
-  return DriverKind::kSession;
+  const DriverKind driver = SpecOf(e).driver;
+  return driver == DriverKind::kRaw && backend.raw_call == RawCall::kNone ? DriverKind::kSession
+                                                                          : driver;
 }
 
 ReproPrompts MakeReproPrompts(const ReproInput& in, const format::LlamaConfig& config,
@@ -271,7 +198,7 @@ std::vector<Step> ExperimentSteps(Experiment e, const ReproPrompts& p, bool text
     return text && as_text ? Step::PrefillText(conversation, *as_text)
                            : Step::Prefill(conversation, tokens);
   };
-  const bool one_token = e == Experiment::kReuse1 || e == Experiment::kFresh1;
+  const bool one_token = SpecOf(e).one_token;
   return {prefill("main", p.first, p.first_text), Step::Decode("main", p.n - 1),
           Step::NewConversation("second"),
           one_token ? Step::Prefill("second", p.second1)
@@ -418,7 +345,7 @@ ExperimentResult Repro::Run(Experiment e) {
       ReplaySteps(backend, ExperimentDriver(e, backend.Info()), ExperimentSteps(e, p, false));
 
   // The second conversation's prompt and the correct line it is held to.
-  const bool one_token = e == Experiment::kReuse1 || e == Experiment::kFresh1;
+  const bool one_token = SpecOf(e).one_token;
   const Tokens& second = one_token ? p.second1 : p.second;
   std::string second_baseline = one_token ? "fresh1" : "fresh";
   const Tokens* second_correct = nullptr;
@@ -451,29 +378,25 @@ ExperimentResult Repro::Run(Experiment e) {
     r.as_documented = first_ok && last.error == expected;
     r.observed = (last.error.empty() ? "no error: " + VsCorrect(last) : last.error) + first_note;
   };
-  switch (e) {
-    case Experiment::kOk:
-    case Experiment::kFresh:
-    case Experiment::kFresh1:
-    case Experiment::kQuantized:
+  switch (SpecOf(e).outcome) {
+    case Outcome::kCorrect:
       r.as_documented = first_ok && last.error.empty() && last.departs_at == 0;
       r.observed = fmt::format("first {}, second {}", VsCorrect(first), VsCorrect(last));
       break;
-    case Experiment::kPos0:
+    case Outcome::kFirstDeparts:
       r.as_documented = first.error.empty() && first.departs_at >= 2;
       r.observed = !first.error.empty()  ? first.error
                    : first.departs_at == 0 ? "no error; equal to ok"
                                            : fmt::format("no error; departs from ok at token {}",
                                                          first.departs_at);
       break;
-    case Experiment::kReuse:
+    case Outcome::kReuseError:
       raised(ExpectedReuseError());
       break;
-    case Experiment::kStalePosition:
+    case Outcome::kStalePositionError:
       raised(ExpectedStalePositionError());
       break;
-    case Experiment::kReuse1:
-    case Experiment::kReferenceReuse:
+    case Outcome::kSecondDeparts:
       r.as_documented = first_ok && last.error.empty() && last.departs_at >= 1;
       r.observed = (last.error.empty() ? "no error; " + VsCorrect(last) : last.error) + first_note;
       break;
@@ -485,103 +408,6 @@ int ReproExitCode(const std::vector<ExperimentResult>& results) {
   for (const auto& r : results)
     if (r.skipped.empty() && !r.as_documented) return 1;
   return 0;
-}
-
-std::string FormatLineOutput(const ReproLine& line, const format::Tokenizer* tokenizer) {
-  if (!line.error.empty()) return "Error: " + line.error;
-  if (!tokenizer) return Ids(line.generated);
-  return Quote(tokenizer->DecodeAll(line.generated, line.prompt.back()));
-}
-
-std::string FormatReproHeader(const std::string& model_source, const format::LlamaConfig& config,
-                              const ReproPrompts& p, const format::Tokenizer* tokenizer) {
-  auto prompt = [&](const Tokens& t, const std::optional<std::string>& text) {
-    std::string shown = Ids(t);
-    if (text) {
-      shown = Quote(*text) + " = " + shown;
-    } else if (tokenizer) {
-      shown += " = " + Quote(tokenizer->DecodeAll(t, -1));
-    }
-    return fmt::format("{} ({} token{})", shown, t.size(), t.size() == 1 ? "" : "s");
-  };
-  std::string out =
-      fmt::format("model: {} ({} layers, {} heads, vocab {})\n", model_source,
-                  config.num_hidden_layers, config.num_attention_heads, config.vocab_size);
-  out += fmt::format("first prompt:            {}\n", prompt(p.first, p.first_text));
-  out += fmt::format("second prompt:           {}\n", prompt(p.second, p.second_text));
-  out += fmt::format("one-token second prompt: {}\n", prompt(p.second1, std::nullopt));
-  out += fmt::format("each conversation: the prompt, then {} greedy tokens\n", p.n);
-  return out;
-}
-
-std::string FormatExperiment(const ExperimentResult& r, const format::Tokenizer* tokenizer) {
-  std::string out =
-      fmt::format("{}: {}\n", ExperimentName(r.experiment), ExperimentWhat(r.experiment));
-  if (!r.skipped.empty()) return out + fmt::format("  skipped: {}\n", r.skipped);
-  size_t w_vs = 0;
-  for (const ReproLine& line : r.lines) w_vs = std::max(w_vs, Width(VsCorrect(line)));
-  for (const ReproLine& line : r.lines) {
-    out += fmt::format("  {:<7} {}  {}\n", line.conversation, Pad(VsCorrect(line), w_vs),
-                       FormatLineOutput(line, tokenizer));
-  }
-  out += fmt::format("  source document: {}\n", ExperimentDocumented(r.experiment));
-  out += fmt::format("  observed:        {}\n", r.observed);
-  out += fmt::format("  as documented:   {}\n", r.as_documented ? "yes" : "NO");
-  return out;
-}
-
-std::string FormatReproTable(const std::vector<ExperimentResult>& results,
-                             const format::Tokenizer* tokenizer) {
-  // The document's table: ok and pos0 show the first conversation, the others the second.
-  struct Row {
-    std::string name, conversation, output, vs;
-  };
-  std::vector<Row> rows;
-  for (const auto& r : results) {
-    Row row{ExperimentName(r.experiment), "", "", ""};
-    if (!r.skipped.empty()) {
-      row.output = "(skipped)";
-    } else {
-      const bool show_first = r.experiment == Experiment::kOk || r.experiment == Experiment::kPos0;
-      const ReproLine& line = r.lines.at(show_first ? 0 : 1);
-      row.conversation = line.conversation;
-      row.output = FormatLineOutput(line, tokenizer);
-      row.vs = VsCorrect(line);
-    }
-    rows.push_back(row);
-  }
-  size_t w_name = 10, w_conv = 12, w_out = 9;
-  for (const auto& row : rows) {
-    w_name = std::max(w_name, Width(row.name));
-    w_out = std::max(w_out, Width(row.output));
-  }
-  std::string out = Pad("experiment", w_name) + "  " + Pad("conversation", w_conv) + "  " +
-                    Pad("generated", w_out) + "  vs correct\n";
-  for (const auto& row : rows) {
-    out += Pad(row.name, w_name) + "  " + Pad(row.conversation, w_conv) + "  " +
-           Pad(row.output, w_out) + "  " + row.vs + "\n";
-  }
-
-  out += "\n";
-  // A skip's reason, short: the part before its first explanation.
-  auto skipped_short = [](const std::string& why) {
-    return "skipped: " + why.substr(0, std::min(why.find(':'), why.find(" (")));
-  };
-  size_t w_doc = 21, w_obs = 8;
-  for (const auto& r : results) {
-    w_doc = std::max(w_doc, Width(ExperimentDocumented(r.experiment)));
-    w_obs = std::max(w_obs, Width(r.skipped.empty() ? r.observed : skipped_short(r.skipped)));
-  }
-  out += Pad("experiment", w_name) + "  " + Pad("source document says", w_doc) + "  " +
-         Pad("observed", w_obs) + "  as documented\n";
-  for (const auto& r : results) {
-    const std::string observed = r.skipped.empty() ? r.observed : skipped_short(r.skipped);
-    const std::string verdict = !r.skipped.empty() ? "-" : r.as_documented ? "yes" : "NO";
-    out += Pad(ExperimentName(r.experiment), w_name) + "  " +
-           Pad(ExperimentDocumented(r.experiment), w_doc) + "  " + Pad(observed, w_obs) + "  " +
-           verdict + "\n";
-  }
-  return out;
 }
 
 Scenario ExperimentScenario(Experiment e, const ReproPrompts& p, const ModelSpec& model,
@@ -602,33 +428,29 @@ Scenario ExperimentScenario(Experiment e, const ReproPrompts& p, const ModelSpec
   const size_t second_prefill = 3;
 
   std::string expect;
-  switch (e) {
-    case Experiment::kOk:
-    case Experiment::kFresh:
-    case Experiment::kFresh1:
-    case Experiment::kQuantized:
+  switch (SpecOf(e).outcome) {
+    case Outcome::kCorrect:
       expect = "every row agrees with the uncached forward: kvdiff run exits 0";
       break;
-    case Experiment::kStalePosition:
+    case Outcome::kStalePositionError:
       expect = fmt::format(
           "step {3} raises cannot broadcast [{0}, {2}] to [1, {1}, {0}, {0}]: kvdiff run exits 1",
           p.second.size(), config.num_attention_heads, p.first.size() + p.n - 1 + p.second.size(),
           second_prefill);
       break;
-    case Experiment::kPos0:
+    case Outcome::kFirstDeparts:
       expect =
           "step 1 diverges from its first row (the one that picks the 2nd generated token): "
           "kvdiff run exits 1";
       break;
-    case Experiment::kReuse:
+    case Outcome::kReuseError:
       expect = fmt::format(
           "step {3} raises cannot broadcast [{0}, {0}] to [1, {1}, {0}, {2}]: "
           "kvdiff run exits 1",
           p.second.size(), config.num_attention_heads, p.first.size() + p.n - 1 + p.second.size(),
           second_prefill);
       break;
-    case Experiment::kReuse1:
-    case Experiment::kReferenceReuse:
+    case Outcome::kSecondDeparts:
       expect = fmt::format(
           "no error; step {} diverges from the uncached forward of the new "
           "conversation: kvdiff run exits 1",

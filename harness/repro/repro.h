@@ -95,6 +95,9 @@ struct ReproLine {
   int64_t departs_at = 0;  // 1-based index of the first token that differs from it; 0: equal
 };
 
+// "= ok", "departs from fresh at token 3" or "error": a line against its correct line.
+std::string VsCorrect(const ReproLine& line);
+
 struct ExperimentResult {
   Experiment experiment = Experiment::kOk;
   std::vector<ReproLine> lines;  // first, second
