@@ -20,6 +20,10 @@
 #include "format/config.h"
 #include "format/model_files.h"
 
+namespace kvdiff::impl {
+class ThreadPool;
+}  // namespace kvdiff::impl
+
 namespace kvdiff::bench {
 
 // Where a benchmark gets its weights: a model directory, or a preset with random weights.
@@ -48,6 +52,11 @@ struct FloatSpan {
 };
 // The weights a decode step reads (DecodeWeightBytes): every tensor but an untied embedding.
 std::vector<FloatSpan> DecodeWeightSpans(const format::ModelWeights& weights);
+// Bytes of the floats of `spans`.
+int64_t SpanBytes(const std::vector<FloatSpan>& spans);
+// Seconds to read every float of `spans` once (a sum), each span split over the pool the way a
+// matrix-vector product splits its rows: the floor under a decode step.
+double StreamingReadSeconds(impl::ThreadPool& pool, const std::vector<FloatSpan>& spans);
 
 // GB/s (1e9 bytes/s) of a streaming read (a sum) over a buffer of `bytes`, far larger than the
 // caches, split over `threads` threads by the impl's thread pool the way a matrix-vector product
