@@ -1,6 +1,4 @@
 // `kvdiff bench --curve`'s files: the cost curve as CSV (written and read back) and as an SVG plot.
-#include "bench/bench.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -11,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench.h"
 #include "format/error.h"
 #include "harness/report/run_report.h"
 
@@ -112,7 +111,6 @@ CostCurve ReadCostCsv(const std::filesystem::path& path) {
 // The plot.
 
 namespace {
-
 
 std::string MsLabel(double ms) {
   if (ms >= 1000) return fmt::format("{:.3g} s", ms / 1000);

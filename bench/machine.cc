@@ -1,7 +1,5 @@
 // `kvdiff bench`'s view of the machine and the model's sizes: bytes a decode step reads, the memory
 // bandwidth that bounds it, the load, this process's memory and which BLAS LibTorch loaded.
-#include "bench/bench.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -13,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench.h"
 #include "format/error.h"
 #include "impl/thread_pool.h"
 
@@ -77,7 +76,6 @@ int64_t KvBytesPerPosition(const format::LlamaConfig& config) {
 
 // ---------------------------------------------------------------------------------------------
 // The machine.
-
 
 // Seconds to read every float of `spans` once (a sum), each span split over the pool the way a
 // matrix-vector product splits its rows. 32 independent partial sums (two AVX-512 registers) per

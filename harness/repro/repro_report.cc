@@ -42,7 +42,6 @@ std::string Quote(const std::string& bytes) {
 
 std::string Ids(const Tokens& tokens) { return fmt::format("[{}]", fmt::join(tokens, " ")); }
 
-
 // Pads to a display width counted in UTF-8 characters, so text columns line up.
 std::string Pad(const std::string& s, size_t width) {
   size_t chars = 0;
