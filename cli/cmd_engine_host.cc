@@ -1,11 +1,11 @@
 // `kvdiff engine-host` (hidden): the child process of --isolate. It serves one engine plugin on an
-// inherited socket (engines/isolated_engine.h) and exits when kvdiff closes it. Not for users.
+// inherited socket (plugin_host/isolated_engine.h) and exits when kvdiff closes it. Not for users.
 #include <CLI/CLI.hpp>
 #include <memory>
 #include <string>
 
 #include "cli/commands.h"
-#include "engines/isolated_engine.h"
+#include "plugin_host/isolated_engine.h"
 
 namespace kvdiff::cli {
 

@@ -10,7 +10,7 @@
 #include <cstring>
 #include <string>
 
-#include "engines/isolated_engine.h"
+#include "plugin_host/isolated_engine.h"
 
 namespace kvdiff::cli {
 namespace {

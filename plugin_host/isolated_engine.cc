@@ -1,4 +1,4 @@
-#include "engines/isolated_engine.h"
+#include "plugin_host/isolated_engine.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>

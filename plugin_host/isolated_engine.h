@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "engines/plugin_loader.h"
+#include "plugin_host/plugin_loader.h"
 #include "format/tensor.h"
 
 namespace kvdiff::engines {

@@ -1,4 +1,4 @@
-#include "engines/plugin_loader.h"
+#include "plugin_host/plugin_loader.h"
 
 #include <dlfcn.h>
 #include <fmt/format.h>

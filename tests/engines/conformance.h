@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engines/plugin_loader.h"
+#include "plugin_host/plugin_loader.h"
 #include "impl/model.h"
 
 namespace kvdiff::engines::conformance {

@@ -9,7 +9,7 @@
 #include <iostream>
 #include <string>
 
-#include "engines/plugin_loader.h"
+#include "plugin_host/plugin_loader.h"
 #include "format/model_files.h"
 #include "impl/model.h"
 #include "kvdiff/engine.h"

@@ -11,7 +11,7 @@
 #include <iostream>
 #include <string>
 
-#include "engines/plugin_loader.h"
+#include "plugin_host/plugin_loader.h"
 #include "format/gguf.h"
 #include "format/llama2c.h"
 #include "format/model_files.h"
