@@ -17,6 +17,7 @@
 #include "harness/backend/registry.h"
 #include "harness/compare/tolerance_profile.h"
 #include "harness/replay/drivers.h"
+#include "harness/scenario/conversations.h"
 
 namespace kvdiff::harness {
 namespace {
@@ -217,6 +218,47 @@ WorstRow WorstRowOf(const ComparedRow& r, const PathOutcome& o, int64_t step, co
   return w;
 }
 
+// The tokens of step i's text or chat prompt, encoded with the model's tokenizer (loaded into
+// `tokenizer` at the first prompt): with BOS when the prompt starts its conversation (as llama2.c
+// starts a prompt), without it when the text continues one.
+Tokens EncodePrompt(const Scenario& scenario, size_t i, bool starts_conversation,
+                    const format::ModelWeights& weights,
+                    std::optional<format::Tokenizer>& tokenizer) {
+  const Step& s = scenario.steps[i];
+  const char* field = s.text ? "text" : "messages";
+  if (!tokenizer) {
+    KVDIFF_CHECK(!scenario.model.preset && !scenario.model.config,
+                 "steps[{}].{}: text prompts need a tokenizer, and a {} model has "
+                 "none; give \"tokens\" or a model directory with {} or {}",
+                 i, field, scenario.model.preset ? "preset" : "random (inline config)",
+                 format::kHfTokenizerFileName, format::kTokenizerFileName);
+    tokenizer = LoadTokenizerFor(scenario.model, weights.config.vocab_size);
+    KVDIFF_CHECK(!scenario.model.llama2c || tokenizer,
+                 "steps[{}].{}: text prompts need a tokenizer; add \"tokenizer\": "
+                 "\"FILE.bin\" to model.llama2c, or give \"tokens\" instead",
+                 i, field);
+    KVDIFF_CHECK(tokenizer,
+                 "steps[{}].{}: the model directory {} has no tokenizer ({} or {}); "
+                 "give \"tokens\" instead",
+                 i, field, scenario.model.path ? scenario.model.path->string() : "?",
+                 format::kHfTokenizerFileName, format::kTokenizerFileName);
+  }
+  Tokens tokens;
+  if (s.text) {
+    tokens = tokenizer->Encode(*s.text, starts_conversation);
+  } else {
+    // The template writes BOS itself (apply_chat_template(add_generation_prompt=True)).
+    KVDIFF_CHECK(scenario.model.path.has_value(),
+                 "steps[{}].messages: chat messages need a model directory with a chat "
+                 "template (tokenizer_config.json); give \"text\" or \"tokens\" instead",
+                 i);
+    tokens = format::EncodeChat(*scenario.model.path, *tokenizer, *s.messages,
+                                /*add_generation_prompt=*/true);
+  }
+  KVDIFF_CHECK(!tokens.empty(), "steps[{}].{}: encodes to no tokens", i, field);
+  return tokens;
+}
+
 }  // namespace
 
 std::string PathStatusName(PathStatus status) {
@@ -357,65 +399,17 @@ std::vector<std::string> PlanBackends(const std::vector<std::string>& requested,
 }
 
 void PrepareScenario(Scenario& scenario, const format::ModelWeights& weights) {
-  // Text prompts: encoded with the model directory's tokenizer, with BOS when the conversation is
-  // empty at that step (as llama2.c starts a prompt), without it when the text continues one.
-  std::optional<format::Tokenizer> tokenizer;
-  std::map<std::string, bool> empty = {{"main", true}};
+  std::optional<format::Tokenizer> tokenizer;  // loaded at the first text prompt
+  Conversations convs;
   for (size_t i = 0; i < scenario.steps.size(); ++i) {
     Step& s = scenario.steps[i];
-    switch (s.op) {
-      case Op::kNewConversation:
-        empty[s.name] = true;
-        break;
-      case Op::kFork:
-        empty[s.to] = empty[s.from];
-        break;
-      case Op::kReset:
-        empty[s.conversation] = true;
-        break;
-      case Op::kTruncate:
-        if (s.length == 0) empty[s.conversation] = true;
-        break;
-      case Op::kDecode:
-        empty[s.conversation] = false;
-        break;
-      case Op::kPrefill:
-        if ((s.text || s.messages) && s.tokens.empty()) {
-          const char* field = s.text ? "text" : "messages";
-          if (!tokenizer) {
-            KVDIFF_CHECK(!scenario.model.preset && !scenario.model.config,
-                         "steps[{}].{}: text prompts need a tokenizer, and a {} model has "
-                         "none; give \"tokens\" or a model directory with {} or {}",
-                         i, field, scenario.model.preset ? "preset" : "random (inline config)",
-                         format::kHfTokenizerFileName, format::kTokenizerFileName);
-            tokenizer = LoadTokenizerFor(scenario.model, weights.config.vocab_size);
-            KVDIFF_CHECK(!scenario.model.llama2c || tokenizer,
-                         "steps[{}].{}: text prompts need a tokenizer; add \"tokenizer\": "
-                         "\"FILE.bin\" to model.llama2c, or give \"tokens\" instead",
-                         i, field);
-            KVDIFF_CHECK(tokenizer,
-                         "steps[{}].{}: the model directory {} has no tokenizer ({} or {}); "
-                         "give \"tokens\" instead",
-                         i, field, scenario.model.path ? scenario.model.path->string() : "?",
-                         format::kHfTokenizerFileName, format::kTokenizerFileName);
-          }
-          if (s.text) {
-            s.tokens = tokenizer->Encode(
-                *s.text, empty.count(s.conversation) ? empty[s.conversation] : true);
-          } else {
-            // The template writes BOS itself (apply_chat_template(add_generation_prompt=True)).
-            KVDIFF_CHECK(scenario.model.path.has_value(),
-                         "steps[{}].messages: chat messages need a model directory with a chat "
-                         "template (tokenizer_config.json); give \"text\" or \"tokens\" instead",
-                         i);
-            s.tokens = format::EncodeChat(*scenario.model.path, *tokenizer, *s.messages,
-                                          /*add_generation_prompt=*/true);
-          }
-          KVDIFF_CHECK(!s.tokens.empty(), "steps[{}].{}: encodes to no tokens", i, field);
-        }
-        empty[s.conversation] = false;
-        break;
+    if (s.op == Op::kPrefill && (s.text || s.messages) && s.tokens.empty()) {
+      // A conversation not created yet is refused by the validation below, after every prompt.
+      const bool starts_conversation =
+          !convs.Exists(s.conversation) || convs.At(s.conversation).length == 0;
+      s.tokens = EncodePrompt(scenario, i, starts_conversation, weights, tokenizer);
     }
+    convs.Apply(s);
   }
   ValidateScenario(scenario, weights.config);
 }
