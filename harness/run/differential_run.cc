@@ -89,7 +89,7 @@ Localization Localize(const Scenario& sc, const Divergence& div, double toleranc
     const RecordedRow* ra =
         TraceCall(sc, *backends[div.a_index], recs[div.a_index], div.step, div.row.row, ta);
     if (!ra) return not_replayed;
-    if (div.kind == "oracle") {
+    if (div.kind == PathKind::kOracle) {
       ForwardTrace full;
       const Tokens& history = recs[div.a_index].histories[ra->history];
       const Tokens prefix(history.begin(), history.begin() + ra->position + 1);
@@ -112,7 +112,7 @@ PathOutcome OracleOutcome(const Backend& backend, const Recording& rec, size_t s
   const StepRecord& sr = rec.steps[step];
   PathOutcome o;
   o.path = backend.Name();
-  o.kind = "oracle";
+  o.kind = PathKind::kOracle;
   o.a = o.path;
   o.b = o.path + " ForwardFull";
   o.message = sr.message;
@@ -150,7 +150,7 @@ PathOutcome CrossOutcome(const Backend& bx, const Recording& rx, const Backend& 
   o.a = bx.Name();
   o.b = by.Name();
   o.path = o.a + "~" + o.b;
-  o.kind = "cross";
+  o.kind = PathKind::kCross;
   std::map<int64_t, const RecordedRow*> ys;
   for (size_t k = sy.rows_begin; k < sy.rows_end; ++k) ys[ry.rows[k].row] = &ry.rows[k];
   const bool any_row = sx.rows_end > sx.rows_begin || sy.rows_end > sy.rows_begin;
@@ -195,7 +195,7 @@ std::string GateBasis(const ComparedRow& r, const PathOutcome& o, const Scenario
   if (sc.tolerance_rel > 0 && c.gate > sc.tolerance_abs) {
     return fmt::format("{} x max |logit| {}", FormatDiff(sc.tolerance_rel), FormatDiff(c.scale));
   }
-  if (o.kind == "cross" && options.rope_f32_per_position > 0 &&
+  if (o.kind == PathKind::kCross && options.rope_f32_per_position > 0 &&
       CrossTolerance(sc.tolerance_abs, options.rope_f32_per_position, backends[o.a_index]->Info(),
                      backends[o.b_index]->Info(), r.position) > sc.tolerance_abs) {
     return fmt::format("tolerance {} + rope-f32 allowance {} x {}", FormatDiff(sc.tolerance_abs),
@@ -260,6 +260,10 @@ Tokens EncodePrompt(const Scenario& scenario, size_t i, bool starts_conversation
 }
 
 }  // namespace
+
+std::string PathKindName(PathKind kind) {
+  return kind == PathKind::kOracle ? "oracle" : "cross";
+}
 
 std::string PathStatusName(PathStatus status) {
   switch (status) {
@@ -475,8 +479,8 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
           if (r.cmp.within_tolerance) continue;
           if (!report.first_divergence || r.row < report.first_divergence->row.row) {
             report.first_divergence =
-                Divergence{step_report.index, sc.steps[i].ParamString(), o.path, o.kind, o.a, o.b,
-                           o.a_index, o.b_index, r};
+                Divergence{step_report.index, sc.steps[i].op, sc.steps[i].ParamString(), o.kind,
+                           o.path, o.a, o.b, o.a_index, o.b_index, r};
           }
           break;
         }
