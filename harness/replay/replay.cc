@@ -220,44 +220,6 @@ Recording Replay(const Scenario& scenario, const Backend& backend, TraceRequest*
   return Replayer(scenario, backend, trace).Run();
 }
 
-void CheckAgainstOracle(Recording& rec, const Backend& backend, const Tolerance& tolerance) {
-  const int64_t vocab = backend.config().vocab_size;
-  std::vector<std::vector<size_t>> rows_of(rec.histories.size());
-  for (size_t k = 0; k < rec.rows.size(); ++k) rows_of[rec.rows[k].history].push_back(k);
-  for (size_t h = 0; h < rows_of.size(); ++h) {
-    if (rows_of[h].empty()) continue;
-    int64_t last = 0;
-    for (size_t k : rows_of[h]) last = std::max(last, rec.rows[k].position);
-    std::string failure;
-    try {
-      const Tokens prefix(rec.histories[h].begin(), rec.histories[h].begin() + last + 1);
-      const Logits full = backend.ForwardFull(prefix);  // (last + 1, vocab)
-      KVDIFF_CHECK(full.rows() == last + 1 && full.cols() == vocab,
-                   "backend {} ForwardFull returned [{}, {}]; expected [{}, {}]", backend.Name(),
-                   full.rows(), full.cols(), last + 1, vocab);
-      for (size_t k : rows_of[h]) {
-        RecordedRow& row = rec.rows[k];
-        const float* oracle = full.row(row.position).data();
-        const std::string bad = DescribeNonFinite(oracle, vocab);
-        KVDIFF_CHECK(bad.empty(), "non-finite logits: backend {} ForwardFull, position {}, {}",
-                     backend.Name(), row.position, bad);
-        row.vs_oracle = CompareRows(row.logits.data(), oracle, vocab, tolerance);
-      }
-    } catch (const std::exception& e) {
-      failure = fmt::format("the oracle ForwardFull failed: {}", e.what());
-    }
-    if (failure.empty()) continue;
-    for (size_t k : rows_of[h]) {
-      rec.rows[k].vs_oracle.reset();
-      StepRecord& sr = rec.steps[rec.rows[k].step];
-      if (sr.status == StepStatus::kDone) {
-        sr.status = StepStatus::kError;
-        sr.message = failure;
-      }
-    }
-  }
-}
-
 Token GreedyNext(const float* row, int64_t vocab) {
   const std::string bad = DescribeNonFinite(row, vocab);
   KVDIFF_CHECK(bad.empty(), "greedy choice: non-finite logits, {}", bad);

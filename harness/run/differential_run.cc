@@ -17,6 +17,7 @@
 #include "harness/backend/registry.h"
 #include "harness/compare/tolerance_profile.h"
 #include "harness/replay/drivers.h"
+#include "harness/replay/oracle_check.h"
 #include "harness/scenario/conversations.h"
 
 namespace kvdiff::harness {
@@ -108,7 +109,8 @@ Localization Localize(const Scenario& sc, const Divergence& div, double toleranc
 }
 
 // A step's column for one backend against its own ForwardFull.
-PathOutcome OracleOutcome(const Backend& backend, const Recording& rec, size_t step) {
+PathOutcome OracleOutcome(const Backend& backend, const Recording& rec, const OracleCheck& oracle,
+                          size_t step) {
   const StepRecord& sr = rec.steps[step];
   PathOutcome o;
   o.path = backend.Name();
@@ -118,24 +120,20 @@ PathOutcome OracleOutcome(const Backend& backend, const Recording& rec, size_t s
   o.message = sr.message;
   bool all_within = true;
   for (size_t k = sr.rows_begin; k < sr.rows_end; ++k) {
-    const RecordedRow& row = rec.rows[k];
-    if (!row.vs_oracle) continue;
-    o.rows.push_back(ToCompared(row, *row.vs_oracle));
-    o.max_abs_diff = std::max(o.max_abs_diff, row.vs_oracle->max_abs_diff);
-    all_within = all_within && row.vs_oracle->within_tolerance;
+    if (!oracle.rows[k]) continue;
+    o.rows.push_back(ToCompared(rec.rows[k], *oracle.rows[k]));
+    o.max_abs_diff = std::max(o.max_abs_diff, oracle.rows[k]->max_abs_diff);
+    all_within = all_within && oracle.rows[k]->within_tolerance;
   }
-  switch (sr.status) {
-    case StepStatus::kError:
-      o.status = PathStatus::kError;
-      break;
-    case StepStatus::kSkipped:
-      o.status = PathStatus::kSkipped;
-      break;
-    case StepStatus::kDone:
-      o.status = sr.rows_end == sr.rows_begin ? PathStatus::kNoRows
-                 : all_within                 ? PathStatus::kPass
-                                              : PathStatus::kFail;
-      break;
+  if (const std::optional<std::string> error = oracle.StepError(rec, step)) {
+    o.status = PathStatus::kError;
+    o.message = *error;
+  } else if (sr.status == StepStatus::kSkipped) {
+    o.status = PathStatus::kSkipped;
+  } else {
+    o.status = sr.rows_end == sr.rows_begin ? PathStatus::kNoRows
+               : all_within                 ? PathStatus::kPass
+                                            : PathStatus::kFail;
   }
   return o;
 }
@@ -436,16 +434,17 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
   std::vector<bool> profiled;  // held to a tolerance profile: its paths' distributions are reported
   for (const Backend* b : backends) profiled.push_back(ProfileFor(b->Info().cache_dtype) != nullptr);
   std::vector<Recording> recs;
+  std::vector<OracleCheck> oracles;  // each backend's rows against its own ForwardFull
   for (const Backend* b : backends) {
     recs.push_back(Replay(sc, *b));
-    CheckAgainstOracle(recs.back(), *b, sc.tolerance());
+    oracles.push_back(CheckAgainstOracle(recs.back(), *b, sc.tolerance()));
   }
   for (size_t i = 0; i < sc.steps.size(); ++i) {
     StepReport step_report;
     step_report.index = static_cast<int64_t>(i);
     step_report.step = sc.steps[i];
     for (size_t b = 0; b < backends.size(); ++b) {
-      step_report.outcomes.push_back(OracleOutcome(*backends[b], recs[b], i));
+      step_report.outcomes.push_back(OracleOutcome(*backends[b], recs[b], oracles[b], i));
       step_report.outcomes.back().a_index = step_report.outcomes.back().b_index = b;
     }
     for (size_t x = 0; x < backends.size(); ++x) {
@@ -488,12 +487,11 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
     }
     if (!report.first_error) {
       for (size_t b = 0; b < backends.size(); ++b) {
-        if (recs[b].steps[i].status == StepStatus::kError) {
-          report.first_error =
-              BackendFailure{step_report.index, sc.steps[i].ParamString(), backends[b]->Name(),
-                             sc.steps[i].conversation, recs[b].steps[i].message};
-          break;
-        }
+        const std::optional<std::string> error = oracles[b].StepError(recs[b], i);
+        if (!error) continue;
+        report.first_error = BackendFailure{step_report.index, sc.steps[i].ParamString(),
+                                            backends[b]->Name(), sc.steps[i].conversation, *error};
+        break;
       }
     }
     report.steps.push_back(std::move(step_report));
