@@ -1,6 +1,8 @@
 // The oracle pass returns its own table and leaves the recording as replayed: a ForwardFull that
 // fails fails the steps whose rows it should have checked (in the table, the run's columns and
 // its first error), and nothing else.
+#include "harness/replay/oracle_check.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -9,7 +11,6 @@
 
 #include "format/error.h"
 #include "harness/backend/registry.h"
-#include "harness/replay/oracle_check.h"
 #include "harness/replay/replay.h"
 #include "harness/run/differential_run.h"
 #include "harness/scenario/scenario.h"
