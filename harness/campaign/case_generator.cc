@@ -8,6 +8,7 @@
 
 #include "format/error.h"
 #include "harness/campaign/case_rng.h"
+#include "harness/scenario/conversations.h"
 
 namespace kvdiff::harness {
 namespace {
@@ -15,12 +16,6 @@ namespace {
 using Rng = CaseRng;
 
 constexpr int64_t kMaxConversations = 4;
-
-struct GenConv {
-  std::string name;
-  int64_t length = 0;
-  bool has_last_row = false;
-};
 
 // How a case draws its sizes. A short case: uniform, small (today's generator, unchanged). A long
 // case: half the draws land on a boundary or a neighbour of one, the rest are uniform.
@@ -101,8 +96,12 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
   const int64_t max_len =
       long_case ? std::max<int64_t>(kShortCaseLength + 1, sizes.Pick(context, context))
                 : std::min<int64_t>(kShortCaseLength, context);
-  std::vector<GenConv> convs = {{"main"}};
+  Conversations convs;
   int64_t next_name = 1;
+  auto emit = [&](const Step& s) {
+    convs.Apply(s);
+    sc.steps.push_back(s);
+  };
 
   auto random_tokens = [&](int64_t n) {
     Tokens t(n);
@@ -137,93 +136,89 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
     }
     return chunks;
   };
-  auto prefill = [&](GenConv& c) {
+  auto prefill = [&](const std::string& name) {
     Step s;
     s.op = Op::kPrefill;
-    s.conversation = c.name;
-    const int64_t n = sizes.Pick(max_len - c.length, 12);
+    s.conversation = name;
+    const int64_t n = sizes.Pick(max_len - convs.At(name).length, 12);
     s.tokens = random_tokens(n);
     s.chunks = split(n);
-    c.length += n;
-    c.has_last_row = true;
-    sc.steps.push_back(s);
+    emit(s);
   };
-  auto pick = [&](auto pred) -> GenConv* {
-    std::vector<GenConv*> ok;
-    for (auto& c : convs)
-      if (pred(c)) ok.push_back(&c);
-    return ok.empty() ? nullptr : ok[rng.Below(static_cast<int64_t>(ok.size()))];
+  // A conversation drawn from those `pred` accepts, in creation order; "" when none is.
+  auto pick = [&](auto pred) -> std::string {
+    std::vector<std::string> ok;
+    for (const std::string& name : convs.Names())
+      if (pred(convs.At(name))) ok.push_back(name);
+    return ok.empty() ? "" : ok[rng.Below(static_cast<int64_t>(ok.size()))];
+  };
+  auto any = [&]() -> const std::string& {
+    return convs.Names()[rng.Below(static_cast<int64_t>(convs.Names().size()))];
   };
 
-  prefill(convs[0]);
+  prefill("main");
   const int64_t n_steps = long_case ? rng.Between(2, 6) : rng.Between(2, 10);
   for (int64_t i = 0; i < n_steps; ++i) {
     const int64_t roll = rng.Below(100);
+    const bool can_add = static_cast<int64_t>(convs.Names().size()) < kMaxConversations;
     Step s;
     if (roll < 30) {  // prefill
-      if (GenConv* c = pick([&](const GenConv& c) { return c.length < max_len; })) prefill(*c);
+      const std::string c = pick([&](const ConversationState& c) { return c.length < max_len; });
+      if (!c.empty()) prefill(c);
     } else if (roll < 60) {  // decode
-      if (GenConv* c =
-              pick([&](const GenConv& c) { return c.has_last_row && c.length < max_len; })) {
+      const std::string c = pick(
+          [&](const ConversationState& c) { return c.has_last_row && c.length < max_len; });
+      if (!c.empty()) {
         s.op = Op::kDecode;
-        s.conversation = c->name;
-        s.n = sizes.Pick(max_len - c->length, 8);
-        c->length += s.n;
-        sc.steps.push_back(s);
+        s.conversation = c;
+        s.n = sizes.Pick(max_len - convs.At(c).length, 8);
+        emit(s);
       }
     } else if (roll < 72) {  // truncate (to the same length now and then: keeps the last row)
-      if (GenConv* c = pick([](const GenConv& c) { return c.length > 0; })) {
+      const std::string c = pick([](const ConversationState& c) { return c.length > 0; });
+      if (!c.empty()) {
+        const int64_t length = convs.At(c).length;
         s.op = Op::kTruncate;
-        s.conversation = c->name;
+        s.conversation = c;
         if (rng.Chance(10)) {
-          s.length = c->length;
+          s.length = length;
         } else {
-          s.length = sizes.Long() ? sizes.Pick(c->length, c->length) - 1 : rng.Below(c->length);
+          s.length = sizes.Long() ? sizes.Pick(length, length) - 1 : rng.Below(length);
         }
-        if (s.length != c->length) c->has_last_row = false;
-        c->length = s.length;
-        sc.steps.push_back(s);
+        emit(s);
       }
     } else if (roll < 84) {  // fork
-      if (static_cast<int64_t>(convs.size()) < kMaxConversations) {
-        const GenConv src = convs[rng.Below(static_cast<int64_t>(convs.size()))];
+      if (can_add) {
         s.op = Op::kFork;
-        s.from = src.name;
+        s.from = any();
         s.to = s.conversation = fmt::format("c{}", next_name++);
-        GenConv copy = src;
-        copy.name = s.to;
-        convs.push_back(copy);
-        sc.steps.push_back(s);
+        emit(s);
       }
     } else if (roll < 92) {  // new conversation, started with a prefill
-      if (static_cast<int64_t>(convs.size()) < kMaxConversations) {
+      if (can_add) {
         s.op = Op::kNewConversation;
         s.name = s.conversation = fmt::format("c{}", next_name++);
-        convs.push_back({s.name});
-        sc.steps.push_back(s);
-        prefill(convs.back());
+        emit(s);
+        prefill(s.name);
       }
     } else {  // reset, then a new prompt
-      GenConv& c = convs[rng.Below(static_cast<int64_t>(convs.size()))];
       s.op = Op::kReset;
-      s.conversation = c.name;
-      c.length = 0;
-      c.has_last_row = false;
-      sc.steps.push_back(s);
-      prefill(c);
+      s.conversation = any();
+      emit(s);
+      prefill(s.conversation);
     }
   }
   // A long case ends with a decode to its target on its longest conversation: decoding is where
   // a cache is read past everything the prompt wrote.
   if (long_case) {
-    GenConv* longest = nullptr;
-    for (auto& c : convs)
-      if (c.has_last_row && c.length < max_len && (!longest || c.length > longest->length))
-        longest = &c;
-    if (longest) {
-      sc.steps.push_back(Step::Decode(longest->name, max_len - longest->length));
-      longest->length = max_len;
+    std::string longest;
+    for (const std::string& name : convs.Names()) {
+      const ConversationState& c = convs.At(name);
+      if (c.has_last_row && c.length < max_len &&
+          (longest.empty() || c.length > convs.At(longest).length))
+        longest = name;
     }
+    if (!longest.empty()) emit(Step::Decode(longest, max_len - convs.At(longest).length));
   }
   return sc;
 }

@@ -1,6 +1,7 @@
 #include "harness/campaign/coverage.h"
 
 #include "format/error.h"
+#include "harness/scenario/conversations.h"
 
 #include <fmt/format.h>
 
@@ -112,55 +113,30 @@ void Coverage::Add(const Scenario& sc, const std::string& shape, bool long_case,
   ++cases;
   long_cases += long_case ? 1 : 0;
   ++shapes[shape];
-  std::map<std::string, int64_t> length = {{"main", 0}};
+  Conversations convs;
   int64_t case_longest = 0;
-  // One forward call of n tokens from position `from`.
-  auto call = [&](int64_t from, int64_t n) {
-    ++call_sizes[Bucket(n)];
-    for (BoundaryCoverage& b : boundaries) {
-      if (n == b.size - 1 || n == b.size) ++b.calls_at;
-      if (n > b.size) ++b.calls_over;
-      // Rows from..from+n-1: position b-1 among them, and any at b or beyond.
-      if (from <= b.size - 1 && b.size - 1 < from + n) ++b.rows_at;
-      if (from + n - 1 >= b.size) b.rows_over += from + n - std::max(from, b.size);
-    }
-    case_longest = std::max(case_longest, from + n);
-  };
   std::string prev;
   for (const Step& s : sc.steps) {
     const std::string op = OpName(s.op);
     ++ops[op];
     if (!prev.empty()) ++bigrams[prev + ">" + op];
     prev = op;
-    switch (s.op) {
-      case Op::kNewConversation:
-        length[s.name] = 0;
-        break;
-      case Op::kPrefill: {
-        std::vector<int64_t> chunks = s.chunks;
-        if (chunks.empty()) chunks = {static_cast<int64_t>(s.tokens.size())};
-        for (int64_t n : chunks) {
-          call(length[s.conversation], n);
-          length[s.conversation] += n;
-        }
-        break;
+    for (const ForwardCall& call : convs.CallsOf(s)) {
+      const int64_t from = call.first_position, n = call.size;
+      ++call_sizes[Bucket(n)];
+      for (BoundaryCoverage& b : boundaries) {
+        if (n == b.size - 1 || n == b.size) ++b.calls_at;
+        if (n > b.size) ++b.calls_over;
+        // Rows from..from+n-1: position b-1 among them, and any at b or beyond.
+        if (from <= b.size - 1 && b.size - 1 < from + n) ++b.rows_at;
+        if (from + n - 1 >= b.size) b.rows_over += from + n - std::max(from, b.size);
       }
-      case Op::kDecode:
-        for (int64_t i = 0; i < s.n; ++i) call(length[s.conversation]++, 1);
-        break;
-      case Op::kTruncate:
-        length[s.conversation] = s.length;
-        break;
-      case Op::kFork:
-        length[s.to] = length[s.from];
-        break;
-      case Op::kReset:
-        length[s.conversation] = 0;
-        break;
+      case_longest = std::max(case_longest, from + n);
     }
+    convs.Apply(s);
   }
   ++lengths[Bucket(case_longest)];
-  ++conversations[static_cast<int64_t>(length.size())];
+  ++conversations[static_cast<int64_t>(convs.Names().size())];
   longest = std::max(longest, case_longest);
   const int64_t reachable = case_context > 0 ? case_context : context;
   cases_at_context += case_longest >= reachable && reachable > 0 ? 1 : 0;

@@ -16,6 +16,7 @@
 #include "harness/golden/golden_detail.h"
 #include "harness/golden/sha256.h"
 #include "harness/replay/drivers.h"
+#include "harness/replay/oracle_check.h"
 #include "harness/replay/replay.h"
 #include "harness/report/run_report.h"
 
@@ -174,20 +175,22 @@ RegenResult RegenGoldenSet(const GoldenPaths& paths, const RegenOptions& options
     KVDIFF_CHECK(why.empty(), "{}: {}", paths.scenario.string(), why);
     const auto backend =
         registry.Make(backend_name, in.weights, BackendOptions{options.threads});
-    Recording rec = Replay(in.scenario, *backend);
-    CheckAgainstOracle(rec, *backend, in.scenario.tolerance_abs);
-    if (const auto failed = rec.FirstError()) {
+    const Recording rec = Replay(in.scenario, *backend);
+    const OracleCheck oracle = CheckAgainstOracle(rec, *backend, in.scenario.tolerance_abs);
+    if (const auto failed = oracle.FirstError(rec)) {
       result.status = RegenStatus::kRefused;
       result.message = fmt::format("backend {} failed at step {} {}: {}", backend_name, *failed,
                                    in.scenario.steps[*failed].ParamString(),
-                                   rec.steps[*failed].message);
+                                   *oracle.StepError(rec, *failed));
       return result;
     }
     KVDIFF_CHECK(!rec.rows.empty(), "{}: the scenario produces no logits rows; nothing to pin",
                  paths.scenario.string());
     // A golden must never pin a bug: the backend's cached rows must equal its own uncached ones.
-    for (const RecordedRow& r : rec.rows) {
-      if (r.vs_oracle && r.vs_oracle->within_tolerance) continue;
+    for (size_t k = 0; k < rec.rows.size(); ++k) {
+      const std::optional<RowComparison>& vs_oracle = oracle.rows[k];
+      if (vs_oracle && vs_oracle->within_tolerance) continue;
+      const RecordedRow& r = rec.rows[k];
       const Step& step = in.scenario.steps[r.step];
       result.status = RegenStatus::kRefused;
       result.message = fmt::format(
@@ -195,7 +198,7 @@ RegenResult RegenGoldenSet(const GoldenPaths& paths, const RegenOptions& options
           "input token {}) its cached logits differ from its uncached ForwardFull by {} at logit "
           "{} (tolerance {}); a golden must never pin a bug, so nothing was written",
           backend_name, r.step, step.ParamString(), r.row, r.conversation, r.position, r.token,
-          FormatDiff(r.vs_oracle->max_abs_diff), r.vs_oracle->max_diff_index,
+          FormatDiff(vs_oracle->max_abs_diff), vs_oracle->max_diff_index,
           FormatDiff(in.scenario.tolerance_abs));
       return result;
     }

@@ -8,16 +8,17 @@
 
 #include "format/error.h"
 #include "harness/replay/drivers.h"
+#include "harness/scenario/conversations.h"
 
 namespace kvdiff::harness {
 namespace {
 
-// A conversation as the replay follows it: where its history lives and how far it reaches.
-struct Conv {
-  int64_t history = -1;    // into Recording::histories; -1 before its first token
-  int64_t length = 0;      // positions 0..length-1 of that history are this conversation's
-  int64_t last_row = -1;   // into Recording::rows: the row of position length-1, if it has one
-  std::string stopped;     // why the conversation stopped; empty while it runs
+// What the replay keeps of a conversation beside its length (Conversations): where its history
+// lives, the row a decode chooses from, and whether it has stopped.
+struct ReplayedConversation {
+  int64_t history = -1;   // into Recording::histories; -1 before its first token
+  int64_t last_row = -1;  // into Recording::rows: the row of its last position, when it has one
+  std::string stopped;    // why the conversation stopped; empty while it runs
 };
 
 class Replayer {
@@ -26,7 +27,7 @@ class Replayer {
       : sc_(sc), backend_(backend), trace_(trace), vocab_(backend.config().vocab_size),
         driver_(MakeDriver(sc.driver, backend)) {
     rec_.backend = backend.Name();
-    convs_["main"] = Conv{};
+    replayed_["main"] = ReplayedConversation{};
   }
 
   Recording Run() {
@@ -40,17 +41,17 @@ class Replayer {
     StepRecord sr;
     sr.rows_begin = step_begin_ = rec_.rows.size();
     const std::string& source = step.op == Op::kFork ? step.from : step.conversation;
-    if (step.op != Op::kNewConversation && !convs_[source].stopped.empty()) {
+    if (step.op != Op::kNewConversation && !replayed_[source].stopped.empty()) {
       sr.status = StepStatus::kSkipped;
-      sr.message = convs_[source].stopped;
-      if (step.op == Op::kFork) convs_[step.to].stopped = sr.message;
+      sr.message = replayed_[source].stopped;
+      if (step.op == Op::kFork) replayed_[step.to].stopped = sr.message;
     } else {
       try {
         Apply(i, step);
       } catch (const std::exception& e) {
         sr.status = StepStatus::kError;
         sr.message = e.what();
-        convs_[step.conversation].stopped = fmt::format(
+        replayed_[step.conversation].stopped = fmt::format(
             "conversation \"{}\" failed at step {} ({})", step.conversation, i,
             step.ParamString());
       }
@@ -59,58 +60,72 @@ class Replayer {
     rec_.steps.push_back(std::move(sr));
   }
 
+  // The step through the driver; the lengths move on (convs_.Apply) once its calls are made, and
+  // each call's and op's length is held to what the session says.
   void Apply(int64_t i, const Step& step) {
-    Conv& conv = convs_[step.conversation];
+    ReplayedConversation& conv = replayed_[step.conversation];
+    const std::vector<ForwardCall> calls = convs_.CallsOf(step);
     call_ = 0;
     switch (step.op) {
       case Op::kNewConversation:
         driver_->NewConversation(step.name);
-        conv = Conv{};
-        CheckLength(step.conversation, conv, "a new conversation");
+        conv = ReplayedConversation{};
         break;
       case Op::kPrefill: {
-        std::vector<int64_t> chunks = step.chunks;
-        if (chunks.empty()) chunks = {static_cast<int64_t>(step.tokens.size())};
         auto begin = step.tokens.begin();
-        for (int64_t size : chunks) {
-          Append(i, step.conversation, conv, Tokens(begin, begin + size), -1);
-          begin += size;
+        for (const ForwardCall& call : calls) {
+          Append(i, call, conv, Tokens(begin, begin + call.size), -1);
+          begin += call.size;
         }
         break;
       }
       case Op::kDecode:
-        KVDIFF_CHECK(conv.last_row >= 0, "decode: no previous row to take the argmax of");
+        KVDIFF_CHECK(convs_.At(step.conversation).has_last_row,
+                     "decode: no previous row to take the argmax of");
         Greedy(rec_.rows[conv.last_row].logits.data(), vocab_, step.n, [&](Token next) {
-          Append(i, step.conversation, conv, {next}, conv.last_row);
+          Append(i, calls[call_], conv, {next}, conv.last_row);
           return rec_.rows[conv.last_row].logits.data();
         });
         break;
       case Op::kTruncate:
         driver_->Truncate(step.conversation, step.length);
-        if (conv.length != step.length) conv.last_row = -1;
-        conv.length = step.length;
-        CheckLength(step.conversation, conv, fmt::format("truncate to {}", step.length));
         break;
       case Op::kFork:
         driver_->Fork(step.from, step.to);
-        convs_[step.to] = convs_[step.from];
-        CheckLength(step.from, convs_[step.from], fmt::format("a fork to \"{}\"", step.to));
-        CheckLength(step.to, convs_[step.to], fmt::format("a fork from \"{}\"", step.from));
+        replayed_[step.to] = replayed_[step.from];
         break;
       case Op::kReset:
         driver_->Reset(step.conversation);
-        conv = Conv{};
-        CheckLength(step.conversation, conv, "reset");
+        conv = ReplayedConversation{};
         break;
+    }
+    convs_.Apply(step);
+    switch (step.op) {
+      case Op::kNewConversation:
+        CheckLength(step.conversation, "a new conversation");
+        break;
+      case Op::kTruncate:
+        CheckLength(step.conversation, fmt::format("truncate to {}", step.length));
+        break;
+      case Op::kFork:
+        CheckLength(step.from, fmt::format("a fork to \"{}\"", step.to));
+        CheckLength(step.to, fmt::format("a fork from \"{}\"", step.from));
+        break;
+      case Op::kReset:
+        CheckLength(step.conversation, "reset");
+        break;
+      case Op::kPrefill:
+      case Op::kDecode:
+        break;  // Append checked the length after each call
     }
   }
 
   // One forward call through the driver; records one row per token.
-  void Append(int64_t i, const std::string& name, Conv& conv, const Tokens& tokens,
-              int64_t chosen_by) {
+  void Append(int64_t i, const ForwardCall& call, ReplayedConversation& conv,
+              const Tokens& tokens, int64_t chosen_by) {
     ForwardTrace* trace = nullptr;
     if (trace_ && trace_->step == i && trace_->call == call_) trace = &trace_->trace;
-    const Logits logits = driver_->Append(name, tokens, trace);
+    const Logits logits = driver_->Append(call.conversation, tokens, trace);
     const auto n = static_cast<int64_t>(tokens.size());
     KVDIFF_CHECK(logits.rows() == n && logits.cols() == vocab_,
                  "backend {} returned logits [{}, {}] for {} tokens; expected [{}, {}]",
@@ -120,7 +135,7 @@ class Replayer {
       KVDIFF_CHECK(bad.empty(), "non-finite logits: backend {}, step {}, row {}, {}",
                    backend_.Name(), i, rec_.rows.size() - step_begin_ + r, bad);
     }
-    Tokens& history = HistoryFor(conv);
+    Tokens& history = HistoryFor(conv, call.first_position);
     for (int64_t r = 0; r < n; ++r) {
       history.push_back(tokens[r]);
       RecordedRow row;
@@ -128,8 +143,8 @@ class Replayer {
       row.row = static_cast<int64_t>(rec_.rows.size() - step_begin_);
       row.call = call_;
       row.row_in_call = r;
-      row.conversation = name;
-      row.position = conv.length++;
+      row.conversation = call.conversation;
+      row.position = call.first_position + r;
       row.token = tokens[r];
       row.chosen_by = r == 0 ? chosen_by : -1;
       row.history = conv.history;
@@ -137,7 +152,8 @@ class Replayer {
       rec_.rows.push_back(std::move(row));
     }
     conv.last_row = static_cast<int64_t>(rec_.rows.size()) - 1;
-    CheckLength(name, conv, fmt::format("an append of {} token{}", n, n == 1 ? "" : "s"));
+    CheckLength(call.conversation, call.first_position + n,
+                fmt::format("an append of {} token{}", n, n == 1 ? "" : "s"));
     if (trace) trace_->hit = true;
     ++call_;
   }
@@ -145,23 +161,26 @@ class Replayer {
   // The session's own account of its length must be what it was fed: a session that miscounts
   // its positions (the bug this tool exists to catch) is wrong even when its logits happen to be
   // right, and later calls it makes from that count would be.
-  void CheckLength(const std::string& name, const Conv& conv, const std::string& after) {
+  void CheckLength(const std::string& name, int64_t fed, const std::string& after) {
     const std::optional<int64_t> said = driver_->Length(name);
-    KVDIFF_CHECK(!said || *said == conv.length,
+    KVDIFF_CHECK(!said || *said == fed,
                  "backend {}, conversation \"{}\": Length() is {} after {}, but kvdiff fed it {} "
                  "positions",
-                 backend_.Name(), name, *said, after, conv.length);
+                 backend_.Name(), name, *said, after, fed);
+  }
+  void CheckLength(const std::string& name, const std::string& after) {
+    CheckLength(name, convs_.At(name).length, after);
   }
 
-  // The history this conversation appends to: its own in place while it reaches the end, else
-  // (after a fork, a truncate or a reset) a new one holding its first `length` tokens.
-  Tokens& HistoryFor(Conv& conv) {
-    if (conv.history < 0 || static_cast<int64_t>(rec_.histories[conv.history].size()) !=
-                                conv.length) {
+  // The history this conversation appends to at `length`: its own in place while it reaches the
+  // end, else (after a fork, a truncate or a reset) a new one holding its first `length` tokens.
+  Tokens& HistoryFor(ReplayedConversation& conv, int64_t length) {
+    if (conv.history < 0 ||
+        static_cast<int64_t>(rec_.histories[conv.history].size()) != length) {
       Tokens prefix;
       if (conv.history >= 0) {
         const Tokens& old = rec_.histories[conv.history];
-        prefix.assign(old.begin(), old.begin() + conv.length);
+        prefix.assign(old.begin(), old.begin() + length);
       }
       rec_.histories.push_back(std::move(prefix));
       conv.history = static_cast<int64_t>(rec_.histories.size()) - 1;
@@ -174,7 +193,8 @@ class Replayer {
   TraceRequest* trace_;
   const int64_t vocab_;
   std::unique_ptr<Driver> driver_;
-  std::map<std::string, Conv> convs_;
+  Conversations convs_;  // the lengths, moved on step by step
+  std::map<std::string, ReplayedConversation> replayed_;
   Recording rec_;
   size_t step_begin_ = 0;  // the current step's first row
   int64_t call_ = 0;       // the forward call's index within the current step
@@ -198,44 +218,6 @@ bool Recording::SameHistory(const RecordedRow& x, const Recording& other,
 
 Recording Replay(const Scenario& scenario, const Backend& backend, TraceRequest* trace) {
   return Replayer(scenario, backend, trace).Run();
-}
-
-void CheckAgainstOracle(Recording& rec, const Backend& backend, const Tolerance& tolerance) {
-  const int64_t vocab = backend.config().vocab_size;
-  std::vector<std::vector<size_t>> rows_of(rec.histories.size());
-  for (size_t k = 0; k < rec.rows.size(); ++k) rows_of[rec.rows[k].history].push_back(k);
-  for (size_t h = 0; h < rows_of.size(); ++h) {
-    if (rows_of[h].empty()) continue;
-    int64_t last = 0;
-    for (size_t k : rows_of[h]) last = std::max(last, rec.rows[k].position);
-    std::string failure;
-    try {
-      const Tokens prefix(rec.histories[h].begin(), rec.histories[h].begin() + last + 1);
-      const Logits full = backend.ForwardFull(prefix);  // (last + 1, vocab)
-      KVDIFF_CHECK(full.rows() == last + 1 && full.cols() == vocab,
-                   "backend {} ForwardFull returned [{}, {}]; expected [{}, {}]", backend.Name(),
-                   full.rows(), full.cols(), last + 1, vocab);
-      for (size_t k : rows_of[h]) {
-        RecordedRow& row = rec.rows[k];
-        const float* oracle = full.row(row.position).data();
-        const std::string bad = DescribeNonFinite(oracle, vocab);
-        KVDIFF_CHECK(bad.empty(), "non-finite logits: backend {} ForwardFull, position {}, {}",
-                     backend.Name(), row.position, bad);
-        row.vs_oracle = CompareRows(row.logits.data(), oracle, vocab, tolerance);
-      }
-    } catch (const std::exception& e) {
-      failure = fmt::format("the oracle ForwardFull failed: {}", e.what());
-    }
-    if (failure.empty()) continue;
-    for (size_t k : rows_of[h]) {
-      rec.rows[k].vs_oracle.reset();
-      StepRecord& sr = rec.steps[rec.rows[k].step];
-      if (sr.status == StepStatus::kDone) {
-        sr.status = StepStatus::kError;
-        sr.message = failure;
-      }
-    }
-  }
 }
 
 Token GreedyNext(const float* row, int64_t vocab) {

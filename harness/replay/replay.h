@@ -1,6 +1,7 @@
 // The one replay: a scenario's steps on one backend, through the scenario's driver, every logits
 // row kept. `run`, `check`, `golden regen/verify`, `repro` and `--localize` all replay this way;
-// the oracle check and the cross-backend comparison are passes over recordings.
+// the oracle check (oracle_check.h) and the cross-backend comparison are passes over recordings,
+// which read them and leave them as replayed.
 //
 // After an error a scenario goes on as a program would: the step that threw stops its
 // conversation (later steps on it, and forks of it, are skipped and say why), and the other
@@ -29,12 +30,11 @@ struct RecordedRow {
   int64_t chosen_by = -1;  // decode rows: the index (into Recording::rows) of the row whose
                            // argmax chose `token`; -1 when the scenario gave it
   int64_t history = 0;     // Recording::histories[history][0..position] is this row's history
-  std::vector<float> logits;              // (vocab)
-  std::optional<RowComparison> vs_oracle;  // set by CheckAgainstOracle
+  std::vector<float> logits;  // (vocab)
 };
 
 enum class StepStatus {
-  kDone,     // ran (its rows may still disagree with the oracle)
+  kDone,     // ran (its rows may still disagree with the oracle, or the oracle fail on them)
   kError,    // the backend threw, or returned a wrong shape or non-finite logits
   kSkipped,  // its conversation had stopped at an earlier error
 };
@@ -69,12 +69,6 @@ struct TraceRequest {
 // The scenario must be prepared and validated (PrepareScenario). InputError when its driver does
 // not apply to the backend; every other failure is recorded in the steps.
 Recording Replay(const Scenario& scenario, const Backend& backend, TraceRequest* trace = nullptr);
-
-// The oracle: ForwardFull is causal (row p depends on tokens 0..p only), so one ForwardFull over
-// a history checks every recorded row of it. It runs once per history, not once per step, so a
-// case costs O(length) oracle tokens. Sets vs_oracle on every row of a history it could compute;
-// a ForwardFull that fails makes the steps of that history's rows errors.
-void CheckAgainstOracle(Recording& recording, const Backend& backend, const Tolerance& tolerance);
 
 // The greedy choice: the first maximum of the row (torch.argmax, llama2.c). A row with a NaN or
 // inf logit has no greedy choice: InputError saying what is wrong.

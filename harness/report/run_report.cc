@@ -49,7 +49,7 @@ std::string DivergenceText(const Divergence& d) {
   // In a decode step, row r's input was chosen by the row before it, and its own argmax chooses
   // generated token r + 2 of the step (counting the token the previous row chose as 1).
   const std::string which =
-      d.params.rfind("decode(", 0) == 0
+      d.op == Op::kDecode
           ? fmt::format("row {} of the step: the row that chooses generated token {}", d.row.row,
                         d.row.row + 2)
           : fmt::format("row {} of the step", d.row.row);
@@ -334,14 +334,14 @@ json ReportToJson(const RunReport& r) {
                         {"comparison", ComparisonToJson(row.cmp)}});
       }
       json oj = {{"path", o.path},
-                 {"kind", o.kind},
+                 {"kind", PathKindName(o.kind)},
                  {"a", o.a},
                  {"b", o.b},
                  {"status", PathStatusName(o.status)},
                  {"max_abs_diff", Number(o.max_abs_diff)},
                  {"rows", rows}};
       if (!o.message.empty()) oj["message"] = o.message;
-      if (o.kind == "cross") oj["rows_not_compared"] = o.rows_not_compared;
+      if (o.kind == PathKind::kCross) oj["rows_not_compared"] = o.rows_not_compared;
       outcomes.push_back(oj);
     }
     steps.push_back({{"index", s.index},
@@ -385,7 +385,7 @@ json ReportToJson(const RunReport& r) {
     j["first_divergence"] = {{"step", d.step},
                              {"params", d.params},
                              {"path", d.path},
-                             {"kind", d.kind},
+                             {"kind", PathKindName(d.kind)},
                              {"a", d.a},
                              {"b", d.b},
                              {"row", d.row.row},

@@ -17,6 +17,8 @@
 #include "harness/backend/registry.h"
 #include "harness/compare/tolerance_profile.h"
 #include "harness/replay/drivers.h"
+#include "harness/replay/oracle_check.h"
+#include "harness/scenario/conversations.h"
 
 namespace kvdiff::harness {
 namespace {
@@ -88,7 +90,7 @@ Localization Localize(const Scenario& sc, const Divergence& div, double toleranc
     const RecordedRow* ra =
         TraceCall(sc, *backends[div.a_index], recs[div.a_index], div.step, div.row.row, ta);
     if (!ra) return not_replayed;
-    if (div.kind == "oracle") {
+    if (div.kind == PathKind::kOracle) {
       ForwardTrace full;
       const Tokens& history = recs[div.a_index].histories[ra->history];
       const Tokens prefix(history.begin(), history.begin() + ra->position + 1);
@@ -107,34 +109,31 @@ Localization Localize(const Scenario& sc, const Divergence& div, double toleranc
 }
 
 // A step's column for one backend against its own ForwardFull.
-PathOutcome OracleOutcome(const Backend& backend, const Recording& rec, size_t step) {
+PathOutcome OracleOutcome(const Backend& backend, const Recording& rec, const OracleCheck& oracle,
+                          size_t step) {
   const StepRecord& sr = rec.steps[step];
   PathOutcome o;
   o.path = backend.Name();
-  o.kind = "oracle";
+  o.kind = PathKind::kOracle;
   o.a = o.path;
   o.b = o.path + " ForwardFull";
   o.message = sr.message;
   bool all_within = true;
   for (size_t k = sr.rows_begin; k < sr.rows_end; ++k) {
-    const RecordedRow& row = rec.rows[k];
-    if (!row.vs_oracle) continue;
-    o.rows.push_back(ToCompared(row, *row.vs_oracle));
-    o.max_abs_diff = std::max(o.max_abs_diff, row.vs_oracle->max_abs_diff);
-    all_within = all_within && row.vs_oracle->within_tolerance;
+    if (!oracle.rows[k]) continue;
+    o.rows.push_back(ToCompared(rec.rows[k], *oracle.rows[k]));
+    o.max_abs_diff = std::max(o.max_abs_diff, oracle.rows[k]->max_abs_diff);
+    all_within = all_within && oracle.rows[k]->within_tolerance;
   }
-  switch (sr.status) {
-    case StepStatus::kError:
-      o.status = PathStatus::kError;
-      break;
-    case StepStatus::kSkipped:
-      o.status = PathStatus::kSkipped;
-      break;
-    case StepStatus::kDone:
-      o.status = sr.rows_end == sr.rows_begin ? PathStatus::kNoRows
-                 : all_within                 ? PathStatus::kPass
-                                              : PathStatus::kFail;
-      break;
+  if (const std::optional<std::string> error = oracle.StepError(rec, step)) {
+    o.status = PathStatus::kError;
+    o.message = *error;
+  } else if (sr.status == StepStatus::kSkipped) {
+    o.status = PathStatus::kSkipped;
+  } else {
+    o.status = sr.rows_end == sr.rows_begin ? PathStatus::kNoRows
+               : all_within                 ? PathStatus::kPass
+                                            : PathStatus::kFail;
   }
   return o;
 }
@@ -149,7 +148,7 @@ PathOutcome CrossOutcome(const Backend& bx, const Recording& rx, const Backend& 
   o.a = bx.Name();
   o.b = by.Name();
   o.path = o.a + "~" + o.b;
-  o.kind = "cross";
+  o.kind = PathKind::kCross;
   std::map<int64_t, const RecordedRow*> ys;
   for (size_t k = sy.rows_begin; k < sy.rows_end; ++k) ys[ry.rows[k].row] = &ry.rows[k];
   const bool any_row = sx.rows_end > sx.rows_begin || sy.rows_end > sy.rows_begin;
@@ -194,7 +193,7 @@ std::string GateBasis(const ComparedRow& r, const PathOutcome& o, const Scenario
   if (sc.tolerance_rel > 0 && c.gate > sc.tolerance_abs) {
     return fmt::format("{} x max |logit| {}", FormatDiff(sc.tolerance_rel), FormatDiff(c.scale));
   }
-  if (o.kind == "cross" && options.rope_f32_per_position > 0 &&
+  if (o.kind == PathKind::kCross && options.rope_f32_per_position > 0 &&
       CrossTolerance(sc.tolerance_abs, options.rope_f32_per_position, backends[o.a_index]->Info(),
                      backends[o.b_index]->Info(), r.position) > sc.tolerance_abs) {
     return fmt::format("tolerance {} + rope-f32 allowance {} x {}", FormatDiff(sc.tolerance_abs),
@@ -217,7 +216,52 @@ WorstRow WorstRowOf(const ComparedRow& r, const PathOutcome& o, int64_t step, co
   return w;
 }
 
+// The tokens of step i's text or chat prompt, encoded with the model's tokenizer (loaded into
+// `tokenizer` at the first prompt): with BOS when the prompt starts its conversation (as llama2.c
+// starts a prompt), without it when the text continues one.
+Tokens EncodePrompt(const Scenario& scenario, size_t i, bool starts_conversation,
+                    const format::ModelWeights& weights,
+                    std::optional<format::Tokenizer>& tokenizer) {
+  const Step& s = scenario.steps[i];
+  const char* field = s.text ? "text" : "messages";
+  if (!tokenizer) {
+    KVDIFF_CHECK(!scenario.model.preset && !scenario.model.config,
+                 "steps[{}].{}: text prompts need a tokenizer, and a {} model has "
+                 "none; give \"tokens\" or a model directory with {} or {}",
+                 i, field, scenario.model.preset ? "preset" : "random (inline config)",
+                 format::kHfTokenizerFileName, format::kTokenizerFileName);
+    tokenizer = LoadTokenizerFor(scenario.model, weights.config.vocab_size);
+    KVDIFF_CHECK(!scenario.model.llama2c || tokenizer,
+                 "steps[{}].{}: text prompts need a tokenizer; add \"tokenizer\": "
+                 "\"FILE.bin\" to model.llama2c, or give \"tokens\" instead",
+                 i, field);
+    KVDIFF_CHECK(tokenizer,
+                 "steps[{}].{}: the model directory {} has no tokenizer ({} or {}); "
+                 "give \"tokens\" instead",
+                 i, field, scenario.model.path ? scenario.model.path->string() : "?",
+                 format::kHfTokenizerFileName, format::kTokenizerFileName);
+  }
+  Tokens tokens;
+  if (s.text) {
+    tokens = tokenizer->Encode(*s.text, starts_conversation);
+  } else {
+    // The template writes BOS itself (apply_chat_template(add_generation_prompt=True)).
+    KVDIFF_CHECK(scenario.model.path.has_value(),
+                 "steps[{}].messages: chat messages need a model directory with a chat "
+                 "template (tokenizer_config.json); give \"text\" or \"tokens\" instead",
+                 i);
+    tokens = format::EncodeChat(*scenario.model.path, *tokenizer, *s.messages,
+                                /*add_generation_prompt=*/true);
+  }
+  KVDIFF_CHECK(!tokens.empty(), "steps[{}].{}: encodes to no tokens", i, field);
+  return tokens;
+}
+
 }  // namespace
+
+std::string PathKindName(PathKind kind) {
+  return kind == PathKind::kOracle ? "oracle" : "cross";
+}
 
 std::string PathStatusName(PathStatus status) {
   switch (status) {
@@ -357,65 +401,17 @@ std::vector<std::string> PlanBackends(const std::vector<std::string>& requested,
 }
 
 void PrepareScenario(Scenario& scenario, const format::ModelWeights& weights) {
-  // Text prompts: encoded with the model directory's tokenizer, with BOS when the conversation is
-  // empty at that step (as llama2.c starts a prompt), without it when the text continues one.
-  std::optional<format::Tokenizer> tokenizer;
-  std::map<std::string, bool> empty = {{"main", true}};
+  std::optional<format::Tokenizer> tokenizer;  // loaded at the first text prompt
+  Conversations convs;
   for (size_t i = 0; i < scenario.steps.size(); ++i) {
     Step& s = scenario.steps[i];
-    switch (s.op) {
-      case Op::kNewConversation:
-        empty[s.name] = true;
-        break;
-      case Op::kFork:
-        empty[s.to] = empty[s.from];
-        break;
-      case Op::kReset:
-        empty[s.conversation] = true;
-        break;
-      case Op::kTruncate:
-        if (s.length == 0) empty[s.conversation] = true;
-        break;
-      case Op::kDecode:
-        empty[s.conversation] = false;
-        break;
-      case Op::kPrefill:
-        if ((s.text || s.messages) && s.tokens.empty()) {
-          const char* field = s.text ? "text" : "messages";
-          if (!tokenizer) {
-            KVDIFF_CHECK(!scenario.model.preset && !scenario.model.config,
-                         "steps[{}].{}: text prompts need a tokenizer, and a {} model has "
-                         "none; give \"tokens\" or a model directory with {} or {}",
-                         i, field, scenario.model.preset ? "preset" : "random (inline config)",
-                         format::kHfTokenizerFileName, format::kTokenizerFileName);
-            tokenizer = LoadTokenizerFor(scenario.model, weights.config.vocab_size);
-            KVDIFF_CHECK(!scenario.model.llama2c || tokenizer,
-                         "steps[{}].{}: text prompts need a tokenizer; add \"tokenizer\": "
-                         "\"FILE.bin\" to model.llama2c, or give \"tokens\" instead",
-                         i, field);
-            KVDIFF_CHECK(tokenizer,
-                         "steps[{}].{}: the model directory {} has no tokenizer ({} or {}); "
-                         "give \"tokens\" instead",
-                         i, field, scenario.model.path ? scenario.model.path->string() : "?",
-                         format::kHfTokenizerFileName, format::kTokenizerFileName);
-          }
-          if (s.text) {
-            s.tokens = tokenizer->Encode(
-                *s.text, empty.count(s.conversation) ? empty[s.conversation] : true);
-          } else {
-            // The template writes BOS itself (apply_chat_template(add_generation_prompt=True)).
-            KVDIFF_CHECK(scenario.model.path.has_value(),
-                         "steps[{}].messages: chat messages need a model directory with a chat "
-                         "template (tokenizer_config.json); give \"text\" or \"tokens\" instead",
-                         i);
-            s.tokens = format::EncodeChat(*scenario.model.path, *tokenizer, *s.messages,
-                                          /*add_generation_prompt=*/true);
-          }
-          KVDIFF_CHECK(!s.tokens.empty(), "steps[{}].{}: encodes to no tokens", i, field);
-        }
-        empty[s.conversation] = false;
-        break;
+    if (s.op == Op::kPrefill && (s.text || s.messages) && s.tokens.empty()) {
+      // A conversation not created yet is refused by the validation below, after every prompt.
+      const bool starts_conversation =
+          !convs.Exists(s.conversation) || convs.At(s.conversation).length == 0;
+      s.tokens = EncodePrompt(scenario, i, starts_conversation, weights, tokenizer);
     }
+    convs.Apply(s);
   }
   ValidateScenario(scenario, weights.config);
 }
@@ -438,16 +434,17 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
   std::vector<bool> profiled;  // held to a tolerance profile: its paths' distributions are reported
   for (const Backend* b : backends) profiled.push_back(ProfileFor(b->Info().cache_dtype) != nullptr);
   std::vector<Recording> recs;
+  std::vector<OracleCheck> oracles;  // each backend's rows against its own ForwardFull
   for (const Backend* b : backends) {
     recs.push_back(Replay(sc, *b));
-    CheckAgainstOracle(recs.back(), *b, sc.tolerance());
+    oracles.push_back(CheckAgainstOracle(recs.back(), *b, sc.tolerance()));
   }
   for (size_t i = 0; i < sc.steps.size(); ++i) {
     StepReport step_report;
     step_report.index = static_cast<int64_t>(i);
     step_report.step = sc.steps[i];
     for (size_t b = 0; b < backends.size(); ++b) {
-      step_report.outcomes.push_back(OracleOutcome(*backends[b], recs[b], i));
+      step_report.outcomes.push_back(OracleOutcome(*backends[b], recs[b], oracles[b], i));
       step_report.outcomes.back().a_index = step_report.outcomes.back().b_index = b;
     }
     for (size_t x = 0; x < backends.size(); ++x) {
@@ -481,8 +478,8 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
           if (r.cmp.within_tolerance) continue;
           if (!report.first_divergence || r.row < report.first_divergence->row.row) {
             report.first_divergence =
-                Divergence{step_report.index, sc.steps[i].ParamString(), o.path, o.kind, o.a, o.b,
-                           o.a_index, o.b_index, r};
+                Divergence{step_report.index, sc.steps[i].op, sc.steps[i].ParamString(), o.kind,
+                           o.path, o.a, o.b, o.a_index, o.b_index, r};
           }
           break;
         }
@@ -490,12 +487,11 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
     }
     if (!report.first_error) {
       for (size_t b = 0; b < backends.size(); ++b) {
-        if (recs[b].steps[i].status == StepStatus::kError) {
-          report.first_error =
-              BackendFailure{step_report.index, sc.steps[i].ParamString(), backends[b]->Name(),
-                             sc.steps[i].conversation, recs[b].steps[i].message};
-          break;
-        }
+        const std::optional<std::string> error = oracles[b].StepError(recs[b], i);
+        if (!error) continue;
+        report.first_error = BackendFailure{step_report.index, sc.steps[i].ParamString(),
+                                            backends[b]->Name(), sc.steps[i].conversation, *error};
+        break;
       }
     }
     report.steps.push_back(std::move(step_report));

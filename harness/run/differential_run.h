@@ -39,11 +39,15 @@ struct ComparedRow {
   RowComparison cmp;
 };
 
-// One column of a step: a backend against its own ForwardFull ("oracle": path "impl"), or two
-// backends against each other ("cross": path "impl~ref", a = impl, b = ref).
+// What a column compares: a backend against its own ForwardFull, or two backends.
+enum class PathKind { kOracle, kCross };
+std::string PathKindName(PathKind kind);  // "oracle", "cross" (as the JSON report writes them)
+
+// One column of a step: a backend against its own ForwardFull (kOracle: path "impl"), or two
+// backends against each other (kCross: path "impl~ref", a = impl, b = ref).
 struct PathOutcome {
   std::string path;
-  std::string kind;  // "oracle" or "cross"
+  PathKind kind = PathKind::kOracle;
   std::string a, b;  // what was compared: "impl" vs "impl ForwardFull", or "impl" vs "ref"
   PathStatus status = PathStatus::kNoRows;
   std::string message;
@@ -63,8 +67,10 @@ struct StepReport {
 
 struct Divergence {
   int64_t step = 0;
+  Op op = Op::kPrefill;  // the step's
   std::string params;
-  std::string path, kind, a, b;
+  PathKind kind = PathKind::kOracle;
+  std::string path, a, b;
   size_t a_index = 0, b_index = 0;  // into RunReport::backends
   ComparedRow row;
 };

@@ -12,6 +12,7 @@
 
 #include "format/error.h"
 #include "harness/backend/registry.h"
+#include "harness/scenario/conversations.h"
 #include "harness/scenario/shape_params.h"
 
 namespace kvdiff::harness {
@@ -543,30 +544,24 @@ Scenario LoadScenario(const std::filesystem::path& file) {
 }
 
 void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& config) {
-  struct Conv {
-    int64_t length = 0;
-    bool has_last_row = false;  // a decode needs the logits of the last position
-  };
-  std::map<std::string, Conv> convs = {{"main", {}}};
+  Conversations convs;
   const int64_t max_len = config.max_position_embeddings;
-  auto find = [&](const std::string& name, size_t i, const char* field) -> Conv& {
-    auto it = convs.find(name);
-    KVDIFF_CHECK(it != convs.end(),
+  auto find = [&](const std::string& name, size_t i, const char* field) -> ConversationState {
+    KVDIFF_CHECK(convs.Exists(name),
                  "steps[{}].{}: no conversation named \"{}\" (create it first with "
                  "new_conversation or fork)",
                  i, field, name);
-    return it->second;
+    return convs.At(name);
   };
   for (size_t i = 0; i < scenario.steps.size(); ++i) {
     const Step& s = scenario.steps[i];
     switch (s.op) {
       case Op::kNewConversation:
-        KVDIFF_CHECK(!convs.count(s.name), "steps[{}].name: conversation \"{}\" already exists", i,
-                     s.name);
-        convs[s.name] = Conv{};
+        KVDIFF_CHECK(!convs.Exists(s.name), "steps[{}].name: conversation \"{}\" already exists",
+                     i, s.name);
         break;
       case Op::kPrefill: {
-        Conv& c = find(s.conversation, i, "conversation");
+        const ConversationState c = find(s.conversation, i, "conversation");
         KVDIFF_CHECK(!s.tokens.empty(), "steps[{}].text: the text was not tokenized", i);
         if (!s.chunks.empty()) {
           int64_t sum = 0;
@@ -580,16 +575,15 @@ void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& confi
                        "steps[{}].tokens[{}]: token id {} is outside the vocabulary [0, {})", i, t,
                        s.tokens[t], config.vocab_size);
         }
-        c.length += static_cast<int64_t>(s.tokens.size());
-        KVDIFF_CHECK(c.length <= max_len,
+        const int64_t reached = c.length + static_cast<int64_t>(s.tokens.size());
+        KVDIFF_CHECK(reached <= max_len,
                      "steps[{}]: conversation \"{}\" would reach {} positions, beyond the model's "
                      "max_position_embeddings {}",
-                     i, s.conversation, c.length, max_len);
-        c.has_last_row = true;
+                     i, s.conversation, reached, max_len);
         break;
       }
       case Op::kDecode: {
-        Conv& c = find(s.conversation, i, "conversation");
+        const ConversationState c = find(s.conversation, i, "conversation");
         KVDIFF_CHECK(c.has_last_row,
                      "steps[{}]: decode on conversation \"{}\" has no previous row to take the "
                      "argmax of (decode must follow a prefill or decode; a truncate, reset or new "
@@ -600,32 +594,26 @@ void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& confi
                      "steps[{}].n: conversation \"{}\" would reach {} + {} positions, beyond the "
                      "model's max_position_embeddings {}",
                      i, s.conversation, c.length, s.n, max_len);
-        c.length += s.n;
         break;
       }
       case Op::kTruncate: {
-        Conv& c = find(s.conversation, i, "conversation");
+        const ConversationState c = find(s.conversation, i, "conversation");
         KVDIFF_CHECK(s.length <= c.length,
                      "steps[{}].length: cannot truncate conversation \"{}\" to {}: it has {} "
                      "positions",
                      i, s.conversation, s.length, c.length);
-        if (s.length != c.length) c.has_last_row = false;
-        c.length = s.length;
         break;
       }
-      case Op::kFork: {
-        Conv src = find(s.from, i, "from");
-        KVDIFF_CHECK(!convs.count(s.to), "steps[{}].to: conversation \"{}\" already exists", i,
+      case Op::kFork:
+        find(s.from, i, "from");
+        KVDIFF_CHECK(!convs.Exists(s.to), "steps[{}].to: conversation \"{}\" already exists", i,
                      s.to);
-        convs[s.to] = src;
         break;
-      }
-      case Op::kReset: {
-        Conv& c = find(s.conversation, i, "conversation");
-        c = Conv{};
+      case Op::kReset:
+        find(s.conversation, i, "conversation");
         break;
-      }
     }
+    convs.Apply(s);
   }
 }
 

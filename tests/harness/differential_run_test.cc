@@ -99,7 +99,7 @@ TEST_F(RunnerTest, Pos0DivergesAtTheRowThatChoosesTheSecondGeneratedToken) {
   EXPECT_EQ(d.step, 1);
   EXPECT_EQ(d.row.row, 0);
   EXPECT_EQ(d.row.position, 5);
-  EXPECT_EQ(d.kind, "oracle");
+  EXPECT_EQ(d.kind, PathKind::kOracle);
   // Its input is the first generated token (the prompt's last row's argmax), and the row picks
   // the second.
   EXPECT_EQ(d.row.token, r.steps[0].outcomes[0].rows[4].cmp.argmax_a);

@@ -1,0 +1,45 @@
+// The oracle pass: every recorded row held to an uncached ForwardFull over its history. It returns
+// its own table and leaves the recording as replayed. It is a comparison, but it reads a
+// Recording, which replay/ defines; in compare/, which replay/ links (the greedy choice and the
+// NaN/inf check are built on the row comparison), it would make a cycle, so it lives here.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/backend/backend.h"
+#include "harness/compare/compare.h"
+#include "harness/replay/replay.h"
+
+namespace kvdiff::harness {
+
+struct OracleCheck {
+  // Parallel to Recording::rows: the row against the oracle's row of the same history and
+  // position; nullopt when the ForwardFull of that history failed.
+  std::vector<std::optional<RowComparison>> rows;
+  // Parallel to Recording::steps: why rows of a step that ran could not be checked ("the oracle
+  // ForwardFull failed: ..."); empty for every other step.
+  std::vector<std::string> failures;
+
+  // What failed step i: the replay's error, else the oracle's; nullopt when neither did.
+  std::optional<std::string> StepError(const Recording& recording, size_t i) const;
+  // The first step that failed in the replay or in this check, if any.
+  std::optional<size_t> FirstError(const Recording& recording) const;
+};
+
+// The gate of a row at a position; a run's own oracle pass uses the run's tolerance throughout.
+using GateAt = std::function<Tolerance(int64_t position)>;
+
+// ForwardFull is causal (row p depends on tokens 0..p only), so one ForwardFull over a history
+// checks every recorded row of it. It runs once per history, not once per step, so a case costs
+// O(length) oracle tokens. `oracle` is the recording's own backend for a run; conform holds an
+// engine to another one.
+OracleCheck CheckAgainstOracle(const Recording& recording, const Backend& oracle,
+                               const Tolerance& tolerance);
+OracleCheck CheckAgainstOracle(const Recording& recording, const Backend& oracle,
+                               const GateAt& gate);
+
+}  // namespace kvdiff::harness

@@ -1,0 +1,74 @@
+#include "harness/scenario/conversations.h"
+
+#include <stdexcept>
+
+namespace kvdiff::harness {
+
+Conversations::Conversations() { Get("main"); }
+
+bool Conversations::Exists(const std::string& name) const { return states_.count(name) > 0; }
+
+const ConversationState& Conversations::At(const std::string& name) const {
+  auto it = states_.find(name);
+  if (it == states_.end()) throw std::logic_error("Conversations::At: no conversation " + name);
+  return it->second;
+}
+
+std::vector<ForwardCall> Conversations::CallsOf(const Step& step) const {
+  std::vector<ForwardCall> calls;
+  auto it = states_.find(step.conversation);
+  int64_t position = it == states_.end() ? 0 : it->second.length;
+  if (step.op == Op::kPrefill) {
+    std::vector<int64_t> chunks = step.chunks;
+    if (chunks.empty()) chunks = {static_cast<int64_t>(step.tokens.size())};
+    for (int64_t size : chunks) {
+      calls.push_back({step.conversation, position, size});
+      position += size;
+    }
+  } else if (step.op == Op::kDecode) {
+    for (int64_t k = 0; k < step.n; ++k) calls.push_back({step.conversation, position++, 1});
+  }
+  return calls;
+}
+
+void Conversations::Apply(const Step& step) {
+  switch (step.op) {
+    case Op::kNewConversation:
+      Get(step.name) = ConversationState{};
+      break;
+    case Op::kPrefill: {
+      ConversationState& c = Get(step.conversation);
+      c.length += static_cast<int64_t>(step.tokens.size());
+      c.has_last_row = true;
+      break;
+    }
+    case Op::kDecode: {
+      ConversationState& c = Get(step.conversation);
+      c.length += step.n;
+      c.has_last_row = c.has_last_row || step.n > 0;
+      break;
+    }
+    case Op::kTruncate: {
+      ConversationState& c = Get(step.conversation);
+      if (step.length != c.length) c.has_last_row = false;  // the row of length-1 is gone
+      c.length = step.length;
+      break;
+    }
+    case Op::kFork: {
+      const ConversationState from = Get(step.from);
+      Get(step.to) = from;
+      break;
+    }
+    case Op::kReset:
+      Get(step.conversation) = ConversationState{};
+      break;
+  }
+}
+
+ConversationState& Conversations::Get(const std::string& name) {
+  auto [it, created] = states_.try_emplace(name);
+  if (created) names_.push_back(name);
+  return it->second;
+}
+
+}  // namespace kvdiff::harness
