@@ -257,7 +257,7 @@ void RunFigures(const BenchArgs& args, const bench::ModelSource& source,
     out["impl_decode_fraction_of_limit"] = nullptr;
   }
   for (const auto& [name, f] : figures) {
-    if (name.rfind("ref", 0) != 0) continue;  // only the reference's GEMMs run in a BLAS
+    if (!harness::BackendRegistry::Global().Info(name).gemms_in_blas) continue;
     for (const std::string& path : f.blas_libraries) {
       if (path.find("libblas.so") == std::string::npos && path.find("mkl") == std::string::npos) {
         continue;  // libopenblas.so.0 behind libblas.so.3, or liblapack: the BLAS is named below

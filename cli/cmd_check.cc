@@ -183,7 +183,7 @@ harness::DemandingPart PlanDemandingPart(const CheckArgs& args, const harness::M
                                   "demanding as its scale)"
                                 : "a model directory or checkpoint is taken as it is (kvdiff "
                                   "cannot rescale its weights; use a preset)";
-  } else if (!harness::BackendRegistry::Global().Has("ref64")) {
+  } else if (!harness::BackendRegistry::Global().HasArbiter()) {
     part.skipped = "this build has no float64 backend to compare with (ref64 needs LibTorch)";
   }
   if (!part.skipped.empty()) return part;

@@ -110,6 +110,7 @@ void RegisterReferenceBackends(BackendRegistry& registry) {
     info.raw_call = RawCall::kPositionFromCache;
     info.in_default_set = v.in_default_set;
     info.rope_angles = v.rope_angles;
+    info.gemms_in_blas = true;
     if (v.precision == ref::Precision::kFloat32) {
       // Measured: on tiny with --scale demanding, ref's logits are all 0 (ref64's reach 3e3).
       info.overflows_on_demanding_models =
