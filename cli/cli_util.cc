@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
+#include <filesystem>
 #include <sstream>
 
 #include "format/error.h"
@@ -91,6 +92,73 @@ void AddIsolateFlag(CLI::App* cmd, harness::BackendOptions& options) {
                   "Seconds one isolated engine call (opening it too) may take before it is killed")
       ->default_val(600)
       ->check(CLI::Range(0.001, 86400.0));
+}
+
+void AddModelFlags(CLI::App* cmd, const ModelFlagsSpelling& spelling, ModelFlags& flags) {
+  flags.rules = spelling.rules;
+  CLI::Option* model = cmd->add_option("--model", flags.model, spelling.model_help);
+  const bool one_source = spelling.rules == ModelFlagRules::kOneSource;
+  if (one_source) {
+    CLI::Option* llama2c =
+        cmd->add_option("--llama2c", flags.llama2c,
+                        "A llama2.c checkpoint (e.g. stories260K.bin), converted in memory");
+    cmd->add_option("--tokenizer", flags.tokenizer,
+                    "The llama2.c checkpoint's tokenizer.bin (e.g. tok512.bin), for text prompts")
+        ->needs(llama2c);
+  }
+  CLI::Option* preset = flags.preset_option =
+      cmd->add_option("--preset", flags.preset, spelling.preset_help);
+  // Where --model and --preset may not meet, the parser says so and --help shows it; check and
+  // conform refuse the pair after parsing, in a message that names --model-seed too.
+  if (spelling.rules != ModelFlagRules::kPresetUnlessModel) preset->excludes(model);
+  flags.seed_option = cmd->add_option(spelling.seed_flag, flags.seed,
+                                      "Seed of the preset's random weights")
+                          ->default_val(spelling.seed_default);
+  if (one_source) flags.seed_option->needs(preset);
+}
+
+ModelFlagsSpelling PresetUnlessModelSpelling() {
+  return {ModelFlagRules::kPresetUnlessModel, "Model directory (default: the tiny preset, seed 7)",
+          "Random model preset (tiny, smollm2-135m)", "--model-seed", 7};
+}
+
+bool ModelFlags::SeedGiven() const { return seed_option && seed_option->count() > 0; }
+
+harness::ModelSpec ModelFlags::Spec() const {
+  harness::ModelSpec spec;
+  switch (rules) {
+    case ModelFlagRules::kPresetUnlessModel:
+      KVDIFF_CHECK(model.empty() || (preset.empty() && !SeedGiven()),
+                   "--model cannot be combined with --preset/--model-seed (a model directory has "
+                   "its own weights)");
+      if (!model.empty()) {
+        spec.path = std::filesystem::absolute(model).lexically_normal();
+      } else {
+        spec.preset = preset.empty() ? "tiny" : preset;
+        spec.seed = seed;
+      }
+      return spec;
+    case ModelFlagRules::kOneSource: {
+      const int sources = !model.empty() + !llama2c.empty() + !preset.empty();
+      KVDIFF_CHECK(sources == 1,
+                   "repro: give one of --model DIR, --llama2c FILE.bin or --preset NAME (with "
+                   "--seed), not {}",
+                   sources == 0 ? "neither" : "several");
+      break;
+    }
+    case ModelFlagRules::kModelOrPreset:
+      break;
+  }
+  if (!model.empty()) {
+    spec.path = model;
+  } else if (!llama2c.empty()) {
+    spec.llama2c = harness::Llama2cSpec{llama2c, std::nullopt};
+    if (!tokenizer.empty()) spec.llama2c->tokenizer = tokenizer;
+  } else if (preset_option->count() > 0) {  // bench: an empty --preset is an unknown preset
+    spec.preset = preset;
+    spec.seed = seed;
+  }
+  return spec;
 }
 
 std::string BackendsHelp(const std::string& defaults_note) {

@@ -9,10 +9,12 @@
 #include "format/model_files.h"
 #include "format/tensor.h"
 #include "harness/backend/backend.h"
+#include "harness/scenario/scenario.h"
 
 namespace CLI {
 class App;
-}
+class Option;
+}  // namespace CLI
 
 namespace kvdiff::cli {
 
@@ -42,6 +44,45 @@ inline harness::BackendOptions WithThreads(harness::BackendOptions options, int 
   options.threads = threads;
   return options;
 }
+
+// The flags naming the model a command runs on (--model DIR, --preset NAME and its seed, repro's
+// --llama2c FILE), declared here once with the ModelSpec they make. The commands grew them with
+// different defaults and rules, which their --help and the bad-input catalogue document, so each
+// command says which rules it keeps (ModelFlagRules) and how it words the flags.
+enum class ModelFlagRules {
+  // check, conform: --model DIR, else --preset (default tiny) and --model-seed; --model with
+  // either is refused after parsing. The directory is made absolute: the scenario files of failing
+  // cases are written elsewhere and must still find it.
+  kPresetUnlessModel,
+  // repro: exactly one of --model DIR, --llama2c FILE [--tokenizer FILE], --preset NAME [--seed].
+  kOneSource,
+  // bench: --model DIR, else --preset (absent: the bench's own default) with --seed.
+  kModelOrPreset,
+};
+struct ModelFlagsSpelling {
+  ModelFlagRules rules;
+  std::string model_help;
+  std::string preset_help;
+  std::string seed_flag;  // "--model-seed" where --seed seeds the campaign (check, conform)
+  uint64_t seed_default = 0;
+};
+struct ModelFlags {
+  ModelFlagRules rules = ModelFlagRules::kPresetUnlessModel;
+  std::string model;              // --model
+  std::string preset;             // --preset
+  std::string llama2c, tokenizer;  // kOneSource: a llama2.c checkpoint and its tokenizer.bin
+  uint64_t seed = 0;              // the preset's random weights
+  CLI::Option* preset_option = nullptr;
+  CLI::Option* seed_option = nullptr;
+
+  bool SeedGiven() const;
+  // The model the flags name; InputError, in the command's words, when they name it twice or, for
+  // kOneSource, not at all. kModelOrPreset with neither: a spec with no source.
+  harness::ModelSpec Spec() const;
+};
+void AddModelFlags(CLI::App* cmd, const ModelFlagsSpelling& spelling, ModelFlags& flags);
+// check's and conform's: kPresetUnlessModel, worded alike.
+ModelFlagsSpelling PresetUnlessModelSpelling();
 
 // "Comma-separated backends: impl (Eigen, float32, ...), ref (...)" from the registry.
 std::string BackendsHelp(const std::string& defaults_note);

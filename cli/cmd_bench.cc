@@ -8,13 +8,13 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "bench/bench.h"
+#include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "format/error.h"
 #include "harness/backend/backend.h"
@@ -26,9 +26,7 @@ namespace {
 using nlohmann::json;
 
 struct BenchArgs {
-  std::string model;
-  std::optional<std::string> preset;
-  uint64_t seed = 1;
+  ModelFlags model;  // --model, --preset, --seed
   int threads = 0;
   std::string backends;
   std::string json_path;
@@ -257,7 +255,7 @@ void RunFigures(const BenchArgs& args, const bench::ModelSource& source,
     out["impl_decode_fraction_of_limit"] = nullptr;
   }
   for (const auto& [name, f] : figures) {
-    if (name.rfind("ref", 0) != 0) continue;  // only the reference's GEMMs run in a BLAS
+    if (!harness::BackendRegistry::Global().Info(name).gemms_in_blas) continue;
     for (const std::string& path : f.blas_libraries) {
       if (path.find("libblas.so") == std::string::npos && path.find("mkl") == std::string::npos) {
         continue;  // libopenblas.so.0 behind libblas.so.3, or liblapack: the BLAS is named below
@@ -419,11 +417,10 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
       "ForwardFull time, peak memory (each backend in its own child process), and the machine's "
       "memory read bandwidth. With --curve: the cost of one decode step against context length, "
       "cached vs uncached (CSV, and an SVG with --plot). Times are medians; nothing is asserted.");
-  auto* model =
-      cmd->add_option("--model", args->model, "Model directory (config.json + safetensors)");
-  cmd->add_option("--preset", args->preset, "A preset with random weights (default smollm2-135m)")
-      ->excludes(model);
-  cmd->add_option("--seed", args->seed, "Seed of the preset's random weights")->default_val(1);
+  AddModelFlags(cmd,
+                {ModelFlagRules::kModelOrPreset, "Model directory (config.json + safetensors)",
+                 "A preset with random weights (default smollm2-135m)", "--seed", 1},
+                args->model);
   cmd->add_option("--threads", args->threads, "Threads for every backend (default: every core)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option(
@@ -455,13 +452,11 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
   cmd->callback([args, &exit_code] {
     KVDIFF_CHECK(args->curve_path.empty() ? args->plot_path.empty() && !args->replot : true,
                  "--plot and --replot need --curve (the CSV to write or read)");
-    bench::ModelSource source;
-    if (!args->model.empty()) {
-      source.dir = args->model;
-    } else if (args->preset) {
-      source.preset = *args->preset;
-    }
-    source.seed = args->seed;
+    const harness::ModelSpec spec = args->model.Spec();
+    bench::ModelSource source;  // neither flag: the bench's default preset
+    if (spec.path) source.dir = *spec.path;
+    if (spec.preset) source.preset = *spec.preset;
+    source.seed = args->model.seed;
     const int threads = args->threads > 0
                             ? args->threads
                             : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

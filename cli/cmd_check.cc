@@ -29,9 +29,7 @@ namespace kvdiff::cli {
 namespace {
 
 struct CheckArgs {
-  std::string model;
-  std::string preset;
-  uint64_t model_seed = 7;
+  ModelFlags model;  // --model, --preset, --model-seed
   int64_t cases = 0;
   uint64_t seed = 0;
   std::optional<std::string> shard;
@@ -136,12 +134,12 @@ BackendSet ProbeBackends(const std::vector<std::string>& names,
 }
 
 // --shapes random: a model per case, drawn from (--seed, k); backends built per case.
-int CheckRandomShapes(const CheckArgs& args, bool model_seed_given) {
-  KVDIFF_CHECK(args.model.empty(),
+int CheckRandomShapes(const CheckArgs& args) {
+  KVDIFF_CHECK(args.model.model.empty(),
                "--shapes random cannot be combined with --model: each case draws its own model "
                "shape from (--seed, case), and a model directory has one fixed shape (use "
                "--shapes fixed, the default, to run a campaign on it)");
-  KVDIFF_CHECK(args.preset.empty() && !model_seed_given,
+  KVDIFF_CHECK(args.model.preset.empty() && !args.model.SeedGiven(),
                "--shapes random cannot be combined with --preset/--model-seed: each case draws its "
                "own shape and weight seed from (--seed, case)");
   harness::ShardSelection shard;
@@ -183,7 +181,7 @@ harness::DemandingPart PlanDemandingPart(const CheckArgs& args, const harness::M
                                   "demanding as its scale)"
                                 : "a model directory or checkpoint is taken as it is (kvdiff "
                                   "cannot rescale its weights; use a preset)";
-  } else if (!harness::BackendRegistry::Global().Has("ref64")) {
+  } else if (!harness::BackendRegistry::Global().HasArbiter()) {
     part.skipped = "this build has no float64 backend to compare with (ref64 needs LibTorch)";
   }
   if (!part.skipped.empty()) return part;
@@ -198,19 +196,10 @@ harness::DemandingPart PlanDemandingPart(const CheckArgs& args, const harness::M
   return part;
 }
 
-int Check(const CheckArgs& args, bool model_seed_given) {
+int Check(const CheckArgs& args) {
   SeparateReportFromEngines();  // what an engine prints is not the report
-  if (args.shapes == "random") return CheckRandomShapes(args, model_seed_given);
-  KVDIFF_CHECK(args.model.empty() || (args.preset.empty() && !model_seed_given),
-               "--model cannot be combined with --preset/--model-seed (a model directory has its "
-               "own weights)");
-  harness::ModelSpec model;
-  if (!args.model.empty()) {
-    model.path = std::filesystem::absolute(args.model).lexically_normal();
-  } else {
-    model.preset = args.preset.empty() ? "tiny" : args.preset;
-    model.seed = args.model_seed;
-  }
+  if (args.shapes == "random") return CheckRandomShapes(args);
+  const harness::ModelSpec model = args.model.Spec();
   harness::ShardSelection shard;
   harness::CampaignOptions options = BaseOptions(args, shard);
   const std::vector<std::string> names =
@@ -246,11 +235,7 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
       "check",
       "Run a seeded campaign of random scenarios (prompts, chunk splits, decodes, truncations, "
       "forks, resets) on the checked API; failing cases are written as scenario files");
-  cmd->add_option("--model", args->model, "Model directory (default: the tiny preset, seed 7)");
-  cmd->add_option("--preset", args->preset, "Random model preset (tiny, smollm2-135m)");
-  CLI::Option* model_seed =
-      cmd->add_option("--model-seed", args->model_seed, "Seed of the preset's random weights")
-          ->default_val(7);
+  AddModelFlags(cmd, PresetUnlessModelSpelling(), args->model);
   // At least one (a campaign of none proves nothing), at most kMaxCases (docs/bad-input.md).
   constexpr int64_t kMaxCases = 10'000'000;
   cmd->add_option("--cases", args->cases, "Number of random scenarios (1 to 10000000)")
@@ -314,8 +299,7 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
                               harness::kDefaultDemandingRtol))
       ->check(CLI::Range(0.0, 0.999999));
   AddIsolateFlag(cmd, args->isolation);
-  cmd->callback(
-      [args, model_seed, &exit_code] { exit_code = Check(*args, model_seed->count() > 0); });
+  cmd->callback([args, &exit_code] { exit_code = Check(*args); });
 }
 
 }  // namespace kvdiff::cli

@@ -24,9 +24,7 @@ namespace {
 
 struct ConformArgs {
   std::string engine;
-  std::string model;
-  std::string preset;
-  uint64_t model_seed = 7;
+  ModelFlags model;  // --model, --preset, --model-seed
   std::string against = "impl";
   int64_t cases = 100;
   uint64_t seed = 0;
@@ -46,18 +44,9 @@ std::string EngineBackendName(const std::string& engine) {
   return std::string(harness::kPluginPrefix) + engine;
 }
 
-int Conform(const ConformArgs& args, bool model_seed_given) {
+int Conform(const ConformArgs& args) {
   SeparateReportFromEngines();  // what an engine prints is not the report
-  KVDIFF_CHECK(args.model.empty() || (args.preset.empty() && !model_seed_given),
-               "--model cannot be combined with --preset/--model-seed (a model directory has its "
-               "own weights)");
-  harness::ModelSpec model;
-  if (!args.model.empty()) {
-    model.path = std::filesystem::absolute(args.model).lexically_normal();
-  } else {
-    model.preset = args.preset.empty() ? "tiny" : args.preset;
-    model.seed = args.model_seed;
-  }
+  const harness::ModelSpec model = args.model.Spec();
   const std::string engine_name = EngineBackendName(args.engine);
   auto weights = harness::LoadModelFor(model);
   const BackendSet backends =
@@ -99,11 +88,7 @@ void AddConformCommand(CLI::App& app, int& exit_code) {
          "engine", args->engine,
          "The engine: a plugin file (PATH[?key=value&...]), plugin:PATH, or a backend name")
       ->required();
-  cmd->add_option("--model", args->model, "Model directory (default: the tiny preset, seed 7)");
-  cmd->add_option("--preset", args->preset, "Random model preset (tiny, smollm2-135m)");
-  CLI::Option* model_seed =
-      cmd->add_option("--model-seed", args->model_seed, "Seed of the preset's random weights")
-          ->default_val(7);
+  AddModelFlags(cmd, PresetUnlessModelSpelling(), args->model);
   cmd->add_option("--against", args->against,
                   "The oracle backend every row is held to (impl; ref64 with LibTorch)")
       ->default_val("impl");
@@ -120,8 +105,7 @@ void AddConformCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--out-dir", args->out_dir, "Where the campaign's failing cases are written")
       ->default_val("kvdiff-failures");
   AddIsolateFlag(cmd, args->isolation);
-  cmd->callback(
-      [args, model_seed, &exit_code] { exit_code = Conform(*args, model_seed->count() > 0); });
+  cmd->callback([args, &exit_code] { exit_code = Conform(*args); });
 }
 
 }  // namespace kvdiff::cli

@@ -27,10 +27,7 @@ namespace {
 
 struct ReproArgs {
   std::string name;
-  std::string model;
-  std::string llama2c, tokenizer;  // a llama2.c checkpoint and its tokenizer.bin
-  std::string preset;
-  uint64_t seed = 0;
+  ModelFlags model;  // --model, --llama2c, --tokenizer, --preset, --seed
   std::optional<std::string> prompt, second, tokens, second_tokens;
   std::optional<int64_t> second1_token;
   int64_t n = 20;
@@ -46,24 +43,10 @@ int Run(const ReproArgs& args) {
   std::vector<harness::Experiment> experiments =
       all ? harness::AllExperiments()
           : std::vector<harness::Experiment>{harness::ParseExperimentName(args.name)};
-  const int sources = !args.model.empty() + !args.llama2c.empty() + !args.preset.empty();
-  KVDIFF_CHECK(sources == 1,
-               "repro: give one of --model DIR, --llama2c FILE.bin or --preset NAME (with "
-               "--seed), not {}",
-               sources == 0 ? "neither" : "several");
+  const harness::ModelSpec spec = args.model.Spec();
   KVDIFF_CHECK(args.save.empty() || !all,
                "--save: writes one experiment's scenario; name one experiment instead of all");
 
-  harness::ModelSpec spec;
-  if (!args.model.empty()) {
-    spec.path = args.model;
-  } else if (!args.llama2c.empty()) {
-    spec.llama2c = harness::Llama2cSpec{args.llama2c, std::nullopt};
-    if (!args.tokenizer.empty()) spec.llama2c->tokenizer = args.tokenizer;
-  } else {
-    spec.preset = args.preset;
-    spec.seed = args.seed;
-  }
   auto weights = harness::LoadModelFor(spec);
   const format::LlamaConfig& config = weights->config;
   const std::optional<format::Tokenizer> tokenizer =
@@ -138,20 +121,10 @@ void AddReproCommand(CLI::App& app, int& exit_code) {
                   "ok, pos0, reuse, reuse1, fresh, fresh1, quantized, stale-position, "
                   "reference-reuse, or all")
       ->required();
-  auto* model = cmd->add_option("--model", args->model, "Model directory");
-  auto* llama2c =
-      cmd->add_option("--llama2c", args->llama2c,
-                      "A llama2.c checkpoint (e.g. stories260K.bin), converted in memory");
-  cmd->add_option("--tokenizer", args->tokenizer,
-                  "The llama2.c checkpoint's tokenizer.bin (e.g. tok512.bin), for text prompts")
-      ->needs(llama2c);
-  auto* preset =
-      cmd->add_option("--preset", args->preset, "Random model preset: tiny, smollm2-135m");
-  model->excludes(preset);
-  preset->excludes(model);
-  cmd->add_option("--seed", args->seed, "Seed of the preset's random weights")
-      ->capture_default_str()
-      ->needs(preset);
+  AddModelFlags(cmd,
+                {ModelFlagRules::kOneSource, "Model directory",
+                 "Random model preset: tiny, smollm2-135m", "--seed", 0},
+                args->model);
   auto* prompt = cmd->add_option(
       "--prompt", args->prompt,
       "First prompt as text (needs the model's tokenizer; BOS first). Default \"Once upon a time, "

@@ -4,13 +4,13 @@
 
 #include <cmath>
 #include <fstream>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "format/error.h"
 #include "format/input_file.h"
 #include "format/json_document.h"
+#include "format/json_field.h"
 
 namespace kvdiff::format {
 namespace {
@@ -20,9 +20,11 @@ using nlohmann::json;
 // Every size must also fit the int indices of the kernels; nothing real comes near 2^31.
 constexpr int64_t kMaxDimension = int64_t{1} << 31;
 
-std::string Describe(const json& value) {
-  return fmt::format("{} {}", value.type_name(), JsonSnippet(value, 57));
-}
+// config.json's messages: `config.json field "rope_theta": expected a number, found string "x"`.
+constexpr JsonFieldWords kConfigWords{"config.json field \"{}\"", "found", true, 57,
+                                      "{field}: integer {value} is out of range"};
+
+std::string Describe(const json& value) { return DescribeJsonValue(value, kConfigWords); }
 
 const json* Find(const json& object, const char* key) {
   auto it = object.find(key);
@@ -30,34 +32,23 @@ const json* Find(const json& object, const char* key) {
 }
 
 int64_t IntegerValue(const json& value, const std::string& field) {
-  // 576.0 is not accepted: HF writes integers, and a float here is a sign of a wrong file.
-  KVDIFF_CHECK(value.is_number_integer(), "config.json field \"{}\": expected an integer, found {}",
-               field, Describe(value));
-  if (value.is_number_unsigned()) {
-    uint64_t u = value.get<uint64_t>();
-    KVDIFF_CHECK(u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
-                 "config.json field \"{}\": integer {} is out of range", field, u);
-  }
-  return value.get<int64_t>();
+  return JsonInt(value, field, kConfigWords);
 }
 
 int64_t RequiredInt(const json& object, const char* field) {
-  const json* value = Find(object, field);
-  KVDIFF_CHECK(value != nullptr && !value->is_null(),
-               "config.json: missing required field \"{}\" (expected an integer)", field);
+  const json* value = OptionalJsonField(object, field);
+  KVDIFF_CHECK(value != nullptr, "config.json: missing required field \"{}\" (expected an integer)",
+               field);
   return IntegerValue(*value, field);
 }
 
 double NumberValue(const json& value, const std::string& field) {
-  KVDIFF_CHECK(value.is_number(), "config.json field \"{}\": expected a number, found {}", field,
-               Describe(value));
-  return value.get<double>();
+  return JsonNumber(value, field, kConfigWords);
 }
 
 double OptionalNumber(const json& object, const char* field, double fallback) {
-  const json* value = Find(object, field);
-  if (value == nullptr || value->is_null()) return fallback;
-  return NumberValue(*value, field);
+  const json* value = OptionalJsonField(object, field);
+  return value ? NumberValue(*value, field) : fallback;
 }
 
 // bos/eos: an integer, null (-1: none), or for eos a list (some HF configs list several stop ids;
@@ -317,15 +308,7 @@ const char* const kRopeScalingFields[] = {"rope_type", "type", "factor", "low_fr
 
 template <size_t N>
 void RefuseUnknownKeys(const json& object, const char* const (&known)[N], const std::string& where) {
-  for (const auto& [key, value] : object.items()) {
-    bool found = false;
-    for (const char* k : known) found = found || key == k;
-    if (found) continue;
-    std::string list;
-    for (const char* k : known) list += fmt::format("{}{}", list.empty() ? "" : ", ", k);
-    throw InputError(
-        fmt::format("{}: unknown field \"{}\" (expected one of: {})", where, key, list));
-  }
+  RefuseUnknownJsonFields(object, where, {std::begin(known), std::end(known)});
 }
 
 }  // namespace

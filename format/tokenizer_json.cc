@@ -2,6 +2,7 @@
 
 #include "format/input_file.h"
 #include "format/json_document.h"
+#include "format/json_field.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <fmt/format.h>
@@ -200,19 +201,14 @@ struct Pattern {
 // ---- small JSON readers with messages that name the field ------------------------------------
 
 const json& Field(const json& j, const char* key, const std::string& where) {
-  KVDIFF_CHECK(j.is_object() && j.contains(key), "{}: missing field \"{}\"", where, key);
-  return j[key];
+  return RequiredJsonField(j, key, where);
 }
 std::string String(const json& j, const char* key, const std::string& where) {
-  const json& v = Field(j, key, where);
-  KVDIFF_CHECK(v.is_string(), "{}.{}: expected a string, got {}", where, key, JsonSnippet(v));
-  return v.get<std::string>();
+  return RequiredJsonString(j, key, where);
 }
 bool Bool(const json& j, const char* key, bool fallback, const std::string& where) {
-  if (!j.contains(key) || j[key].is_null()) return fallback;
-  KVDIFF_CHECK(j[key].is_boolean(), "{}.{}: expected true or false, got {}", where, key,
-               JsonSnippet(j[key]));
-  return j[key].get<bool>();
+  const json* v = OptionalJsonField(j, key);
+  return v ? JsonBool(*v, JsonPath(where, key)) : fallback;
 }
 std::string TypeOf(const json& j, const std::string& where) {
   KVDIFF_CHECK(j.is_object(), "{}: expected an object with a \"type\", got {}", where,

@@ -84,6 +84,9 @@ struct BackendInfo {
   // models (make-model --scale demanding), and says why; the campaign's demanding cases leave it
   // out (harness/campaign/demanding_part.h). ref: transformers' float32 LlamaRMSNorm.
   std::string overflows_on_demanding_models;
+  // Its matrix products run in a BLAS library chosen at load time (LibTorch's GEMMs), so its speed
+  // depends on which one the loader found: `kvdiff bench` names it and warns of netlib's.
+  bool gemms_in_blas = false;
 };
 
 class Backend {

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "format/error.h"
+#include "harness/backend/model_backend.h"
 #include "harness/backend/registry.h"
 #include "impl/kernels.h"
 #include "impl/kv_cache.h"
@@ -16,78 +17,30 @@
 namespace kvdiff::harness {
 namespace {
 
-class ImplSession : public BackendSession {
- public:
-  // The session keeps its model alive: a session may outlive the backend that made it.
-  ImplSession(std::shared_ptr<const impl::Model> model, impl::Session session)
-      : model_(std::move(model)), session_(std::move(session)) {}
-
-  Logits Append(const Tokens& tokens, ForwardTrace* trace) override {
-    return session_.Append(tokens, trace);
+// impl's session is impl::Session, which keeps its own cache; the raw call's cache is a KvCache.
+struct ImplOps {
+  using Model = impl::Model;
+  using Session = impl::Session;
+  using Cache = impl::KvCache;
+  static Session NewSession(const Model& model) { return model.NewSession(); }
+  static Logits Append(const Model&, Session& session, const Tokens& tokens, ForwardTrace* trace) {
+    return session.Append(tokens, trace);
   }
-  int64_t Length() const override { return session_.Length(); }
-  void Truncate(int64_t length) override { session_.Truncate(length); }
-  std::unique_ptr<BackendSession> Fork() const override {
-    return std::make_unique<ImplSession>(model_, session_.Fork());
+  static int64_t Length(const Session& session) { return session.Length(); }
+  static void Truncate(Session& session, int64_t length) { session.Truncate(length); }
+  static Session Fork(const Session& session) { return session.Fork(); }
+  static void Reset(Session& session) { session.Reset(); }
+  static Cache NewCache(const Model& model) { return model.NewCache(); }
+  static int64_t Length(const Cache& cache) { return cache.Length(); }
+  static void Crop(Cache& cache, int64_t length) { cache.SetLength(length); }
+  static void Clear(Cache& cache) { cache.Clear(); }
+  static Cache Fork(const Cache& cache) { return cache.Fork(); }
+  static Logits Forward(const Model& model, const Tokens& tokens, int64_t index_pos, Cache& cache,
+                        ForwardTrace* trace) {
+    return model.Forward(tokens, index_pos, cache, trace);
   }
-  void Reset() override { session_.Reset(); }
-
- private:
-  std::shared_ptr<const impl::Model> model_;
-  impl::Session session_;
 };
-
-class ImplRawCache : public RawCache {
- public:
-  explicit ImplRawCache(impl::KvCache cache) : cache_(std::move(cache)) {}
-  int64_t Length() const override { return cache_.Length(); }
-  void Crop(int64_t length) override { cache_.SetLength(length); }
-  void Clear() override { cache_.Clear(); }
-  std::unique_ptr<RawCache> Fork() const override {
-    return std::make_unique<ImplRawCache>(cache_.Fork());
-  }
-  impl::KvCache& cache() { return cache_; }
-
- private:
-  impl::KvCache cache_;
-};
-
-class ImplRawModel : public RawModel {
- public:
-  explicit ImplRawModel(const impl::Model& model) : model_(model) {}
-  std::unique_ptr<RawCache> NewCache() const override {
-    return std::make_unique<ImplRawCache>(model_.NewCache());
-  }
-  Logits Forward(const Tokens& tokens, int64_t index_pos, RawCache& cache,
-                 ForwardTrace* trace) const override {
-    // Every cache this model hands out is an ImplRawCache; the drivers never mix backends.
-    return model_.Forward(tokens, index_pos, static_cast<ImplRawCache&>(cache).cache(), trace);
-  }
-
- private:
-  const impl::Model& model_;
-};
-
-class ImplBackend : public Backend {
- public:
-  ImplBackend(BackendInfo info, std::shared_ptr<const impl::Model> model)
-      : info_(std::move(info)), model_(std::move(model)), raw_(*model_) {}
-
-  const BackendInfo& Info() const override { return info_; }
-  const format::LlamaConfig& config() const override { return model_->config(); }
-  Logits ForwardFull(const Tokens& tokens, ForwardTrace* trace) const override {
-    return model_->ForwardFull(tokens, trace);
-  }
-  std::unique_ptr<BackendSession> NewSession() const override {
-    return std::make_unique<ImplSession>(model_, model_->NewSession());
-  }
-  const RawModel* Raw() const override { return &raw_; }
-
- private:
-  BackendInfo info_;
-  std::shared_ptr<const impl::Model> model_;
-  ImplRawModel raw_;
-};
+using ImplBackend = ModelBackend<ImplOps>;
 
 }  // namespace
 

@@ -7,83 +7,37 @@
 #include <utility>
 
 #include "format/error.h"
+#include "harness/backend/model_backend.h"
 #include "reference/reference_model.h"
 
 namespace kvdiff::harness {
 namespace {
 
-class ReferenceSession : public BackendSession {
- public:
-  ReferenceSession(std::shared_ptr<const ref::ReferenceModel> model, ref::DynamicCache cache)
-      : model_(std::move(model)), cache_(std::move(cache)) {}
-
-  // model(input_ids, past_key_values=cache): positions come from the cache length.
-  Logits Append(const Tokens& tokens, ForwardTrace* trace) override {
-    return model_->Forward(tokens, cache_, trace);
+// A transformers user's session is the model and one DynamicCache, which is also the raw call's
+// cache: model(input_ids, past_key_values=cache) reads the position from the cache length.
+struct ReferenceOps {
+  using Model = ref::ReferenceModel;
+  using Session = ref::DynamicCache;
+  using Cache = ref::DynamicCache;
+  static Session NewSession(const Model&) { return ref::DynamicCache(); }
+  static Logits Append(const Model& model, Session& cache, const Tokens& tokens,
+                       ForwardTrace* trace) {
+    return model.Forward(tokens, cache, trace);
   }
-  int64_t Length() const override { return cache_.GetSeqLength(); }
-  void Truncate(int64_t length) override { cache_.Crop(length); }
-  std::unique_ptr<BackendSession> Fork() const override {
-    return std::make_unique<ReferenceSession>(model_, cache_.Fork());
-  }
-  void Reset() override { cache_.Reset(); }
-
- private:
-  std::shared_ptr<const ref::ReferenceModel> model_;  // shared: a session may outlive its backend
-  ref::DynamicCache cache_;
-};
-
-class ReferenceRawCache : public RawCache {
- public:
-  explicit ReferenceRawCache(ref::DynamicCache cache) : cache_(std::move(cache)) {}
-  int64_t Length() const override { return cache_.GetSeqLength(); }
-  void Crop(int64_t length) override { cache_.Crop(length); }
-  void Clear() override { cache_.Reset(); }
-  std::unique_ptr<RawCache> Fork() const override {
-    return std::make_unique<ReferenceRawCache>(cache_.Fork());
-  }
-  ref::DynamicCache& cache() { return cache_; }
-
- private:
-  ref::DynamicCache cache_;
-};
-
-class ReferenceRawModel : public RawModel {
- public:
-  explicit ReferenceRawModel(const ref::ReferenceModel& model) : model_(model) {}
-  std::unique_ptr<RawCache> NewCache() const override {
-    return std::make_unique<ReferenceRawCache>(ref::DynamicCache());
-  }
+  static void Truncate(Session& cache, int64_t length) { cache.Crop(length); }
+  static void Reset(Session& cache) { cache.Reset(); }
+  static Cache NewCache(const Model&) { return ref::DynamicCache(); }
+  static int64_t Length(const Cache& cache) { return cache.GetSeqLength(); }
+  static void Crop(Cache& cache, int64_t length) { cache.Crop(length); }
+  static void Clear(Cache& cache) { cache.Reset(); }
+  static Cache Fork(const Cache& cache) { return cache.Fork(); }
   // transformers takes no position: index_pos is ignored, as RawCall::kPositionFromCache says.
-  Logits Forward(const Tokens& tokens, int64_t /*index_pos*/, RawCache& cache,
-                 ForwardTrace* trace) const override {
-    return model_.Forward(tokens, static_cast<ReferenceRawCache&>(cache).cache(), trace);
+  static Logits Forward(const Model& model, const Tokens& tokens, int64_t /*index_pos*/,
+                        Cache& cache, ForwardTrace* trace) {
+    return model.Forward(tokens, cache, trace);
   }
-
- private:
-  const ref::ReferenceModel& model_;
 };
-
-class ReferenceBackend : public Backend {
- public:
-  ReferenceBackend(BackendInfo info, std::shared_ptr<const ref::ReferenceModel> model)
-      : info_(std::move(info)), model_(std::move(model)), raw_(*model_) {}
-
-  const BackendInfo& Info() const override { return info_; }
-  const format::LlamaConfig& config() const override { return model_->config(); }
-  Logits ForwardFull(const Tokens& tokens, ForwardTrace* trace) const override {
-    return model_->ForwardFull(tokens, trace);
-  }
-  std::unique_ptr<BackendSession> NewSession() const override {
-    return std::make_unique<ReferenceSession>(model_, ref::DynamicCache());
-  }
-  const RawModel* Raw() const override { return &raw_; }
-
- private:
-  BackendInfo info_;
-  std::shared_ptr<const ref::ReferenceModel> model_;
-  ReferenceRawModel raw_;
-};
+using ReferenceBackend = ModelBackend<ReferenceOps>;
 
 }  // namespace
 
@@ -110,6 +64,7 @@ void RegisterReferenceBackends(BackendRegistry& registry) {
     info.raw_call = RawCall::kPositionFromCache;
     info.in_default_set = v.in_default_set;
     info.rope_angles = v.rope_angles;
+    info.gemms_in_blas = true;
     if (v.precision == ref::Precision::kFloat32) {
       // Measured: on tiny with --scale demanding, ref's logits are all 0 (ref64's reach 3e3).
       info.overflows_on_demanding_models =

@@ -127,9 +127,16 @@ std::vector<std::string> BackendRegistry::Defaults() const {
   return names;
 }
 
-std::string BackendRegistry::Arbiter() const {
+const BackendRegistry::Entry* BackendRegistry::FindArbiter() const {
   for (const Entry& e : entries_)
-    if (e.unavailable.empty() && e.info.dtype == "float64") return e.info.name;
+    if (e.unavailable.empty() && e.info.dtype == "float64") return &e;
+  return nullptr;
+}
+
+bool BackendRegistry::HasArbiter() const { return FindArbiter() != nullptr; }
+
+std::string BackendRegistry::Arbiter() const {
+  if (const Entry* e = FindArbiter()) return e->info.name;
   throw InputError(fmt::format(
       "no float64 backend in this build (available: {}); goldens are made with one, which needs "
       "a build with LibTorch",

@@ -47,6 +47,7 @@ class BackendRegistry {
   // The most precise backend (float64 before float32): what goldens are made with.
   // InputError when none computes in float64.
   std::string Arbiter() const;
+  bool HasArbiter() const;  // whether Arbiter() has one to name
   // The first backend whose raw call is of this kind, or "" when none is.
   std::string FirstWithRawCall(RawCall kind) const;
   // "impl (Eigen, float32), ref (...), ..." for --help.
@@ -59,6 +60,7 @@ class BackendRegistry {
     std::string unavailable;  // not empty: why this build cannot make it
   };
   const Entry* Find(const std::string& name) const;
+  const Entry* FindArbiter() const;  // nullptr when no buildable backend computes in float64
   // Resolves a family name into an entry, once; nullptr when no family claims the name.
   const Entry* Resolve(const std::string& name) const;
   std::vector<Entry> entries_;

@@ -1,6 +1,7 @@
 // Golden files: the data types, the text format, finding golden sets and loading their scenarios.
 #include "format/input_file.h"
 #include "format/json_document.h"
+#include "format/json_field.h"
 #include "harness/golden/golden.h"
 #include "harness/golden/golden_detail.h"
 
@@ -112,22 +113,16 @@ std::string RowToText(const GoldenRow& r) {
 }
 
 const json& Field(const json& obj, const std::string& key, const std::string& where) {
-  KVDIFF_CHECK(obj.contains(key), "{}: missing field \"{}\"", where, key);
-  return obj.at(key);
+  return format::RequiredJsonField(obj, key, where);
 }
 std::string GetStr(const json& obj, const std::string& key, const std::string& where) {
-  const json& v = Field(obj, key, where);
-  KVDIFF_CHECK(v.is_string(), "{}.{}: expected a string, got {}", where, key, JsonSnippet(v));
-  return v.get<std::string>();
+  return format::RequiredJsonString(obj, key, where);
 }
 int64_t GetInt(const json& obj, const std::string& key, const std::string& where) {
-  const json& v = Field(obj, key, where);
-  KVDIFF_CHECK(v.is_number_integer(), "{}.{}: expected an integer, got {}", where, key, JsonSnippet(v));
-  return v.get<int64_t>();
+  return format::RequiredJsonInt(obj, key, where);
 }
 double GetNum(const json& v, const std::string& where) {
-  KVDIFF_CHECK(v.is_number(), "{}: expected a number, got {}", where, JsonSnippet(v));
-  const double d = v.get<double>();
+  const double d = format::JsonNumber(v, where);
   KVDIFF_CHECK(std::isfinite(d), "{}: expected a finite number, got {}", where, JsonSnippet(v));
   return d;
 }

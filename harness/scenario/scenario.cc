@@ -1,6 +1,7 @@
 #include "harness/scenario/scenario.h"
 #include "format/input_file.h"
 #include "format/json_document.h"
+#include "format/json_field.h"
 
 #include <fmt/format.h>
 
@@ -23,34 +24,22 @@ using nlohmann::json;
 
 std::string TypeName(const json& value) { return value.type_name(); }
 
+// A scenario's messages name the type found: `steps[2].n: expected an integer, got string "x"`.
+constexpr format::JsonFieldWords kScenarioWords{"{}", "got", true};
+
 // Refuses every key of obj not in allowed, naming the place and listing what is allowed.
 void CheckKeys(const json& obj, const std::string& where, const std::set<std::string>& allowed) {
-  for (const auto& [key, value] : obj.items()) {
-    if (!allowed.count(key)) {
-      std::string list;
-      for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
-      throw InputError(
-          fmt::format("{}: unknown field \"{}\" (expected one of: {})", where, key, list));
-    }
-  }
+  format::RefuseUnknownJsonFields(obj, where, {allowed.begin(), allowed.end()});
 }
 
 int64_t GetInt(const json& obj, const std::string& key, const std::string& where, int64_t min) {
-  const json& v = obj.at(key);
-  KVDIFF_CHECK(v.is_number_integer(), "{}.{}: expected an integer, got {} {}", where, key,
-               TypeName(v), JsonSnippet(v));
-  KVDIFF_CHECK(!v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t(INT64_MAX),
-               "{}.{}: {} is too large (at most {})", where, key, JsonSnippet(v), INT64_MAX);
-  const int64_t value = v.get<int64_t>();
+  const int64_t value = format::RequiredJsonInt(obj, key, where, kScenarioWords);
   KVDIFF_CHECK(value >= min, "{}.{}: expected an integer >= {}, got {}", where, key, min, value);
   return value;
 }
 
 std::string GetString(const json& obj, const std::string& key, const std::string& where) {
-  const json& v = obj.at(key);
-  KVDIFF_CHECK(v.is_string(), "{}.{}: expected a string, got {} {}", where, key, TypeName(v),
-               JsonSnippet(v));
-  return v.get<std::string>();
+  return format::RequiredJsonString(obj, key, where, kScenarioWords);
 }
 
 std::string GetName(const json& obj, const std::string& key, const std::string& where) {

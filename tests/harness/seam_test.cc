@@ -127,6 +127,9 @@ TEST(Seam, TheRegistryIsTheOnlyListOfBackends) {
     EXPECT_THAT(e.what(), HasSubstr("unknown backend 'warp9' (available: impl"));
   }
   EXPECT_EQ(r.Info("impl").raw_call, RawCall::kTakesPosition);
+  EXPECT_FALSE(r.Info("impl").gemms_in_blas) << "Eigen's own products, no BLAS";
+  // The demanding part asks for an arbiter, not for a name; ref64 is the only float64 backend.
+  EXPECT_EQ(r.HasArbiter(), r.Has("ref64"));
   EXPECT_EQ(r.FirstWithRawCall(RawCall::kTakesPosition), "impl");
 }
 

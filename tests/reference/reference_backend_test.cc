@@ -26,7 +26,9 @@ TEST(ReferenceBackend, NamesAndConfig) {
     auto backend = MakeBackend(name, weights, 2);
     EXPECT_EQ(backend->Name(), name);
     EXPECT_EQ(backend->config().hidden_size, weights->config.hidden_size);
+    EXPECT_TRUE(backend->Info().gemms_in_blas) << "LibTorch's GEMMs: bench names the BLAS";
   }
+  EXPECT_EQ(BackendRegistry::Global().Arbiter(), "ref64");
 }
 
 TEST(ReferenceBackend, UnknownNameIsAnInputError) {
