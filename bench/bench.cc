@@ -27,12 +27,12 @@ namespace kvdiff::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using nlohmann::json;
 using harness::Backend;
 using harness::BackendSession;
 using harness::MakeBackend;
 using harness::Number;
 using harness::XmlEscape;
+using nlohmann::json;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // Prompt lengths of the figures (the JSON keys name them, so they are fixed).
@@ -133,7 +133,6 @@ void GrowTo(BackendSession& session, const Tokens& history, int64_t length) {
     session.Append(Slice(history, at, std::min(length, at + kContextChunk)));
   }
 }
-
 
 void WriteAll(int fd, const std::string& text) {
   size_t done = 0;
@@ -327,18 +326,18 @@ CostSeries MeasureCostSeries(const std::string& backend, const ModelSource& sour
   for (int64_t context : contexts) {
     GrowTo(*session, history, context);
     const Tokens next = {history[context]};
-    series.cached_ms.push_back(1e3 *
-                               Median(Repeat(
-                                   options.reps, options.max_seconds, first,
-                                   [&] {
-                                     session->Truncate(context);
-                                     std::this_thread::sleep_for(std::chrono::milliseconds(2));
-                                     reads.push_back(StreamingReadSeconds(read_pool, spans));
-                                     std::this_thread::sleep_for(std::chrono::milliseconds(2));
-                                   },
-                                   [&] { session->Append(next); },
-                                   Progress(label, fmt::format("cached step at context {}", context),
-                                            options.reps))));
+    series.cached_ms.push_back(
+        1e3 *
+        Median(Repeat(
+            options.reps, options.max_seconds, first,
+            [&] {
+              session->Truncate(context);
+              std::this_thread::sleep_for(std::chrono::milliseconds(2));
+              reads.push_back(StreamingReadSeconds(read_pool, spans));
+              std::this_thread::sleep_for(std::chrono::milliseconds(2));
+            },
+            [&] { session->Append(next); },
+            Progress(label, fmt::format("cached step at context {}", context), options.reps))));
     first = false;
   }
   series.weights_read_ms = 1e3 * Median(reads);
@@ -353,8 +352,9 @@ CostSeries MeasureCostSeries(const std::string& backend, const ModelSource& sour
     const Tokens tokens = Slice(history, 0, context + 1);
     const std::vector<double> seconds = Repeat(
         options.reps, options.max_seconds, false, [] {}, [&] { model->ForwardFull(tokens); },
-        Progress(label, fmt::format("uncached step at context {} (ForwardFull {} tokens)", context,
-                                    context + 1),
+        Progress(label,
+                 fmt::format("uncached step at context {} (ForwardFull {} tokens)", context,
+                             context + 1),
                  options.reps));
     series.uncached_ms.push_back(1e3 * Median(seconds));
     too_slow = *std::min_element(seconds.begin(), seconds.end()) > options.max_seconds;

@@ -111,9 +111,9 @@ void AddModelFlags(CLI::App* cmd, const ModelFlagsSpelling& spelling, ModelFlags
   // Where --model and --preset may not meet, the parser says so and --help shows it; check and
   // conform refuse the pair after parsing, in a message that names --model-seed too.
   if (spelling.rules != ModelFlagRules::kPresetUnlessModel) preset->excludes(model);
-  flags.seed_option = cmd->add_option(spelling.seed_flag, flags.seed,
-                                      "Seed of the preset's random weights")
-                          ->default_val(spelling.seed_default);
+  flags.seed_option =
+      cmd->add_option(spelling.seed_flag, flags.seed, "Seed of the preset's random weights")
+          ->default_val(spelling.seed_default);
   if (one_source) flags.seed_option->needs(preset);
 }
 

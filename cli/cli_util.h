@@ -68,10 +68,10 @@ struct ModelFlagsSpelling {
 };
 struct ModelFlags {
   ModelFlagRules rules = ModelFlagRules::kPresetUnlessModel;
-  std::string model;              // --model
-  std::string preset;             // --preset
+  std::string model;               // --model
+  std::string preset;              // --preset
   std::string llama2c, tokenizer;  // kOneSource: a llama2.c checkpoint and its tokenizer.bin
-  uint64_t seed = 0;              // the preset's random weights
+  uint64_t seed = 0;               // the preset's random weights
   CLI::Option* preset_option = nullptr;
   CLI::Option* seed_option = nullptr;
 

@@ -82,11 +82,10 @@ std::string OnDisk(const std::map<std::string, int64_t>& dtypes) {
 // Bytes per weight value impl's default storage reads: 2 for a checkpoint stored entirely in bf16
 // or f16 (impl keeps those matrices in 16 bits, see impl::WeightStorage), else 4.
 int ImplBytesPerWeight(const std::map<std::string, int64_t>& dtypes) {
-  const bool sixteen = !dtypes.empty() && std::all_of(dtypes.begin(), dtypes.end(),
-                                                      [](const auto& entry) {
-                                                        return entry.first == "BF16" ||
-                                                               entry.first == "F16";
-                                                      });
+  const bool sixteen =
+      !dtypes.empty() && std::all_of(dtypes.begin(), dtypes.end(), [](const auto& entry) {
+        return entry.first == "BF16" || entry.first == "F16";
+      });
   return sixteen ? 2 : 4;
 }
 
@@ -123,8 +122,8 @@ void RunFigures(const BenchArgs& args, const bench::ModelSource& source,
   const double decode_mb = bench::DecodeWeightBytes(config) / 1e6;
   const double load_before = bench::LoadAverage1();
   const std::map<std::string, int64_t> dtypes = DiskDtypes(source);
-  fmt::print("kvdiff bench: {}, {}, {} threads, {} ({} cores)\n", source.Describe(),
-             OnDisk(dtypes), threads, CpuName(), std::thread::hardware_concurrency());
+  fmt::print("kvdiff bench: {}, {}, {} threads, {} ({} cores)\n", source.Describe(), OnDisk(dtypes),
+             threads, CpuName(), std::thread::hardware_concurrency());
   fmt::print("weights {:.1f} MB in memory; a decode step reads {:.1f} MB of them\n", weight_mb,
              decode_mb);
   fmt::print("1-minute load average before: {:.2f}\n", load_before);
@@ -199,7 +198,8 @@ void RunFigures(const BenchArgs& args, const bench::ModelSource& source,
   };
   for (const Row& row : rows) {
     fmt::print("{:<26}", row.label);
-    for (const auto& b : columns) fmt::print("{:>{}}", Cell(figures[b].*row.field, row.spec), width);
+    for (const auto& b : columns)
+      fmt::print("{:>{}}", Cell(figures[b].*row.field, row.spec), width);
     for (const auto& b : others) {
       const double a = figures[first].*row.field, o = figures[b].*row.field;
       fmt::print("{:>{}}", Cell(o != 0 ? a / o : NAN, "{:.2f}"), first.size() + b.size() + 4);

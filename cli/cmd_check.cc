@@ -43,8 +43,8 @@ struct CheckArgs {
   int64_t max_length = harness::kDefaultMaxLength;
   double long_fraction = harness::kDefaultLongFraction;
   int threads = 1;
-  harness::BackendOptions isolation;  // --isolate, --isolate-timeout
-  std::string shapes = "fixed";       // --shapes: fixed (one model) or random (one per case)
+  harness::BackendOptions isolation;    // --isolate, --isolate-timeout
+  std::string shapes = "fixed";         // --shapes: fixed (one model) or random (one per case)
   harness::DemandingOptions demanding;  // --demanding-fraction, --demanding-rtol
 };
 
@@ -100,7 +100,8 @@ void PrintGates(const std::vector<std::string>& notes) {
   for (const std::string& note : notes) fmt::print(Report(), "{}\n", note);
 }
 
-void PrintShardSource(const harness::ShardSelection& shard, const harness::CampaignOptions& options) {
+void PrintShardSource(const harness::ShardSelection& shard,
+                      const harness::CampaignOptions& options) {
   if (!shard.source.empty() && shard.source != "--shard") {
     fmt::print(Report(), "shard {}/{} from {}\n", options.shard.index, options.shard.count,
                shard.source);
@@ -163,13 +164,11 @@ int CheckRandomShapes(const CheckArgs& args) {
   return report.ExitCode();
 }
 
-
 // The demanding part of the campaign: its model, backends (one set per job, kept alive in
 // *owned) or why it is skipped.
 harness::DemandingPart PlanDemandingPart(const CheckArgs& args, const harness::ModelSpec& model,
                                          const std::vector<const harness::Backend*>& backends,
-                                         int jobs,
-                                         std::vector<BackendSet>* owned) {
+                                         int jobs, std::vector<BackendSet>* owned) {
   harness::DemandingPart part;
   part.options = args.demanding;
   harness::ValidateDemandingOptions(part.options);

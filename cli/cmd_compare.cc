@@ -5,8 +5,8 @@
 #include <cmath>
 #include <memory>
 #include <optional>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli/commands.h"
@@ -111,15 +111,17 @@ int RunCompare(const CompareOptions& o) {
   const RowResult& r = results[first_bad];
   if (!r.nonfinite.empty()) {
     const int64_t col = r.cmp.nonfinite_index;
-    fmt::print("first row beyond tolerance: row {}, col {}: non-finite logits ({}; a = {}, b = {})\n",
-               first_bad, col, r.nonfinite, a[first_bad * cols + col], b[first_bad * cols + col]);
+    fmt::print(
+        "first row beyond tolerance: row {}, col {}: non-finite logits ({}; a = {}, b = {})\n",
+        first_bad, col, r.nonfinite, a[first_bad * cols + col], b[first_bad * cols + col]);
     return 1;
   }
   const int64_t col = r.cmp.max_diff_index;
-  fmt::print("first row beyond tolerance: row {}, col {}: a = {}, b = {}, |a-b| = {:.3e} > {}; "
-             "argmax a {}, b {}\n",
-             first_bad, col, a[first_bad * cols + col], b[first_bad * cols + col],
-             r.cmp.max_abs_diff, tolerance, r.cmp.argmax_a, r.cmp.argmax_b);
+  fmt::print(
+      "first row beyond tolerance: row {}, col {}: a = {}, b = {}, |a-b| = {:.3e} > {}; "
+      "argmax a {}, b {}\n",
+      first_bad, col, a[first_bad * cols + col], b[first_bad * cols + col], r.cmp.max_abs_diff,
+      tolerance, r.cmp.argmax_a, r.cmp.argmax_b);
   return 1;
 }
 
@@ -134,9 +136,9 @@ void AddCompareCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("a", options->a, "First safetensors file")->required();
   cmd->add_option("b", options->b, "Second safetensors file")->required();
   cmd->add_option("--tensor", options->tensor, "Tensor to compare")->capture_default_str();
-  cmd->add_option("--tolerance", options->tolerance,
-                  fmt::format("Largest allowed |a-b| (absolute; default {})",
-                              harness::kDefaultTolerance));
+  cmd->add_option(
+      "--tolerance", options->tolerance,
+      fmt::format("Largest allowed |a-b| (absolute; default {})", harness::kDefaultTolerance));
   cmd->callback([options, &exit_code] { exit_code = RunCompare(*options); });
 }
 

@@ -69,7 +69,8 @@ void AddConvertCommand(CLI::App& app, int& exit_code) {
       ->required()
       ->check(CLI::ExistingDirectory);
   gguf->add_option("--out", gopts->out, "output .gguf file (written atomically)")->required();
-  gguf->add_option("--dtype", gopts->dtype, "dtype of the matrices: f32, f16 or bf16 (norms stay f32)")
+  gguf->add_option("--dtype", gopts->dtype,
+                   "dtype of the matrices: f32, f16 or bf16 (norms stay f32)")
       ->capture_default_str();
   gguf->callback([gopts, &exit_code] {
     format::DType dtype = format::DType::kF32;
@@ -84,9 +85,9 @@ void AddConvertCommand(CLI::App& app, int& exit_code) {
     format::ConvertHfToGguf(gopts->model, gopts->out, dtype);
     const format::GgufHeader header = format::ReadGgufHeader(gopts->out);
     const format::GgufKv* vocab = header.Find("tokenizer.ggml.model");
-    fmt::print("wrote {}: GGUF v{}, {} tensors ({}), {} metadata keys, tokenizer \"{}\"\n", gopts->out,
-               header.version, header.tensors.size(), gopts->dtype, header.metadata.size(),
-               vocab ? std::get<std::string>(vocab->value) : "?");
+    fmt::print("wrote {}: GGUF v{}, {} tensors ({}), {} metadata keys, tokenizer \"{}\"\n",
+               gopts->out, header.version, header.tensors.size(), gopts->dtype,
+               header.metadata.size(), vocab ? std::get<std::string>(vocab->value) : "?");
     exit_code = 0;
   });
 }

@@ -83,7 +83,8 @@ int RunForward(const ForwardOptions& o) {
     logits.resize(n, vocab);
     int64_t at = 0;
     for (int64_t size : chunks) {
-      logits.middleRows(at, size) = session->Append(Tokens(tokens.begin() + at, tokens.begin() + at + size));
+      logits.middleRows(at, size) =
+          session->Append(Tokens(tokens.begin() + at, tokens.begin() + at + size));
       at += size;
     }
   }
@@ -93,7 +94,8 @@ int RunForward(const ForwardOptions& o) {
   tensor.shape = {n, vocab};
   tensor.values.assign(logits.data(), logits.data() + logits.size());  // row-major [n, vocab]
   format::WriteSafetensors(o.out, {tensor},
-                           {{"backend", backend->Name()}, {"mode", mode},
+                           {{"backend", backend->Name()},
+                            {"mode", mode},
                             {"tokens", fmt::format("{}", fmt::join(tokens, ","))}});
   fmt::print(Report(), "logits [{}, {}] of backend {}, {}, written to {}\n", n, vocab,
              backend->Name(), mode, o.out);
@@ -121,8 +123,8 @@ void AddForwardCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--backend", o->backend,
                   "Backend: " + harness::BackendRegistry::Global().HelpText())
       ->capture_default_str();
-  auto* cached = cmd->add_flag("--cached", o->cached,
-                               "feed a Session instead of one uncached ForwardFull");
+  auto* cached =
+      cmd->add_flag("--cached", o->cached, "feed a Session instead of one uncached ForwardFull");
   cmd->add_option("--chunks", o->chunks,
                   "with --cached: chunk sizes, comma-separated, summing to the token count "
                   "(default: one token at a time)")
@@ -130,9 +132,7 @@ void AddForwardCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--threads", o->threads, "threads for the backend (0 = all cores)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--out", o->out, "output safetensors file")->required();
-  cmd->callback([o, &exit_code] {
-    exit_code = RunForward(*o);
-  });
+  cmd->callback([o, &exit_code] { exit_code = RunForward(*o); });
 }
 
 }  // namespace kvdiff::cli

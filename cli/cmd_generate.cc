@@ -142,8 +142,9 @@ void AddGenerateCommand(CLI::App& app, int& exit_code) {
       }
       // The NaN/inf policy: a non-finite logit fails the backend (exit 1), it never picks a token.
       const std::string bad = harness::DescribeNonFiniteLogits(
-          backend->Name(), fmt::format(", the call from position {}", history.size() - logits.rows()),
-          logits.data(), logits.rows(), logits.cols());
+          backend->Name(),
+          fmt::format(", the call from position {}", history.size() - logits.rows()), logits.data(),
+          logits.rows(), logits.cols());
       if (!bad.empty()) throw EngineError(bad);
       return logits.row(logits.rows() - 1).data();
     };

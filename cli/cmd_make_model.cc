@@ -66,8 +66,8 @@ void RunMakeModel(const MakeModelOptions& o) {
       "{} parameters, {} bytes\n",
       (dir / "config.json").string(), (dir / "model.safetensors").string(),
       o.preset.empty() ? "config " + o.config_path + "," : "preset " + o.preset + ",", o.seed,
-      scale.IsDefault() ? std::string() : ", scale " + scale.ToString(),
-      format::DTypeName(dtype), config.num_hidden_layers, config.hidden_size, config.vocab_size,
+      scale.IsDefault() ? std::string() : ", scale " + scale.ToString(), format::DTypeName(dtype),
+      config.num_hidden_layers, config.hidden_size, config.vocab_size,
       config.tie_word_embeddings ? "tied" : "untied", model.NumParameters(), bytes);
 }
 

@@ -155,8 +155,8 @@ void LlamaConfig::Validate() const {
                "config.json field \"max_position_embeddings\": {} is more than kvdiff accepts ({})",
                max_position_embeddings, kMaxPositions);
   // -1 stands for null; any other id must be a token of the vocabulary.
-  for (const auto& [id, field] : {std::pair{bos_token_id, "bos_token_id"},
-                                  std::pair{eos_token_id, "eos_token_id"}}) {
+  for (const auto& [id, field] :
+       {std::pair{bos_token_id, "bos_token_id"}, std::pair{eos_token_id, "eos_token_id"}}) {
     KVDIFF_CHECK(id == -1 || (id >= 0 && id < vocab_size),
                  "config.json field \"{}\": {} is not a token id of vocab_size {} (0..{}, or null)",
                  field, id, vocab_size, vocab_size - 1);
@@ -294,20 +294,34 @@ namespace {
 }
 
 // The keys ParseConfig reads (RefuseUnsupportedFeatures included) and ConfigToJson writes.
-const char* const kConfigFields[] = {
-    "architectures",       "model_type",          "hidden_act",
-    "attention_bias",      "mlp_bias",            "hidden_size",
-    "intermediate_size",   "num_hidden_layers",   "num_attention_heads",
-    "num_key_value_heads", "head_dim",            "vocab_size",
-    "max_position_embeddings", "rope_theta",      "rope_scaling",
-    "rms_norm_eps",        "tie_word_embeddings", "bos_token_id",
-    "eos_token_id",        "torch_dtype",         "dtype"};
-const char* const kRopeScalingFields[] = {"rope_type", "type", "factor", "low_freq_factor",
-                                          "high_freq_factor",
-                                          "original_max_position_embeddings"};
+const char* const kConfigFields[] = {"architectures",
+                                     "model_type",
+                                     "hidden_act",
+                                     "attention_bias",
+                                     "mlp_bias",
+                                     "hidden_size",
+                                     "intermediate_size",
+                                     "num_hidden_layers",
+                                     "num_attention_heads",
+                                     "num_key_value_heads",
+                                     "head_dim",
+                                     "vocab_size",
+                                     "max_position_embeddings",
+                                     "rope_theta",
+                                     "rope_scaling",
+                                     "rms_norm_eps",
+                                     "tie_word_embeddings",
+                                     "bos_token_id",
+                                     "eos_token_id",
+                                     "torch_dtype",
+                                     "dtype"};
+const char* const kRopeScalingFields[] = {"rope_type",        "type",
+                                          "factor",           "low_freq_factor",
+                                          "high_freq_factor", "original_max_position_embeddings"};
 
 template <size_t N>
-void RefuseUnknownKeys(const json& object, const char* const (&known)[N], const std::string& where) {
+void RefuseUnknownKeys(const json& object, const char* const (&known)[N],
+                       const std::string& where) {
   RefuseUnknownJsonFields(object, where, {std::begin(known), std::end(known)});
 }
 

@@ -19,7 +19,7 @@ struct RopeScaling {
 
 // Bounds past which a config is refused with the field named, before anything is allocated. The
 // largest Llama checkpoints stay far below them: 126 layers (Llama 3.1 405B), 131072 positions.
-inline constexpr int64_t kMaxLayers = 1024;               // num_hidden_layers
+inline constexpr int64_t kMaxLayers = 1024;                 // num_hidden_layers
 inline constexpr int64_t kMaxPositions = int64_t{1} << 20;  // max_position_embeddings (1048576)
 
 struct LlamaConfig {

@@ -1,5 +1,5 @@
-// Typed errors shared by every kvdiff library. Libraries throw; only main() turns an exception into a
-// message and an exit code (InputError -> 2).
+// Typed errors shared by every kvdiff library. Libraries throw; only main() turns an exception into
+// a message and an exit code (InputError -> 2).
 #pragma once
 
 #include <fmt/format.h>
@@ -33,7 +33,7 @@ class EngineError : public std::runtime_error {
 }  // namespace kvdiff
 
 // KVDIFF_CHECK(cond, "fmt {}", args...): argument check at an API boundary; throws InputError.
-#define KVDIFF_CHECK(cond, ...)                                   \
-  do {                                                            \
+#define KVDIFF_CHECK(cond, ...)                                        \
+  do {                                                                 \
     if (!(cond)) throw ::kvdiff::InputError(fmt::format(__VA_ARGS__)); \
   } while (0)

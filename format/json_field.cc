@@ -59,10 +59,9 @@ int64_t JsonInt(const json& value, const std::string& path, const JsonFieldWords
   Expect(value.is_number_integer(), value, path, "an integer", words);
   constexpr uint64_t kMax = std::numeric_limits<int64_t>::max();
   if (value.is_number_unsigned() && value.get<uint64_t>() > kMax) {
-    throw InputError(fmt::format(fmt::runtime(words.too_large),
-                                 fmt::arg("field", FieldName(path, words)),
-                                 fmt::arg("value", JsonSnippet(value, words.snippet_chars)),
-                                 fmt::arg("max", kMax)));
+    throw InputError(fmt::format(
+        fmt::runtime(words.too_large), fmt::arg("field", FieldName(path, words)),
+        fmt::arg("value", JsonSnippet(value, words.snippet_chars)), fmt::arg("max", kMax)));
   }
   return value.get<int64_t>();
 }
@@ -77,8 +76,8 @@ bool JsonBool(const json& value, const std::string& path, const JsonFieldWords& 
   return value.get<bool>();
 }
 
-std::string RequiredJsonString(const json& object, const std::string& key,
-                               const std::string& where, const JsonFieldWords& words) {
+std::string RequiredJsonString(const json& object, const std::string& key, const std::string& where,
+                               const JsonFieldWords& words) {
   return JsonString(RequiredJsonField(object, key, where), JsonPath(where, key), words);
 }
 

@@ -4,10 +4,9 @@
 // file passes its JsonFieldWords and the checks are written once.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 

@@ -1,5 +1,3 @@
-#include "format/json_document.h"
-#include "format/input_file.h"
 #include "format/model_files.h"
 
 #include <fmt/format.h>
@@ -13,6 +11,8 @@
 #include <sstream>
 
 #include "format/error.h"
+#include "format/input_file.h"
+#include "format/json_document.h"
 #include "format/prng.h"
 
 namespace kvdiff::format {
@@ -60,8 +60,8 @@ Checkpoint OpenCheckpoint(const std::filesystem::path& dir) {
   } else if (std::filesystem::exists(dir / kShardIndex)) {
     // Sharded: {"weight_map": {"tensor name": "model-00001-of-00002.safetensors", ...}}.
     const std::filesystem::path index_path = dir / kShardIndex;
-    const nlohmann::json index = ParseJsonDocument(
-        ReadInputFile(index_path, "safetensors index"), index_path.string());
+    const nlohmann::json index =
+        ParseJsonDocument(ReadInputFile(index_path, "safetensors index"), index_path.string());
     KVDIFF_CHECK(
         index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
         "{}: expected an object with a \"weight_map\" object", index_path.string());
@@ -161,7 +161,7 @@ Checkpoint OpenCheckpoint(const std::filesystem::path& dir) {
 struct WeightScales {
   double embed, norm_noise, v, o, gate_up, down, lm_head;
   double qk, qk_deep;  // q_proj, k_proj: in the first kDemandingScoreLayers layers, and past them
-  double final_norm;  // model.norm.weight's factor (1 + noise, times this)
+  double final_norm;   // model.norm.weight's factor (1 + noise, times this)
 };
 
 // The scale knob (RandomModelScale) multiplies these: `scores` the product of the q and k scales

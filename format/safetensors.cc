@@ -4,7 +4,6 @@
 // relative to the data section) plus an optional "__metadata__" object of strings. The reader is as
 // strict as the reference implementation: the tensors must tile the data section exactly (no
 // overlap, no gap, no trailing bytes), because a file that does not is truncated or corrupt.
-#include "format/json_document.h"
 #include "format/safetensors.h"
 
 #include <fcntl.h>
@@ -23,6 +22,7 @@
 #include <utility>
 
 #include "format/error.h"
+#include "format/json_document.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "kvdiff reads and writes safetensors by memcpy and assumes a little-endian host"
@@ -216,7 +216,7 @@ SafetensorsFile SafetensorsFile::Open(const std::filesystem::path& path) {
                file, header_len, kMaxHeaderBytes);
   const char* header_begin = reinterpret_cast<const char*>(bytes + 8);
   const json header = ParseJsonDocument(std::string_view(header_begin, header_len),
-                                         fmt::format("{}: the {}-byte header", file, header_len));
+                                        fmt::format("{}: the {}-byte header", file, header_len));
   KVDIFF_CHECK(header.is_object(), "{}: the header must be a JSON object, found {}", file,
                header.type_name());
 
@@ -269,13 +269,15 @@ SafetensorsFile SafetensorsFile::Open(const std::filesystem::path& path) {
       const uint64_t d = NonNegativeInt(dim, where + " shape " + JsonSnippet(shape));
       // Products beyond the file size are certainly wrong; checking here also prevents overflow.
       KVDIFF_CHECK(d == 0 || num_elements <= file_size / d,
-                   "{}: shape {} has more elements than the file has bytes", where, JsonSnippet(shape));
+                   "{}: shape {} has more elements than the file has bytes", where,
+                   JsonSnippet(shape));
       num_elements *= d;
       view.shape.push_back(static_cast<int64_t>(d));
     }
     const json& offsets = entry["data_offsets"];
     KVDIFF_CHECK(offsets.is_array() && offsets.size() == 2,
-                 "{}: \"data_offsets\" must be [begin, end], found {}", where, JsonSnippet(offsets));
+                 "{}: \"data_offsets\" must be [begin, end], found {}", where,
+                 JsonSnippet(offsets));
     const uint64_t begin = NonNegativeInt(offsets[0], where + " data_offsets begin");
     const uint64_t end = NonNegativeInt(offsets[1], where + " data_offsets end");
     KVDIFF_CHECK(begin <= end, "{}: data_offsets [{}, {}] end before they begin", where, begin,

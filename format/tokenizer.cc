@@ -1,5 +1,3 @@
-#include "format/json_document.h"
-#include "format/input_file.h"
 #include "format/tokenizer.h"
 
 #include <fmt/format.h>
@@ -10,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "format/error.h"
+#include "format/input_file.h"
+#include "format/json_document.h"
 
 namespace kvdiff::format {
 namespace {
@@ -271,8 +271,8 @@ std::optional<Tokenizer> Tokenizer::LoadFromModelDir(const std::filesystem::path
   Token ids[2] = {-1, -1};
   const auto config_path = dir / "tokenizer_config.json";
   if (std::filesystem::exists(config_path)) {
-    const nlohmann::json config = ParseJsonDocument(
-        ReadInputFile(config_path, "tokenizer config"), config_path.string());
+    const nlohmann::json config =
+        ParseJsonDocument(ReadInputFile(config_path, "tokenizer config"), config_path.string());
     const char* keys[2] = {"bos_token", "eos_token"};
     for (int k = 0; k < 2; ++k) {
       if (!config.is_object() || !config.contains(keys[k]) || config[keys[k]].is_null()) continue;

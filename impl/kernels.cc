@@ -155,7 +155,6 @@ void WidenRow(const WeightView& w, int64_t r, float* out) {
   }
 }
 
-
 namespace {
 
 // RMSNorm of R consecutive rows of x (each n long). Each row's sum of squares is one chain of adds

@@ -14,15 +14,16 @@ namespace kvdiff::impl {
 
 // How a weight matrix is stored. A 16-bit matrix holds values that are exactly its float32 values
 // (a bf16 or f16 checkpoint): the kernels widen each value to float32 as they load it (exact), so
-// every product and every sum is the one the float32 matrix gives, bit for bit, from half the bytes.
+// every product and every sum is the one the float32 matrix gives, bit for bit, from half the
+// bytes.
 enum class WeightDtype { kF32, kBF16, kF16 };
 
 // A weight matrix (out_features, in_features), row-major: float32 borrowed from
 // format::ModelWeights (data), or 16-bit values the model keeps (half, with dtype kBF16/kF16).
 struct WeightView {
   const float* data = nullptr;
-  int64_t rows = 0;  // out_features
-  int64_t cols = 0;  // in_features
+  int64_t rows = 0;                // out_features
+  int64_t cols = 0;                // in_features
   const uint16_t* half = nullptr;  // the 16-bit storage when dtype != kF32
   WeightDtype dtype = WeightDtype::kF32;
   const float* Row(int64_t r) const { return data + r * cols; }

@@ -29,7 +29,9 @@ class KvCache {
   // ([kv_head][head_dim]). keys_[l] is (capacity, kv_dim), row-major.
   float* KeyRow(int64_t layer, int64_t pos) { return keys_[layer].data() + pos * kv_dim_; }
   float* ValueRow(int64_t layer, int64_t pos) { return values_[layer].data() + pos * kv_dim_; }
-  const float* KeyRow(int64_t layer, int64_t pos) const { return keys_[layer].data() + pos * kv_dim_; }
+  const float* KeyRow(int64_t layer, int64_t pos) const {
+    return keys_[layer].data() + pos * kv_dim_;
+  }
   const float* ValueRow(int64_t layer, int64_t pos) const {
     return values_[layer].data() + pos * kv_dim_;
   }

@@ -105,7 +105,7 @@ std::map<std::string, std::vector<uint16_t>> Narrow(const format::ModelWeights& 
 struct Model::State {
   std::shared_ptr<const format::ModelWeights> weights;  // owns every float the views point at
   format::LlamaConfig config;
-  WeightDtype dtype = WeightDtype::kF32;  // of the matrices
+  WeightDtype dtype = WeightDtype::kF32;              // of the matrices
   std::map<std::string, std::vector<uint16_t>> half;  // 16-bit matrices the views point at
   WeightView embed;                                   // (vocab, hidden)
   std::vector<LayerWeights> layers;
@@ -138,12 +138,12 @@ struct Model::State {
       auto get = [&](const std::string& name) -> const format::Tensor& {
         return weights->Get(p + name);
       };
-      layers.push_back({get("input_layernorm.weight").data.data(),
-                        view_of(get("self_attn.q_proj.weight")), view_of(get("self_attn.k_proj.weight")),
-                        view_of(get("self_attn.v_proj.weight")), view_of(get("self_attn.o_proj.weight")),
-                        get("post_attention_layernorm.weight").data.data(),
-                        view_of(get("mlp.gate_proj.weight")), view_of(get("mlp.up_proj.weight")),
-                        view_of(get("mlp.down_proj.weight"))});
+      layers.push_back(
+          {get("input_layernorm.weight").data.data(), view_of(get("self_attn.q_proj.weight")),
+           view_of(get("self_attn.k_proj.weight")), view_of(get("self_attn.v_proj.weight")),
+           view_of(get("self_attn.o_proj.weight")),
+           get("post_attention_layernorm.weight").data.data(), view_of(get("mlp.gate_proj.weight")),
+           view_of(get("mlp.up_proj.weight")), view_of(get("mlp.down_proj.weight"))});
     }
     final_norm = weights->Get("model.norm.weight").data.data();
     lm_head = view_of(weights->LmHead());
@@ -151,7 +151,8 @@ struct Model::State {
 
   // 1. Embedding: row lookup.
   void Embed(const Tokens& tokens, float* x) const {
-    for (size_t i = 0; i < tokens.size(); ++i) WidenRow(embed, tokens[i], x + i * config.hidden_size);
+    for (size_t i = 0; i < tokens.size(); ++i)
+      WidenRow(embed, tokens[i], x + i * config.hidden_size);
   }
 
   // 4. Attention of s rows at RoPE positions index_pos.., appending K/V at cache rows past..;

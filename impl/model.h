@@ -20,9 +20,9 @@ class Session;
 enum class WeightStorage { kAuto, kF32 };
 
 // Holds the weights by shared_ptr and reads them in place (no copy; a tied head is the embedding
-// matrix itself; with 16-bit storage, one 16-bit copy of each matrix), plus the RoPE tables, a thread pool and the scratch buffers of a forward call.
-// Forward calls on one Model are serialized (they share the pool and the scratch); Sessions refer
-// to their Model, which must outlive them.
+// matrix itself; with 16-bit storage, one 16-bit copy of each matrix), plus the RoPE tables, a
+// thread pool and the scratch buffers of a forward call. Forward calls on one Model are serialized
+// (they share the pool and the scratch); Sessions refer to their Model, which must outlive them.
 class Model {
  public:
   // threads: 0 means every core of the machine. Throws InputError when the weights do not match

@@ -39,7 +39,8 @@ ThreadPool::ThreadPool(int threads) {
   KVDIFF_CHECK(threads >= 0 && threads <= kMaxThreads,
                "threads: expected 0 (every core) to {}, got {}", kMaxThreads, threads);
   if (threads == 0) {
-    threads = std::min(kMaxThreads, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+    threads =
+        std::min(kMaxThreads, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   }
   size_ = threads;
   workers_.reserve(size_ - 1);
@@ -65,8 +66,7 @@ void ThreadPool::StopWorkers() {
   for (auto& worker : workers_) worker.join();
 }
 
-std::pair<int64_t, int64_t> ThreadPool::Chunk(int64_t n, int64_t grain, int64_t chunks,
-                                              int64_t c) {
+std::pair<int64_t, int64_t> ThreadPool::Chunk(int64_t n, int64_t grain, int64_t chunks, int64_t c) {
   // Whole grains are dealt out as evenly as possible; the last chunk also takes the remainder.
   const int64_t grains = (n + grain - 1) / grain;
   auto bound = [&](int64_t k) { return std::min(n, grain * ((grains * k) / chunks)); };

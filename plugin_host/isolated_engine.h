@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "plugin_host/plugin_loader.h"
 #include "format/tensor.h"
+#include "plugin_host/plugin_loader.h"
 
 namespace kvdiff::engines {
 

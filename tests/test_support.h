@@ -91,15 +91,15 @@ inline CommandResult RunKvdiff(const std::string& args, const std::filesystem::p
   const auto out = dir / "stdout.txt";
   const auto err = dir / "stderr.txt";
   std::string vars = "env";
-  for (const char* name : {"TEST_SHARD_INDEX", "TEST_TOTAL_SHARDS", "TEST_SHARD_STATUS_FILE",
-                           "GTEST_SHARD_INDEX", "GTEST_TOTAL_SHARDS", "JOB_COMPLETION_INDEX",
-                           "KVDIFF_SHARD_COUNT"}) {
+  for (const char* name :
+       {"TEST_SHARD_INDEX", "TEST_TOTAL_SHARDS", "TEST_SHARD_STATUS_FILE", "GTEST_SHARD_INDEX",
+        "GTEST_TOTAL_SHARDS", "JOB_COMPLETION_INDEX", "KVDIFF_SHARD_COUNT"}) {
     vars += std::string(" -u ") + name;
   }
   for (const auto& [name, value] : env) vars += " " + name + "=" + ShellQuote(value);
   const std::string cmd = "cd " + ShellQuote(dir.string()) + " && " + vars + " " +
-                          ShellQuote(KVDIFF_BINARY) + " " + args + " >" +
-                          ShellQuote(out.string()) + " 2>" + ShellQuote(err.string());
+                          ShellQuote(KVDIFF_BINARY) + " " + args + " >" + ShellQuote(out.string()) +
+                          " 2>" + ShellQuote(err.string());
   const int status = std::system(cmd.c_str());
   CommandResult r;
   if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
@@ -125,10 +125,10 @@ float MaxAbsDiff(const Eigen::MatrixBase<A>& a, const Eigen::MatrixBase<B>& b,
 }  // namespace kvdiff::testing
 
 // Skips the test with a clear message when ../shared/data is not beside the repository.
-#define KVDIFF_REQUIRE_SHARED_DATA(var)                                                      \
-  auto var##_opt = ::kvdiff::testing::SharedDataDir();                                       \
-  if (!var##_opt) {                                                                          \
-    GTEST_SKIP() << "shared test data not found at " KVDIFF_SHARED_DATA_DIR                  \
+#define KVDIFF_REQUIRE_SHARED_DATA(var)                                                       \
+  auto var##_opt = ::kvdiff::testing::SharedDataDir();                                        \
+  if (!var##_opt) {                                                                           \
+    GTEST_SKIP() << "shared test data not found at " KVDIFF_SHARED_DATA_DIR                   \
                     " (set KVDIFF_DATA_DIR to point at it); this test needs the real models"; \
-  }                                                                                          \
+  }                                                                                           \
   const std::filesystem::path var = *var##_opt

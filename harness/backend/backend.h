@@ -54,7 +54,7 @@ class RawModel {
 
 // How the registry builds a backend (every command passes the same to every backend it makes).
 struct BackendOptions {
-  int threads = 0;       // 0: every core
+  int threads = 0;  // 0: every core
   // Plugins: the engine's whole lifecycle runs in a child process, so a crash, hang or exit fails
   // a call instead of kvdiff. The default; false (--in-process) trades that for speed.
   bool isolate = true;

@@ -53,9 +53,9 @@ impl::WeightStorage ParseImplOptions(const std::string& name) {
   const std::string option = name.substr(q + 1);
   if (option == "weights=auto") return impl::WeightStorage::kAuto;
   if (option == "weights=f32") return impl::WeightStorage::kF32;
-  throw InputError(fmt::format(
-      "backend '{}': expected impl?weights=auto or impl?weights=f32, found option '{}'", name,
-      option));
+  throw InputError(
+      fmt::format("backend '{}': expected impl?weights=auto or impl?weights=f32, found option '{}'",
+                  name, option));
 }
 
 std::pair<BackendInfo, BackendFactory> ImplEntry(const std::string& name) {

@@ -75,8 +75,8 @@ class ModelRawModel : public RawModel {
   Logits Forward(const Tokens& tokens, int64_t index_pos, RawCache& cache,
                  ForwardTrace* trace) const override {
     // Every cache this model hands out is a ModelRawCache<Ops>; the drivers never mix backends.
-    return Ops::Forward(model_, tokens, index_pos,
-                        static_cast<ModelRawCache<Ops>&>(cache).cache(), trace);
+    return Ops::Forward(model_, tokens, index_pos, static_cast<ModelRawCache<Ops>&>(cache).cache(),
+                        trace);
   }
 
  private:

@@ -1,13 +1,14 @@
-// Outside engines: an engine plugin (include/kvdiff/engine.h, loaded by plugin_host/plugin_loader.h)
-// behind the Backend interface, so every scenario, campaign, golden and repro experiment reaches
-// its cache. A plugin reads a model directory; kvdiff writes the weights it holds (a preset, a
-// converted llama2.c checkpoint, a directory already loaded) into a scratch folder in float32, so
-// every backend of a run sees the same numbers. The plugin's uncached forward is a fresh session's
-// Append of the whole history: its cached rows are held to its own one-shot prefill, and to the
-// other backends' rows by the cross comparison. With BackendOptions::isolate (the default) the
-// whole plugin lifecycle — dlopen, its constructors, the entry point, open, info, sessions, close —
-// runs in a child process (plugin_host/isolated_engine.h), the same adapter over the other engine
-// type: kvdiff itself never maps a plugin it runs isolated, so none of its code runs here.
+// Outside engines: an engine plugin (include/kvdiff/engine.h, loaded by
+// plugin_host/plugin_loader.h) behind the Backend interface, so every scenario, campaign, golden
+// and repro experiment reaches its cache. A plugin reads a model directory; kvdiff writes the
+// weights it holds (a preset, a converted llama2.c checkpoint, a directory already loaded) into a
+// scratch folder in float32, so every backend of a run sees the same numbers. The plugin's uncached
+// forward is a fresh session's Append of the whole history: its cached rows are held to its own
+// one-shot prefill, and to the other backends' rows by the cross comparison. With
+// BackendOptions::isolate (the default) the whole plugin lifecycle — dlopen, its constructors, the
+// entry point, open, info, sessions, close — runs in a child process
+// (plugin_host/isolated_engine.h), the same adapter over the other engine type: kvdiff itself never
+// maps a plugin it runs isolated, so none of its code runs here.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -16,12 +17,12 @@
 #include <type_traits>
 #include <utility>
 
-#include "plugin_host/isolated_engine.h"
-#include "plugin_host/plugin_loader.h"
 #include "format/error.h"
 #include "format/input_file.h"
 #include "format/scratch_dir.h"
 #include "harness/backend/registry.h"
+#include "plugin_host/isolated_engine.h"
+#include "plugin_host/plugin_loader.h"
 
 namespace kvdiff::harness {
 namespace {

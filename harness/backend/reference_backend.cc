@@ -2,12 +2,11 @@
 // interface. A session is what a transformers user holds between calls: the model and one
 // DynamicCache; the raw call is model(input_ids, past_key_values=cache), which reads the position
 // from the cache. Compiled only with KVDIFF_WITH_TORCH; it includes reference/'s torch-free header.
-#include "harness/backend/registry.h"
-
 #include <utility>
 
 #include "format/error.h"
 #include "harness/backend/model_backend.h"
+#include "harness/backend/registry.h"
 #include "reference/reference_model.h"
 
 namespace kvdiff::harness {
@@ -76,8 +75,8 @@ void RegisterReferenceBackends(BackendRegistry& registry) {
                                                    std::shared_ptr<const format::ModelWeights> w,
                                                    const BackendOptions& options) {
       return std::make_unique<ReferenceBackend>(
-          info, std::make_shared<const ref::ReferenceModel>(std::move(w), precision,
-                                                            options.threads));
+          info,
+          std::make_shared<const ref::ReferenceModel>(std::move(w), precision, options.threads));
     });
   }
 }

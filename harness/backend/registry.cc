@@ -16,22 +16,25 @@ BackendRegistry& BackendRegistry::Global() {
     RegisterImplBackend(*r);
     r->RegisterFamily(kPluginPrefix, ResolvePluginBackend);
 #ifdef KVDIFF_LLAMACPP_ENGINE_PATH
-    // Flash attention off and an f32 cache: the settings held to the 1e-4 gate (docs/engines.md, "Testing llama.cpp").
-    RegisterNamedPlugin(*r, "llama.cpp", "llama.cpp through its C API, f32 KV cache",
-                        KVDIFF_LLAMACPP_ENGINE_PATH, "kv=f32,flash_attn=off",
-                        {// ggml's rope: theta = p · base^(-2i/d) in float
-                         "f32",
-                         // Measured: all-zero logits on tiny with --scale demanding (ref64's reach
-                         // 3e3), with kv=f32 and kv=f16 alike.
-                         "ggml's rms_norm squares each value in float32, which overflows to inf for "
-                         "hidden states of ~1e19 and normalizes them to 0"});
+    // Flash attention off and an f32 cache: the settings held to the 1e-4 gate (docs/engines.md,
+    // "Testing llama.cpp").
+    RegisterNamedPlugin(
+        *r, "llama.cpp", "llama.cpp through its C API, f32 KV cache", KVDIFF_LLAMACPP_ENGINE_PATH,
+        "kv=f32,flash_attn=off",
+        {// ggml's rope: theta = p · base^(-2i/d) in float
+         "f32",
+         // Measured: all-zero logits on tiny with --scale demanding (ref64's reach
+         // 3e3), with kv=f32 and kv=f16 alike.
+         "ggml's rms_norm squares each value in float32, which overflows to inf for "
+         "hidden states of ~1e19 and normalizes them to 0"});
 #endif
 #ifdef KVDIFF_HAVE_TORCH
     RegisterReferenceBackends(*r);
 #else
     for (const char* name : {"ref", "ref64"}) {
       r->RegisterUnavailable(
-          name, fmt::format("backend '{}' needs a build with LibTorch (KVDIFF_WITH_TORCH=ON)", name));
+          name,
+          fmt::format("backend '{}' needs a build with LibTorch (KVDIFF_WITH_TORCH=ON)", name));
     }
 #endif
     return r;
@@ -91,12 +94,10 @@ bool BackendRegistry::Knows(const std::string& name) const {
 const BackendInfo& BackendRegistry::Info(const std::string& name) const {
   const Entry* e = Resolve(name);
   if (!e) {
-    throw InputError(fmt::format("unknown backend '{}' (available: {})", name,
-                                 NamesText()));
+    throw InputError(fmt::format("unknown backend '{}' (available: {})", name, NamesText()));
   }
   if (!e->unavailable.empty()) {
-    throw InputError(
-        fmt::format("{}; this build has: {}", e->unavailable, NamesText()));
+    throw InputError(fmt::format("{}; this build has: {}", e->unavailable, NamesText()));
   }
   return e->info;
 }
@@ -107,7 +108,8 @@ std::unique_ptr<Backend> BackendRegistry::Make(const std::string& name,
   const BackendInfo& info = Info(name);
   // Every backend, LibTorch's and the plugins' included, is held to the impl pool's bound.
   KVDIFF_CHECK(options.threads >= 0 && options.threads <= impl::kMaxThreads,
-               "threads: expected 0 (every core) to {}, got {}", impl::kMaxThreads, options.threads);
+               "threads: expected 0 (every core) to {}, got {}", impl::kMaxThreads,
+               options.threads);
   return Resolve(name)->make(info, std::move(weights), options);
 }
 
@@ -118,7 +120,9 @@ std::vector<std::string> BackendRegistry::Names() const {
   return names;
 }
 
-std::string BackendRegistry::NamesText() const { return fmt::format("{}", fmt::join(Names(), ", ")); }
+std::string BackendRegistry::NamesText() const {
+  return fmt::format("{}", fmt::join(Names(), ", "));
+}
 
 std::vector<std::string> BackendRegistry::Defaults() const {
   std::vector<std::string> names;
@@ -152,7 +156,8 @@ std::string BackendRegistry::FirstWithRawCall(RawCall kind) const {
 std::string BackendRegistry::HelpText() const {
   std::vector<std::string> parts;
   for (const Entry& e : entries_) {
-    if (e.unavailable.empty()) parts.push_back(fmt::format("{} ({})", e.info.name, e.info.description));
+    if (e.unavailable.empty())
+      parts.push_back(fmt::format("{} ({})", e.info.name, e.info.description));
   }
   return fmt::format("{}", fmt::join(parts, ", "));
 }

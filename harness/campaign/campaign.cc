@@ -1,8 +1,4 @@
 #include "harness/campaign/campaign.h"
-#include "harness/campaign/campaign_detail.h"
-
-#include "harness/campaign/jobs.h"
-#include "harness/report/junit.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -13,6 +9,9 @@
 #include <mutex>
 
 #include "format/error.h"
+#include "harness/campaign/campaign_detail.h"
+#include "harness/campaign/jobs.h"
+#include "harness/report/junit.h"
 #include "harness/report/run_report.h"
 
 namespace kvdiff::harness {
@@ -176,8 +175,8 @@ JUnitSuite CampaignReport::ToJUnitSuite() const {
       c.outcome = JUnitOutcome::kFailure;
       c.type = "divergence";
       c.message = r.failure;
-      c.text = (r.shape.empty() ? "" : "shape: " + r.shape + "\n") +
-               "replay: kvdiff run " + r.scenario_file;
+      c.text = (r.shape.empty() ? "" : "shape: " + r.shape + "\n") + "replay: kvdiff run " +
+               r.scenario_file;
     }
     suite.cases.push_back(std::move(c));
   }
@@ -238,13 +237,12 @@ CaseResult RunCase(const Scenario& sc, const std::vector<const Backend*>& backen
     if (run.first_divergence) {
       const Divergence& d = *run.first_divergence;
       result.failure = fmt::format(
-          "step {} {}: {} vs {} at conversation {}, position {}: max |a-b| {}{}", d.step,
-          d.params, d.a, d.b, d.row.conversation, d.row.position,
-          FormatDiff(d.row.cmp.max_abs_diff),
-          result.demanding ? fmt::format(" ({} of max |logit| {}; demanding case)",
-                                         FormatDiff(d.row.cmp.relative_diff()),
-                                         FormatDiff(d.row.cmp.scale))
-                           : std::string());
+          "step {} {}: {} vs {} at conversation {}, position {}: max |a-b| {}{}", d.step, d.params,
+          d.a, d.b, d.row.conversation, d.row.position, FormatDiff(d.row.cmp.max_abs_diff),
+          result.demanding
+              ? fmt::format(" ({} of max |logit| {}; demanding case)",
+                            FormatDiff(d.row.cmp.relative_diff()), FormatDiff(d.row.cmp.scale))
+              : std::string());
     } else {
       const BackendFailure& e = *run.first_error;
       result.failure =
@@ -336,14 +334,14 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model,
       static_cast<int64_t>(indices.size()), static_cast<int>(jobs.size()),
       [&](int job, int64_t i) {
         if (is_demanding(indices[i])) {
-          scenarios[i] = campaign_detail::NewCase(config, demanding.model, demanding.backends,
-                                                options, generation, indices[i],
-                                                demanding.options.rtol);
+          scenarios[i] =
+              campaign_detail::NewCase(config, demanding.model, demanding.backends, options,
+                                       generation, indices[i], demanding.options.rtol);
           results[i] = campaign_detail::RunCase(scenarios[i], demanding.jobs[job], options,
-                                              indices[i], true);
+                                                indices[i], true);
         } else {
           scenarios[i] = campaign_detail::NewCase(config, model, report.backends, options,
-                                                generation, indices[i]);
+                                                  generation, indices[i]);
           results[i] = campaign_detail::RunCase(scenarios[i], jobs[job], options, indices[i]);
         }
       },

@@ -52,12 +52,12 @@ struct CaseResult {
   bool passed = true;
   int64_t steps = 0, rows_compared = 0;
   double worst_diff = 0;
-  bool demanding = false;           // run on the demanding model (DemandingPart)
-  double worst_relative_diff = 0;   // max |a-b| / max |logit| over its rows
-  WorstRow worst;                   // the row of worst_diff, with its gate
-  std::string failure;        // first divergence or error, one line
-  std::string scenario_file;  // written when it failed
-  std::string shape;          // --shapes random: the case's model (ShapeParams); else empty
+  bool demanding = false;          // run on the demanding model (DemandingPart)
+  double worst_relative_diff = 0;  // max |a-b| / max |logit| over its rows
+  WorstRow worst;                  // the row of worst_diff, with its gate
+  std::string failure;             // first divergence or error, one line
+  std::string scenario_file;       // written when it failed
+  std::string shape;               // --shapes random: the case's model (ShapeParams); else empty
   std::map<std::string, DistributionStats> distributions;  // RunReport's
 };
 
@@ -73,8 +73,8 @@ struct CampaignReport {
   Shard shard;
   std::vector<CaseResult> results;  // in case order
   int64_t rows_compared = 0;
-  double worst_diff = 0;  // over the ordinary cases (the demanding ones are relative)
-  WorstRow worst;         // the row of worst_diff, with its gate
+  double worst_diff = 0;    // over the ordinary cases (the demanding ones are relative)
+  WorstRow worst;           // the row of worst_diff, with its gate
   int64_t worst_case = -1;  // the case it is in
   // The demanding part: its model, backends and gate, or why it was skipped; how many of the cases
   // run were demanding, and their worst difference relative to max |logit|.
@@ -119,9 +119,9 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model,
 // `backend_names` (every one for every case, on whichever of the `jobs` threads runs it). Its
 // history is capped by its own context, and its boundaries are the powers of two and declared sizes
 // below that context; the coverage's boundaries are the union of the cases' and its context the
-// largest (docs/campaigns.md, "Random shapes"). A backend that cannot be built for a shape (an engine that
-// refuses it) fails that case, naming the backend and saying why. The report is the same for any
-// jobs.
+// largest (docs/campaigns.md, "Random shapes"). A backend that cannot be built for a shape (an
+// engine that refuses it) fails that case, naming the backend and saying why. The report is the
+// same for any jobs.
 CampaignReport RunRandomShapeCampaign(const std::vector<std::string>& backend_names,
                                       const BackendOptions& backend_options, int jobs,
                                       const CampaignOptions& options);

@@ -166,8 +166,8 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
       const std::string c = pick([&](const ConversationState& c) { return c.length < max_len; });
       if (!c.empty()) prefill(c);
     } else if (roll < 60) {  // decode
-      const std::string c = pick(
-          [&](const ConversationState& c) { return c.has_last_row && c.length < max_len; });
+      const std::string c =
+          pick([&](const ConversationState& c) { return c.has_last_row && c.length < max_len; });
       if (!c.empty()) {
         s.op = Op::kDecode;
         s.conversation = c;

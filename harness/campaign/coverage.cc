@@ -1,12 +1,12 @@
 #include "harness/campaign/coverage.h"
 
-#include "format/error.h"
-#include "harness/scenario/conversations.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <exception>
+
+#include "format/error.h"
+#include "harness/scenario/conversations.h"
 
 namespace kvdiff::harness {
 namespace {
@@ -230,8 +230,8 @@ std::string Coverage::Text() const {
   if (shapes.size() > kShapeLines) {
     int64_t shown = 0;
     for (const auto& [minus_n, shape] : by_count) shown -= minus_n;
-    out += fmt::format("  shapes:        {} distinct; {} more ({} cases) in --json\n", shapes.size(),
-                       shapes.size() - kShapeLines, cases - shown);
+    out += fmt::format("  shapes:        {} distinct; {} more ({} cases) in --json\n",
+                       shapes.size(), shapes.size() - kShapeLines, cases - shown);
   }
   out += "  boundaries (calls of b-1..b tokens / longer; rows at position b-1 / at b or beyond):\n";
   for (const BoundaryCoverage& b : boundaries) {

@@ -55,8 +55,7 @@ bool IsDemandingCase(uint64_t seed, int64_t k, double fraction) {
                "--demanding-fraction: expected a fraction in [0, 1], got {}", fraction);
   if (fraction == 0) return false;
   // A stream of its own (named, like a tensor's), so the case's steps do not depend on it.
-  format::Xoshiro256 rng =
-      format::Xoshiro256::ForStream(seed, fmt::format("demanding case {}", k));
+  format::Xoshiro256 rng = format::Xoshiro256::ForStream(seed, fmt::format("demanding case {}", k));
   return static_cast<double>(rng.Next() >> 11) * 0x1.0p-53 < fraction;
 }
 

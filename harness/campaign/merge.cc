@@ -48,7 +48,7 @@ CaseResult CaseFromJson(const json& j) {
   r.rows_compared = j.at("rows_compared").get<int64_t>();
   r.worst_diff = DiffOf(j.at("worst_diff"));
   if (j.contains("worst")) r.worst = WorstRowFromJson(j.at("worst"), "worst");  // since 0.1.0+
-  r.shape = j.value("shape", "");  // --shapes random
+  r.shape = j.value("shape", "");                                               // --shapes random
   r.demanding = j.value("demanding", false);
   if (r.demanding) r.worst_relative_diff = DiffOf(j.at("worst_relative_diff"));
   if (!r.passed) {
@@ -140,7 +140,6 @@ void CheckSameCampaign(const ShardReport& s, const ShardReport& first) {
 }
 
 }  // namespace
-
 
 namespace {
 // The demanding part's counts (harness/campaign/demanding_part.h) over every shard's cases: the

@@ -115,7 +115,8 @@ CampaignReport RunRandomShapeCampaign(const std::vector<std::string>& backend_na
   CampaignReport report = campaign_detail::NewReport(backend_names, options);
   // The demanding part scales a preset's weights; here every case draws a model of its own.
   report.demanding.skipped =
-      "--shapes random (the demanding part runs on a preset's demanding variant: use --shapes fixed)";
+      "--shapes random (the demanding part runs on a preset's demanding variant: use --shapes "
+      "fixed)";
   report.random_shapes = true;
   report.model_description = "a random shape per case (see coverage)";
   const std::vector<int64_t> indices = ShardCases(options.cases, options.shard);

@@ -10,7 +10,9 @@ namespace {
 constexpr int64_t kMinHeadDim = 8, kMaxHeadDim = 128;
 
 // A stream of its own, so the shape of case k does not depend on how its steps are drawn.
-uint64_t ShapeStream(uint64_t seed, int64_t k) { return CaseStream(seed, k) ^ 0x5348415045530000ull; }
+uint64_t ShapeStream(uint64_t seed, int64_t k) {
+  return CaseStream(seed, k) ^ 0x5348415045530000ull;
+}
 
 // An even head_dim in [8, 128] with heads x head_dim in [kMinShapeWidth, kMaxShapeWidth]: half the
 // time a power of two (what real models use), else any even size (odd strides: 18, 22, 54...).
@@ -21,7 +23,8 @@ int64_t DrawHeadDim(CaseRng& rng, int64_t heads) {
   std::vector<int64_t> powers;
   for (int64_t p = kMinHeadDim; p <= hi; p *= 2)
     if (p >= lo) powers.push_back(p);
-  if (!powers.empty() && rng.Chance(50)) return powers[rng.Below(static_cast<int64_t>(powers.size()))];
+  if (!powers.empty() && rng.Chance(50))
+    return powers[rng.Below(static_cast<int64_t>(powers.size()))];
   return 2 * rng.Between(lo / 2, hi / 2);
 }
 
@@ -59,7 +62,8 @@ format::LlamaConfig DrawShape(uint64_t seed, int64_t k) {
   c.head_dim = DrawHeadDim(rng, c.num_attention_heads);
   // q_proj maps hidden to heads x head_dim: equal in most models, not in all (HF's explicit
   // head_dim), and a port that assumes they are equal reads the wrong strides.
-  c.hidden_size = rng.Chance(80) ? c.QDim() : 8 * rng.Between(kMinShapeWidth / 8, kMaxShapeWidth / 8);
+  c.hidden_size =
+      rng.Chance(80) ? c.QDim() : 8 * rng.Between(kMinShapeWidth / 8, kMaxShapeWidth / 8);
   c.intermediate_size = rng.Between(8, std::min<int64_t>(3 * c.hidden_size, 2 * kMaxShapeWidth));
   c.vocab_size = rng.Between(32, 1024);  // odd half the time
   c.max_position_embeddings = DrawContext(rng);

@@ -1,12 +1,12 @@
 #include "harness/compare/compare.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "format/error.h"
 
@@ -172,7 +172,8 @@ RowComparison CompareRows(const float* a, const float* b, int64_t n, const Toler
   }
   if (!c.nonfinite) c.kl_divergence = KlDivergence(a, b, n);
   if (!c.nonfinite) {
-    for (int64_t i = 0; i < n; ++i) c.scale = std::max(c.scale, std::fabs(static_cast<double>(b[i])));
+    for (int64_t i = 0; i < n; ++i)
+      c.scale = std::max(c.scale, std::fabs(static_cast<double>(b[i])));
   }
   c.gate = std::max(tolerance.abs, tolerance.rel * c.scale);
   c.within_tolerance = !c.nonfinite && c.max_abs_diff <= c.gate;

@@ -8,8 +8,8 @@
 namespace kvdiff::harness {
 
 // The gate: max |a - b| over a logits row, absolute. float32 Llamas of the sizes kvdiff runs
-// agree with a float64 one to ~2e-5 (docs/concepts.md, "Tolerances"); a wrong position or a stale cache
-// moves logits by far more.
+// agree with a float64 one to ~2e-5 (docs/concepts.md, "Tolerances"); a wrong position or a stale
+// cache moves logits by far more.
 inline constexpr double kDefaultTolerance = 1e-4;
 
 // The tolerance of a run, resolved once: the --tolerance flag, else the file's (scenario or
@@ -18,8 +18,8 @@ double ResolveTolerance(const std::optional<double>& flag, std::optional<double>
 
 // The gate of a row: max |a - b| <= abs, or <= rel * max_i |b_i| when rel > 0. The relative part
 // is for models whose logits are in the thousands (make-model --scale demanding), where float32
-// rounding alone is ~1e-7 of the logits' size and an absolute 1e-4 means nothing (docs/campaigns.md,
-// "The demanding part"); rel = 0 is the plain absolute gate.
+// rounding alone is ~1e-7 of the logits' size and an absolute 1e-4 means nothing
+// (docs/campaigns.md, "The demanding part"); rel = 0 is the plain absolute gate.
 struct Tolerance {
   double abs = kDefaultTolerance;
   double rel = 0;
@@ -42,8 +42,8 @@ struct RowComparison {
   // KL(softmax(b) || softmax(a)) in nats, in double: how far a's next-token distribution is from
   // the oracle's, as llama.cpp's perplexity tool reports it (0 for NaN/inf rows).
   double kl_divergence = 0;
-  double scale = 0;      // max |b_i| (b finite): what a relative tolerance is relative to
-  double gate = 0;       // the row's gate: max(tolerance.abs, tolerance.rel * scale)
+  double scale = 0;  // max |b_i| (b finite): what a relative tolerance is relative to
+  double gate = 0;   // the row's gate: max(tolerance.abs, tolerance.rel * scale)
   bool within_tolerance = false;
 
   // max |a - b| / max |b_i|: the difference relative to the row's scale (inf when not finite).
@@ -64,7 +64,8 @@ struct DistributionStats {
 
   void Add(const RowComparison& c);
   void Merge(const DistributionStats& other);
-  // "argmax agrees on 3071 of 3072 rows (99.97%), top-5 overlap 4.98/5, KL mean 2.1e-07 max 3.4e-06"
+  // "argmax agrees on 3071 of 3072 rows (99.97%), top-5 overlap 4.98/5, KL mean 2.1e-07
+  // max 3.4e-06"
   std::string Text() const;
 };
 

@@ -50,9 +50,9 @@ double ResolveRopeAllowance(const std::optional<double>& flag,
   }
   if (names.empty()) return 0;
   if (note) {
-    *note = fmt::format(
-        "tolerance profile rope-f32 (+{:.1e} per position, across backends) for {}: {}",
-        kRopeF32.per_position, fmt::join(names, ","), kRopeF32.basis);
+    *note =
+        fmt::format("tolerance profile rope-f32 (+{:.1e} per position, across backends) for {}: {}",
+                    kRopeF32.per_position, fmt::join(names, ","), kRopeF32.basis);
   }
   return kRopeF32.per_position;
 }
@@ -80,8 +80,7 @@ double ResolveRunTolerance(const std::optional<double>& flag, std::optional<doub
     tolerance = profile->max_abs;
     if (note) {
       *note = fmt::format("tolerance profile {} (max |a-b| <= {:.1e}) for {}: {}",
-                          profile->cache_dtype, profile->max_abs, backend->Name(),
-                          profile->basis);
+                          profile->cache_dtype, profile->max_abs, backend->Name(), profile->basis);
     }
   }
   return tolerance;

@@ -80,7 +80,8 @@ class Probe {
     for (int64_t r = 0; r < n; ++r) {
       const int64_t position = static_cast<int64_t>(c.history.size()) - n + r;
       const std::string nonfinite = DescribeNonFinite(got.row(r).data(), vocab());
-      if (!nonfinite.empty()) Fail("{}: position {}: non-finite logits: {}", what, position, nonfinite);
+      if (!nonfinite.empty())
+        Fail("{}: position {}: non-finite logits: {}", what, position, nonfinite);
       const double tolerance = CrossTolerance(tolerance_, rope_f32_per_position_, engine_.Info(),
                                               oracle_.Info(), position);
       const RowComparison cmp =
@@ -88,10 +89,11 @@ class Probe {
       worst_ = std::max(worst_, cmp.max_abs_diff);
       ++rows_;
       if (!cmp.within_tolerance) {
-        Fail("{}: position {} differs from {}'s uncached forward by {:.3e} > {:.3e} (argmax {} "
-             "vs {})",
-             what, position, oracle_.Name(), cmp.max_abs_diff, tolerance, cmp.argmax_a,
-             cmp.argmax_b);
+        Fail(
+            "{}: position {} differs from {}'s uncached forward by {:.3e} > {:.3e} (argmax {} "
+            "vs {})",
+            what, position, oracle_.Name(), cmp.max_abs_diff, tolerance, cmp.argmax_a,
+            cmp.argmax_b);
       }
     }
   }
@@ -248,8 +250,9 @@ std::string CheckTokenOutOfRange(Probe& p) {
   auto c = p.New();
   p.Append(c, p.RandomTokens(4), "prefill of 4");
   const Token vocab = static_cast<Token>(p.vocab());
-  p.ExpectRefused(c, fmt::format("append of token {} (vocab_size {})", vocab, vocab),
-                  [&] { c.session->Append({1, vocab}, nullptr); });
+  p.ExpectRefused(c, fmt::format("append of token {} (vocab_size {})", vocab, vocab), [&] {
+    c.session->Append({1, vocab}, nullptr);
+  });
   p.ExpectRefused(c, "append of token -1", [&] { c.session->Append({-1}, nullptr); });
   return Refused(p);
 }
@@ -274,8 +277,8 @@ std::string CheckEmptyAppend(Probe& p) {
 std::string CheckCapacity(Probe& p, int64_t max_fill) {
   const int64_t capacity = p.max_positions();
   if (capacity > max_fill) {
-    throw NotApplicable(fmt::format(
-        "max_position_embeddings {} is above the fill limit {}", capacity, max_fill));
+    throw NotApplicable(
+        fmt::format("max_position_embeddings {} is above the fill limit {}", capacity, max_fill));
   }
   auto c = p.New();
   while (static_cast<int64_t>(c.history.size()) + 128 < capacity) {
@@ -292,11 +295,11 @@ std::string CheckCapacity(Probe& p, int64_t max_fill) {
     return fmt::format("{} positions held; {} refused: {}", capacity, capacity + 1,
                        std::string(e.what()).substr(0, 60));
   } catch (const EngineError& e) {
-    Probe::Fail("position {}: expected a refusal as bad input, got an engine failure: {}",
-                capacity, e.what());
+    Probe::Fail("position {}: expected a refusal as bad input, got an engine failure: {}", capacity,
+                e.what());
   }
-  Probe::Fail("position {} (max_position_embeddings {}) was accepted; expected a refusal",
-              capacity, capacity);
+  Probe::Fail("position {} (max_position_embeddings {}) was accepted; expected a refusal", capacity,
+              capacity);
 }
 
 struct CheckDef {
@@ -324,8 +327,7 @@ ConformCheck RunOne(const CheckDef& def, Probe& probe) {
                                dynamic_cast<const InputError*>(&e) ? "refusal" : "error", e.what());
   }
   probe.Figures();  // a failed check's rows are not the next one's
-  check.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  check.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return check;
 }
 
@@ -399,9 +401,9 @@ ConformReport RunConformance(const ModelSpec& model, const Backend& engine, cons
       check.result = ConformCheck::Result::kFail;
       for (const CaseResult& c : r.results) {
         if (c.passed) continue;
-        check.detail = fmt::format("{} of {} cases failed; case {}: {} (replay: kvdiff run {})",
-                                   r.Failures(), r.results.size(), c.index, c.failure,
-                                   c.scenario_file);
+        check.detail =
+            fmt::format("{} of {} cases failed; case {}: {} (replay: kvdiff run {})", r.Failures(),
+                        r.results.size(), c.index, c.failure, c.scenario_file);
         break;
       }
     }
@@ -425,10 +427,10 @@ std::string ConformReport::Table() const {
     passed += c.result == ConformCheck::Result::kPass;
     skipped += c.result == ConformCheck::Result::kSkip;
   }
-  out += fmt::format("{}: {} of {} checks passed, {} failed{} (against {}, tolerance {:.1e}); {:.2f} s\n",
-                     Passed() ? "PASS" : "FAIL", passed, checks.size(), Failures(),
-                     skipped ? fmt::format(", {} skipped", skipped) : "", oracle, tolerance,
-                     seconds);
+  out += fmt::format(
+      "{}: {} of {} checks passed, {} failed{} (against {}, tolerance {:.1e}); {:.2f} s\n",
+      Passed() ? "PASS" : "FAIL", passed, checks.size(), Failures(),
+      skipped ? fmt::format(", {} skipped", skipped) : "", oracle, tolerance, seconds);
   return out;
 }
 
@@ -441,9 +443,9 @@ nlohmann::json ConformReport::ToJson() const {
                            {"detail", c.detail},
                            {"seconds", c.seconds}});
   }
-  return {{"backend", backend}, {"oracle", oracle},     {"model", model},
-          {"tolerance", tolerance}, {"passed", Passed()}, {"failures", Failures()},
-          {"seconds", seconds},   {"checks", checks_json}};
+  return {{"backend", backend},     {"oracle", oracle},     {"model", model},
+          {"tolerance", tolerance}, {"passed", Passed()},   {"failures", Failures()},
+          {"seconds", seconds},     {"checks", checks_json}};
 }
 
 std::string ConformReport::ToJUnit() const {
@@ -451,7 +453,9 @@ std::string ConformReport::ToJUnit() const {
   suite.name = "conform " + backend;
   suite.classname = "kvdiff.conform";
   suite.seconds = seconds;
-  suite.properties = {{"backend", backend}, {"oracle", oracle}, {"model", model},
+  suite.properties = {{"backend", backend},
+                      {"oracle", oracle},
+                      {"model", model},
                       {"tolerance", fmt::format("{}", tolerance)}};
   for (const ConformCheck& c : checks) {
     JUnitCase jc;

@@ -159,8 +159,8 @@ struct GoldenCheck {  // one golden set on one backend
   int64_t rows_compared = 0;
   double worst_diff = 0;  // largest |a - golden| over compared logits
   std::optional<GoldenMismatch> first;
-  double tolerance = 0;         // what this backend was held to
-  std::string tolerance_note;   // the tolerance profile that applied, if one did
+  double tolerance = 0;        // what this backend was held to
+  std::string tolerance_note;  // the tolerance profile that applied, if one did
 };
 struct GoldenSetReport {
   GoldenPaths paths;
@@ -189,8 +189,7 @@ std::string CompareWithGolden(const GoldenRow& golden, const std::vector<float>*
 // backends: empty means the registry's default set (impl,ref with LibTorch, impl without).
 // tolerance: --tolerance, which wins over each golden's recorded tolerance when given.
 VerifyReport VerifyGoldens(const std::vector<GoldenPaths>& sets,
-                           const std::vector<std::string>& backends,
-                           const BackendOptions& options,
+                           const std::vector<std::string>& backends, const BackendOptions& options,
                            const std::optional<double>& tolerance = std::nullopt);
 
 }  // namespace kvdiff::harness

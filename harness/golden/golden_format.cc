@@ -1,10 +1,4 @@
 // Golden files: the data types, the text format, finding golden sets and loading their scenarios.
-#include "format/input_file.h"
-#include "format/json_document.h"
-#include "format/json_field.h"
-#include "harness/golden/golden.h"
-#include "harness/golden/golden_detail.h"
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <unistd.h>
@@ -19,9 +13,14 @@
 #include <sstream>
 
 #include "format/error.h"
+#include "format/input_file.h"
+#include "format/json_document.h"
+#include "format/json_field.h"
 #include "format/safetensors.h"
 #include "format/scratch_dir.h"
 #include "harness/backend/registry.h"
+#include "harness/golden/golden.h"
+#include "harness/golden/golden_detail.h"
 #include "harness/golden/sha256.h"
 #include "harness/replay/drivers.h"
 #include "harness/replay/replay.h"
@@ -329,7 +328,8 @@ Golden ParseGolden(const std::string& text, const std::string& where) {
   g.dtype = GetStr(root, "dtype", where);
   g.driver = GetStr(root, "driver", where);
   const json& tol = Field(root, "tolerance", where);
-  KVDIFF_CHECK(tol.is_object(), "{}.tolerance: expected {{\"abs\": x}}, got {}", where, JsonSnippet(tol));
+  KVDIFF_CHECK(tol.is_object(), "{}.tolerance: expected {{\"abs\": x}}, got {}", where,
+               JsonSnippet(tol));
   g.tolerance = GetNum(Field(tol, "abs", where + ".tolerance"), where + ".tolerance.abs");
   KVDIFF_CHECK(g.tolerance >= 0, "{}.tolerance.abs: expected >= 0, got {}", where, g.tolerance);
   g.top_k = static_cast<int>(GetInt(root, "top_k", where));

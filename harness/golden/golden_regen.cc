@@ -93,12 +93,11 @@ GoldenChange DiffGolden(const Golden& a, const Golden& b) {
     if (!y.full.empty()) {
       auto fa = a.full_rows.find(x.full);
       auto fb = b.full_rows.find(y.full);
-      const double d = (fa == a.full_rows.end() || fb == b.full_rows.end())
+      const double d = (fa == a.full_rows.end() || fb == b.full_rows.end()) ? INFINITY
+                       : fa->second.size() != fb->second.size()
                            ? INFINITY
-                           : fa->second.size() != fb->second.size()
-                               ? INFINITY
-                               : MaxAbsDiff(fa->second.data(), fb->second.data(),
-                                            static_cast<int64_t>(fa->second.size()));
+                           : MaxAbsDiff(fa->second.data(), fb->second.data(),
+                                        static_cast<int64_t>(fa->second.size()));
       if (std::isinf(d))
         changed = true;
       else
@@ -169,19 +168,17 @@ RegenResult RegenGoldenSet(const GoldenPaths& paths, const RegenOptions& options
     KVDIFF_CHECK(registry.Has(backend_name),
                  "{}: the golden is made with backend {}, which this kvdiff lacks (available: {}); "
                  "regenerate with a kvdiff built with LibTorch ({} still works against impl)",
-                 paths.golden.string(), backend_name, registry.NamesText(),
-                 "kvdiff golden verify");
+                 paths.golden.string(), backend_name, registry.NamesText(), "kvdiff golden verify");
     const std::string why = DriverNotApplicable(in.scenario.driver, registry.Info(backend_name));
     KVDIFF_CHECK(why.empty(), "{}: {}", paths.scenario.string(), why);
-    const auto backend =
-        registry.Make(backend_name, in.weights, BackendOptions{options.threads});
+    const auto backend = registry.Make(backend_name, in.weights, BackendOptions{options.threads});
     const Recording rec = Replay(in.scenario, *backend);
     const OracleCheck oracle = CheckAgainstOracle(rec, *backend, in.scenario.tolerance_abs);
     if (const auto failed = oracle.FirstError(rec)) {
       result.status = RegenStatus::kRefused;
-      result.message = fmt::format("backend {} failed at step {} {}: {}", backend_name, *failed,
-                                   in.scenario.steps[*failed].ParamString(),
-                                   *oracle.StepError(rec, *failed));
+      result.message =
+          fmt::format("backend {} failed at step {} {}: {}", backend_name, *failed,
+                      in.scenario.steps[*failed].ParamString(), *oracle.StepError(rec, *failed));
       return result;
     }
     KVDIFF_CHECK(!rec.rows.empty(), "{}: the scenario produces no logits rows; nothing to pin",

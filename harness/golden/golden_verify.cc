@@ -250,7 +250,6 @@ GoldenSetReport VerifySet(const GoldenPaths& p, const std::vector<std::string>& 
   return rep;
 }
 
-
 std::string MismatchText(const GoldenSetReport& s, const GoldenCheck& c) {
   if (c.first) {
     const GoldenMismatch& m = *c.first;
@@ -316,8 +315,7 @@ int VerifyReport::ExitCode() const {
 }
 
 VerifyReport VerifyGoldens(const std::vector<GoldenPaths>& sets,
-                           const std::vector<std::string>& requested,
-                           const BackendOptions& options,
+                           const std::vector<std::string>& requested, const BackendOptions& options,
                            const std::optional<double>& tolerance) {
   const auto start = std::chrono::steady_clock::now();
   VerifyReport report;
@@ -493,4 +491,3 @@ std::string VerifyReport::ToJUnit() const {
 }
 
 }  // namespace kvdiff::harness
-

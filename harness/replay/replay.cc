@@ -24,7 +24,10 @@ struct ReplayedConversation {
 class Replayer {
  public:
   Replayer(const Scenario& sc, const Backend& backend, TraceRequest* trace)
-      : sc_(sc), backend_(backend), trace_(trace), vocab_(backend.config().vocab_size),
+      : sc_(sc),
+        backend_(backend),
+        trace_(trace),
+        vocab_(backend.config().vocab_size),
         driver_(MakeDriver(sc.driver, backend)) {
     rec_.backend = backend.Name();
     replayed_["main"] = ReplayedConversation{};
@@ -52,8 +55,7 @@ class Replayer {
         sr.status = StepStatus::kError;
         sr.message = e.what();
         replayed_[step.conversation].stopped = fmt::format(
-            "conversation \"{}\" failed at step {} ({})", step.conversation, i,
-            step.ParamString());
+            "conversation \"{}\" failed at step {} ({})", step.conversation, i, step.ParamString());
       }
     }
     sr.rows_end = rec_.rows.size();
@@ -121,8 +123,8 @@ class Replayer {
   }
 
   // One forward call through the driver; records one row per token.
-  void Append(int64_t i, const ForwardCall& call, ReplayedConversation& conv,
-              const Tokens& tokens, int64_t chosen_by) {
+  void Append(int64_t i, const ForwardCall& call, ReplayedConversation& conv, const Tokens& tokens,
+              int64_t chosen_by) {
     ForwardTrace* trace = nullptr;
     if (trace_ && trace_->step == i && trace_->call == call_) trace = &trace_->trace;
     const Logits logits = driver_->Append(call.conversation, tokens, trace);
@@ -175,8 +177,7 @@ class Replayer {
   // The history this conversation appends to at `length`: its own in place while it reaches the
   // end, else (after a fork, a truncate or a reset) a new one holding its first `length` tokens.
   Tokens& HistoryFor(ReplayedConversation& conv, int64_t length) {
-    if (conv.history < 0 ||
-        static_cast<int64_t>(rec_.histories[conv.history].size()) != length) {
+    if (conv.history < 0 || static_cast<int64_t>(rec_.histories[conv.history].size()) != length) {
       Tokens prefix;
       if (conv.history >= 0) {
         const Tokens& old = rec_.histories[conv.history];

@@ -26,10 +26,10 @@ struct RecordedRow {
   int64_t call = 0, row_in_call = 0;  // which forward call of the step, and the row within it
   std::string conversation;
   int64_t position = 0;
-  Token token = 0;         // the token fed at this position
-  int64_t chosen_by = -1;  // decode rows: the index (into Recording::rows) of the row whose
-                           // argmax chose `token`; -1 when the scenario gave it
-  int64_t history = 0;     // Recording::histories[history][0..position] is this row's history
+  Token token = 0;            // the token fed at this position
+  int64_t chosen_by = -1;     // decode rows: the index (into Recording::rows) of the row whose
+                              // argmax chose `token`; -1 when the scenario gave it
+  int64_t history = 0;        // Recording::histories[history][0..position] is this row's history
   std::vector<float> logits;  // (vocab)
 };
 

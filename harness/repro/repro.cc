@@ -89,8 +89,8 @@ const ExperimentSpec kExperiments[] = {
      Outcome::kCorrect},
     {Experiment::kStalePosition, "stale-position",
      "the second prompt in a new cache, at the index_pos the first conversation reached",
-     "the raw call fails: cannot broadcast [s, P+s] to [1, nh, s, s]",
-     DriverKind::kStalePosition, false, Outcome::kStalePositionError},
+     "the raw call fails: cannot broadcast [s, P+s] to [1, nh, s, s]", DriverKind::kStalePosition,
+     false, Outcome::kStalePositionError},
     {Experiment::kReferenceReuse, "reference-reuse",
      "transformers' way (LibTorch reference): one DynamicCache reused for the second prompt",
      "no error; departs from fresh", DriverKind::kReuse, false, Outcome::kSecondDeparts},
@@ -199,11 +199,11 @@ std::vector<Step> ExperimentSteps(Experiment e, const ReproPrompts& p, bool text
                            : Step::Prefill(conversation, tokens);
   };
   const bool one_token = SpecOf(e).one_token;
-  return {prefill("main", p.first, p.first_text), Step::Decode("main", p.n - 1),
-          Step::NewConversation("second"),
-          one_token ? Step::Prefill("second", p.second1)
-                    : prefill("second", p.second, p.second_text),
-          Step::Decode("second", p.n - 1)};
+  return {
+      prefill("main", p.first, p.first_text), Step::Decode("main", p.n - 1),
+      Step::NewConversation("second"),
+      one_token ? Step::Prefill("second", p.second1) : prefill("second", p.second, p.second_text),
+      Step::Decode("second", p.n - 1)};
 }
 
 // A conversation's generated line: the greedy choice of its prefill's last row, then of each of
@@ -215,8 +215,8 @@ ReproLine LineOf(const Recording& rec, size_t prefill_step, const std::string& c
   line.prompt = prompt;
   for (size_t step : {prefill_step, prefill_step + 1}) {
     const StepRecord& sr = rec.steps.at(step);
-    const size_t first = step == prefill_step && sr.rows_end > sr.rows_begin ? sr.rows_end - 1
-                                                                            : sr.rows_begin;
+    const size_t first =
+        step == prefill_step && sr.rows_end > sr.rows_begin ? sr.rows_end - 1 : sr.rows_begin;
     for (size_t k = first; k < sr.rows_end; ++k) {
       const RecordedRow& row = rec.rows[k];
       line.generated.push_back(GreedyNext(row.logits.data(), row.logits.size()));
@@ -243,7 +243,7 @@ struct Repro::State {
   ReproPrompts prompts;
   std::function<std::unique_ptr<Backend>()> make_transformers;
   std::unique_ptr<Backend> transformers;
-  std::map<std::string, Tokens> correct;  // "ok", "fresh", "fresh1"
+  std::map<std::string, Tokens> correct;     // "ok", "fresh", "fresh1"
   std::optional<Tokens> transformers_fresh;  // reference-reuse's baseline, "fresh (ref)"
 
   const Backend& Transformers() {
@@ -255,11 +255,11 @@ struct Repro::State {
   // (the document's check), in one replay of three conversations.
   void ComputeCorrect() {
     const ReproPrompts& p = prompts;
-    std::vector<Step> steps = {Step::Prefill("main", p.first),   Step::Decode("main", p.n - 1),
-                               Step::NewConversation("second"),  Step::Prefill("second", p.second),
-                               Step::Decode("second", p.n - 1),  Step::NewConversation("second1"),
-                               Step::Prefill("second1", p.second1),
-                               Step::Decode("second1", p.n - 1)};
+    std::vector<Step> steps = {
+        Step::Prefill("main", p.first),      Step::Decode("main", p.n - 1),
+        Step::NewConversation("second"),     Step::Prefill("second", p.second),
+        Step::Decode("second", p.n - 1),     Step::NewConversation("second1"),
+        Step::Prefill("second1", p.second1), Step::Decode("second1", p.n - 1)};
     const Recording rec = ReplaySteps(*backend, DriverKind::kUncached, steps);
     const std::pair<const char*, size_t> baselines[] = {{"ok", 0}, {"fresh", 3}, {"fresh1", 6}};
     for (const auto& [name, step] : baselines) {
@@ -352,8 +352,8 @@ ExperimentResult Repro::Run(Experiment e) {
   if (e == Experiment::kReferenceReuse) {
     // transformers' own correct line: the second prompt in a new DynamicCache.
     if (!st.transformers_fresh) {
-      const Recording fresh = ReplaySteps(backend, DriverKind::kRaw,
-                                          ExperimentSteps(Experiment::kFresh, p, false));
+      const Recording fresh =
+          ReplaySteps(backend, DriverKind::kRaw, ExperimentSteps(Experiment::kFresh, p, false));
       st.transformers_fresh = LineOf(fresh, 3, "second", p.second).generated;
     }
     second_baseline = "fresh (ref)";
@@ -385,10 +385,10 @@ ExperimentResult Repro::Run(Experiment e) {
       break;
     case Outcome::kFirstDeparts:
       r.as_documented = first.error.empty() && first.departs_at >= 2;
-      r.observed = !first.error.empty()  ? first.error
-                   : first.departs_at == 0 ? "no error; equal to ok"
-                                           : fmt::format("no error; departs from ok at token {}",
-                                                         first.departs_at);
+      r.observed = !first.error.empty() ? first.error
+                   : first.departs_at == 0
+                       ? "no error; equal to ok"
+                       : fmt::format("no error; departs from ok at token {}", first.departs_at);
       break;
     case Outcome::kReuseError:
       raised(ExpectedReuseError());

@@ -119,8 +119,7 @@ class Repro {
   // The usual set-up: `backend` from the registry over `weights`, and the registry's first
   // backend whose raw call reads positions from its cache (ref) for reference-reuse.
   static Repro OnModel(std::shared_ptr<const format::ModelWeights> weights, ReproPrompts prompts,
-                       const std::string& backend = "impl",
-                       const BackendOptions& options = {});
+                       const std::string& backend = "impl", const BackendOptions& options = {});
   ~Repro();
   Repro(Repro&&) noexcept;
 

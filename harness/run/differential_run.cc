@@ -259,9 +259,7 @@ Tokens EncodePrompt(const Scenario& scenario, size_t i, bool starts_conversation
 
 }  // namespace
 
-std::string PathKindName(PathKind kind) {
-  return kind == PathKind::kOracle ? "oracle" : "cross";
-}
+std::string PathKindName(PathKind kind) { return kind == PathKind::kOracle ? "oracle" : "cross"; }
 
 std::string PathStatusName(PathStatus status) {
   switch (status) {
@@ -319,9 +317,8 @@ std::shared_ptr<const format::ModelWeights> LoadModelFor(const ModelSpec& spec) 
     return std::make_shared<const format::ModelWeights>(
         format::MakeRandomModel(*spec.config, spec.seed, spec.scale));
   }
-  return std::make_shared<const format::ModelWeights>(
-      format::MakeRandomModel(format::PresetConfig(spec.preset.value_or("")), spec.seed,
-                              spec.scale));
+  return std::make_shared<const format::ModelWeights>(format::MakeRandomModel(
+      format::PresetConfig(spec.preset.value_or("")), spec.seed, spec.scale));
 }
 
 std::optional<format::Tokenizer> LoadTokenizerFor(const ModelSpec& spec, int64_t vocab_size) {
@@ -370,7 +367,8 @@ std::vector<std::filesystem::path> ModelDataFiles(const ModelSpec& spec) {
 
 std::string DescribeModel(const format::LlamaConfig& c) {
   return fmt::format(
-      "{} layers, hidden {}, {}/{} heads (head_dim {}), intermediate {}, vocab {}, {} positions{}{}",
+      "{} layers, hidden {}, {}/{} heads (head_dim {}), intermediate {}, vocab {}, {} "
+      "positions{}{}",
       c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
       c.intermediate_size, c.vocab_size, c.max_position_embeddings,
       c.tie_word_embeddings ? ", tied head" : "",
@@ -432,7 +430,8 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
   for (const Backend* b : backends) report.backends.push_back(b->Name());
 
   std::vector<bool> profiled;  // held to a tolerance profile: its paths' distributions are reported
-  for (const Backend* b : backends) profiled.push_back(ProfileFor(b->Info().cache_dtype) != nullptr);
+  for (const Backend* b : backends)
+    profiled.push_back(ProfileFor(b->Info().cache_dtype) != nullptr);
   std::vector<Recording> recs;
   std::vector<OracleCheck> oracles;  // each backend's rows against its own ForwardFull
   for (const Backend* b : backends) {
@@ -449,9 +448,8 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
     }
     for (size_t x = 0; x < backends.size(); ++x) {
       for (size_t y = x + 1; y < backends.size(); ++y) {
-        step_report.outcomes.push_back(
-            CrossOutcome(*backends[x], recs[x], *backends[y], recs[y], i, sc.tolerance(),
-                         options.rope_f32_per_position));
+        step_report.outcomes.push_back(CrossOutcome(*backends[x], recs[x], *backends[y], recs[y], i,
+                                                    sc.tolerance(), options.rope_f32_per_position));
         step_report.outcomes.back().a_index = x;
         step_report.outcomes.back().b_index = y;
       }
@@ -477,9 +475,16 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
         for (const ComparedRow& r : o.rows) {
           if (r.cmp.within_tolerance) continue;
           if (!report.first_divergence || r.row < report.first_divergence->row.row) {
-            report.first_divergence =
-                Divergence{step_report.index, sc.steps[i].op, sc.steps[i].ParamString(), o.kind,
-                           o.path, o.a, o.b, o.a_index, o.b_index, r};
+            report.first_divergence = Divergence{step_report.index,
+                                                 sc.steps[i].op,
+                                                 sc.steps[i].ParamString(),
+                                                 o.kind,
+                                                 o.path,
+                                                 o.a,
+                                                 o.b,
+                                                 o.a_index,
+                                                 o.b_index,
+                                                 r};
           }
           break;
         }
@@ -497,8 +502,7 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
     report.steps.push_back(std::move(step_report));
   }
   if (options.localize && report.first_divergence) {
-    report.localization =
-        Localize(sc, *report.first_divergence, sc.tolerance_abs, backends, recs);
+    report.localization = Localize(sc, *report.first_divergence, sc.tolerance_abs, backends, recs);
   }
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;

@@ -115,7 +115,7 @@ struct RunReport {
   format::LlamaConfig config;
   double tolerance = kDefaultTolerance;
   double rope_f32_per_position = 0;  // RunOptions', recorded
-  double tolerance_rel = 0;  // Scenario::tolerance_rel
+  double tolerance_rel = 0;          // Scenario::tolerance_rel
   DriverKind driver = DriverKind::kSession;
   std::vector<std::string> backends;
   std::vector<std::string> notes;

@@ -22,7 +22,7 @@ enum class DriverKind {
 };
 std::vector<DriverKind> AllDriverKinds();
 std::string DriverName(DriverKind kind);
-std::string DriverWhat(DriverKind kind);           // one line, for help texts and reports
+std::string DriverWhat(DriverKind kind);              // one line, for help texts and reports
 DriverKind ParseDriverName(const std::string& name);  // InputError listing the known names
 
 }  // namespace kvdiff::harness

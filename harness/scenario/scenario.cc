@@ -1,7 +1,4 @@
 #include "harness/scenario/scenario.h"
-#include "format/input_file.h"
-#include "format/json_document.h"
-#include "format/json_field.h"
 
 #include <fmt/format.h>
 
@@ -12,6 +9,9 @@
 #include <sstream>
 
 #include "format/error.h"
+#include "format/input_file.h"
+#include "format/json_document.h"
+#include "format/json_field.h"
 #include "harness/backend/registry.h"
 #include "harness/scenario/conversations.h"
 #include "harness/scenario/shape_params.h"
@@ -91,53 +91,52 @@ std::vector<format::ChatMessage> ParseMessages(const json& m, const std::string&
 // A prefill's tokens (or text, or chat messages) and chunk sizes.
 Step ParsePrefill(const json& s, const std::string& where, const std::string& conversation) {
   Step step = Step::Prefill(conversation, {});
-    KVDIFF_CHECK(s.contains("tokens") + s.contains("text") + s.contains("messages") == 1,
-                 "{}: \"prefill\" needs exactly one of \"tokens\", \"text\" or \"messages\"",
-                 where);
-    if (s.contains("tokens")) {
-      const json& t = s.at("tokens");
-      KVDIFF_CHECK(t.is_array(), "{}.tokens: expected an array of token ids, got {} {}", where,
-                   TypeName(t), JsonSnippet(t));
-      KVDIFF_CHECK(!t.empty(), "{}.tokens: must not be empty", where);
-      for (size_t i = 0; i < t.size(); ++i) {
-        KVDIFF_CHECK(t[i].is_number_integer() && t[i].get<int64_t>() >= 0 &&
-                         t[i].get<int64_t>() <= INT32_MAX,
-                     "{}.tokens[{}]: expected a non-negative integer token id, got {}", where, i,
-                     JsonSnippet(t[i]));
-        step.tokens.push_back(static_cast<Token>(t[i].get<int64_t>()));
-      }
-    } else if (s.contains("text")) {
-      step.text = GetString(s, "text", where);
-      KVDIFF_CHECK(!step.text->empty(), "{}.text: must not be empty", where);
-    } else {
-      step.messages = ParseMessages(s.at("messages"), where + ".messages");
+  KVDIFF_CHECK(s.contains("tokens") + s.contains("text") + s.contains("messages") == 1,
+               "{}: \"prefill\" needs exactly one of \"tokens\", \"text\" or \"messages\"", where);
+  if (s.contains("tokens")) {
+    const json& t = s.at("tokens");
+    KVDIFF_CHECK(t.is_array(), "{}.tokens: expected an array of token ids, got {} {}", where,
+                 TypeName(t), JsonSnippet(t));
+    KVDIFF_CHECK(!t.empty(), "{}.tokens: must not be empty", where);
+    for (size_t i = 0; i < t.size(); ++i) {
+      KVDIFF_CHECK(
+          t[i].is_number_integer() && t[i].get<int64_t>() >= 0 && t[i].get<int64_t>() <= INT32_MAX,
+          "{}.tokens[{}]: expected a non-negative integer token id, got {}", where, i,
+          JsonSnippet(t[i]));
+      step.tokens.push_back(static_cast<Token>(t[i].get<int64_t>()));
     }
-    if (s.contains("chunks")) {
-      const json& c = s.at("chunks");
-      KVDIFF_CHECK(c.is_array() && !c.empty(),
-                   "{}.chunks: expected a non-empty array of chunk sizes, got {}", where,
-                   JsonSnippet(c));
-      int64_t sum = 0;
-      for (size_t i = 0; i < c.size(); ++i) {
-        KVDIFF_CHECK(c[i].is_number_integer() && c[i].get<int64_t>() >= 1 &&
-                         c[i].get<int64_t>() <= INT32_MAX,
-                     "{}.chunks[{}]: expected a chunk size >= 1, got {}", where, i, JsonSnippet(c[i]));
-        step.chunks.push_back(c[i].get<int64_t>());
-        sum += step.chunks.back();
-      }
-      if (!step.text && !step.messages) {
-        KVDIFF_CHECK(sum == static_cast<int64_t>(step.tokens.size()),
-                     "{}.chunks: sizes sum to {} but tokens has {}", where, sum,
-                     step.tokens.size());
-      }
+  } else if (s.contains("text")) {
+    step.text = GetString(s, "text", where);
+    KVDIFF_CHECK(!step.text->empty(), "{}.text: must not be empty", where);
+  } else {
+    step.messages = ParseMessages(s.at("messages"), where + ".messages");
+  }
+  if (s.contains("chunks")) {
+    const json& c = s.at("chunks");
+    KVDIFF_CHECK(c.is_array() && !c.empty(),
+                 "{}.chunks: expected a non-empty array of chunk sizes, got {}", where,
+                 JsonSnippet(c));
+    int64_t sum = 0;
+    for (size_t i = 0; i < c.size(); ++i) {
+      KVDIFF_CHECK(
+          c[i].is_number_integer() && c[i].get<int64_t>() >= 1 && c[i].get<int64_t>() <= INT32_MAX,
+          "{}.chunks[{}]: expected a chunk size >= 1, got {}", where, i, JsonSnippet(c[i]));
+      step.chunks.push_back(c[i].get<int64_t>());
+      sum += step.chunks.back();
     }
+    if (!step.text && !step.messages) {
+      KVDIFF_CHECK(sum == static_cast<int64_t>(step.tokens.size()),
+                   "{}.chunks: sizes sum to {} but tokens has {}", where, sum, step.tokens.size());
+    }
+  }
   return step;
 }
 
 // Every op's fields, read and checked; the step is built by its named constructor.
 Step ParseStep(const json& s, size_t index) {
   const std::string where = fmt::format("steps[{}]", index);
-  KVDIFF_CHECK(s.is_object(), "{}: expected an object, got {} {}", where, TypeName(s), JsonSnippet(s));
+  KVDIFF_CHECK(s.is_object(), "{}: expected an object, got {} {}", where, TypeName(s),
+               JsonSnippet(s));
   KVDIFF_CHECK(s.contains("op"), "{}: missing field \"op\"", where);
   const Op op_kind = ParseOp(GetString(s, "op", where), where);
   const std::string op = OpName(op_kind);
@@ -489,13 +488,15 @@ Scenario ParseScenario(const std::string& json_text, const std::filesystem::path
                    JsonSnippet(t.at("abs")));
       sc.tolerance_abs = t.at("abs").get<double>();
       KVDIFF_CHECK(sc.tolerance_abs >= 0 && std::isfinite(sc.tolerance_abs),
-                   "tolerance.abs: expected a finite number >= 0, got {}", JsonSnippet(t.at("abs")));
+                   "tolerance.abs: expected a finite number >= 0, got {}",
+                   JsonSnippet(t.at("abs")));
     }
   }
   if (root.contains("backends")) {
     const json& b = root.at("backends");
     KVDIFF_CHECK(b.is_array() && !b.empty(),
-                 "backends: expected a non-empty array like [\"impl\", \"ref\"], got {}", JsonSnippet(b));
+                 "backends: expected a non-empty array like [\"impl\", \"ref\"], got {}",
+                 JsonSnippet(b));
     for (size_t i = 0; i < b.size(); ++i) {
       KVDIFF_CHECK(b[i].is_string(), "backends[{}]: expected a backend name, got {}", i,
                    JsonSnippet(b[i]));
@@ -546,8 +547,8 @@ void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& confi
     const Step& s = scenario.steps[i];
     switch (s.op) {
       case Op::kNewConversation:
-        KVDIFF_CHECK(!convs.Exists(s.name), "steps[{}].name: conversation \"{}\" already exists",
-                     i, s.name);
+        KVDIFF_CHECK(!convs.Exists(s.name), "steps[{}].name: conversation \"{}\" already exists", i,
+                     s.name);
         break;
       case Op::kPrefill: {
         const ConversationState c = find(s.conversation, i, "conversation");

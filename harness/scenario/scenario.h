@@ -33,18 +33,19 @@ struct Step {
   // prefill: chat messages, rendered with the model directory's chat template (and a generation
   // prompt) and tokenized when the scenario is loaded, as written in the file
   std::optional<std::vector<format::ChatMessage>> messages;
-  std::vector<int64_t> chunks;        // prefill: sizes summing to tokens.size()
-  int64_t n = 0;                      // decode
-  int64_t length = 0;                 // truncate
-  std::string name;                   // new_conversation
-  std::string from, to;               // fork
+  std::vector<int64_t> chunks;  // prefill: sizes summing to tokens.size()
+  int64_t n = 0;                // decode
+  int64_t length = 0;           // truncate
+  std::string name;             // new_conversation
+  std::string from, to;         // fork
 
   static Step NewConversation(const std::string& name);
   static Step Prefill(const std::string& conversation, Tokens tokens,
                       std::vector<int64_t> chunks = {});
   static Step PrefillText(const std::string& conversation, std::string text,
                           std::vector<int64_t> chunks = {});
-  static Step PrefillChat(const std::string& conversation, std::vector<format::ChatMessage> messages,
+  static Step PrefillChat(const std::string& conversation,
+                          std::vector<format::ChatMessage> messages,
                           std::vector<int64_t> chunks = {});
   static Step Decode(const std::string& conversation, int64_t n);
   static Step Truncate(const std::string& conversation, int64_t length);
@@ -65,8 +66,8 @@ struct Llama2cSpec {
 
 // Exactly one of preset, path, llama2c and config is set.
 struct ModelSpec {
-  std::optional<std::string> preset;  // {"preset": "tiny", "seed": 3}
-  uint64_t seed = 0;                  // the random weights' seed (preset and config)
+  std::optional<std::string> preset;          // {"preset": "tiny", "seed": 3}
+  uint64_t seed = 0;                          // the random weights' seed (preset and config)
   std::optional<std::filesystem::path> path;  // {"path": "DIR"}, resolved against the file's folder
   // {"llama2c": {"checkpoint": "FILE.bin", "tokenizer": "FILE.bin"}}, the tokenizer optional
   std::optional<Llama2cSpec> llama2c;
@@ -91,7 +92,8 @@ struct Scenario {
   ModelSpec model;
   double tolerance_abs = kDefaultTolerance;
   // {"tolerance": {"abs": 1e-4, "rel": 2e-6}}: also within when max |a-b| <= rel * max |logit| of
-  // the row (Tolerance); 0 (absent): the absolute gate alone. The campaign's demanding cases set it.
+  // the row (Tolerance); 0 (absent): the absolute gate alone. The campaign's demanding cases set
+  // it.
   double tolerance_rel = 0;
   Tolerance tolerance() const { return {tolerance_abs, tolerance_rel}; }
   std::vector<std::string> backends;  // empty: the default for this build

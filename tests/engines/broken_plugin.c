@@ -42,15 +42,21 @@ enum what { DO_NOTHING, DO_EXIT0, DO_EXIT3, DO_SEGV, DO_HANG, DO_PRINT };
 
 static void Strike(enum what what) {
   switch (what) {
-    case DO_EXIT0: exit(0);
-    case DO_EXIT3: exit(3);
-    case DO_SEGV: raise(SIGSEGV); break;
-    case DO_HANG: for (;;) pause();
+    case DO_EXIT0:
+      exit(0);
+    case DO_EXIT3:
+      exit(3);
+    case DO_SEGV:
+      raise(SIGSEGV);
+      break;
+    case DO_HANG:
+      for (;;) pause();
     case DO_PRINT:
       printf("PASS: 100 of 100 cases run, 0 failed (printed by the engine)\n");
       fflush(stdout);
       break;
-    case DO_NOTHING: break;
+    case DO_NOTHING:
+      break;
   }
 }
 
@@ -240,7 +246,8 @@ static int64_t Length(const kvdiff_session* s) {
 
 static kvdiff_status Append(kvdiff_session* s, const int32_t* tokens, int64_t n, float* logits,
                             int64_t capacity) {
-  if (s->engine->fault_at == AT_APPEND && (Held(s) + n > kBugLength || s->engine->fault == DO_PRINT))
+  if (s->engine->fault_at == AT_APPEND &&
+      (Held(s) + n > kBugLength || s->engine->fault == DO_PRINT))
     Strike(s->engine->fault);
   if (Held(s) + n > kBugLength) {
     if (s->engine->bug == BUG_CRASH) raise(SIGSEGV); /* THE BUG */
@@ -259,7 +266,8 @@ static kvdiff_status Append(kvdiff_session* s, const int32_t* tokens, int64_t n,
 static kvdiff_status Truncate(kvdiff_session* s, int64_t length) {
   if (s->engine->bug != BUG_TRUNCATE) {
     const kvdiff_status status = s->engine->api->truncate(s->inner, length);
-    if (status != KVDIFF_OK) snprintf(s->error, sizeof s->error, "%s", s->engine->api->session_error(s->inner));
+    if (status != KVDIFF_OK)
+      snprintf(s->error, sizeof s->error, "%s", s->engine->api->session_error(s->inner));
     return status;
   }
   if (length < 0 || length > Held(s)) {
@@ -274,9 +282,10 @@ static kvdiff_status Truncate(kvdiff_session* s, int64_t length) {
 static kvdiff_status Fork(kvdiff_session* s, kvdiff_session** out) {
   kvdiff_session* inner = NULL;
   *out = NULL;
-  const kvdiff_status status = s->engine->bug == BUG_FORK
-                                   ? s->engine->api->session_new(s->engine->inner, &inner) /* THE BUG */
-                                   : s->engine->api->fork(s->inner, &inner);
+  const kvdiff_status status =
+      s->engine->bug == BUG_FORK
+          ? s->engine->api->session_new(s->engine->inner, &inner) /* THE BUG */
+          : s->engine->api->fork(s->inner, &inner);
   if (status != KVDIFF_OK) {
     snprintf(s->error, sizeof s->error, "fork failed");
     return status;
@@ -299,9 +308,21 @@ static void SessionFree(kvdiff_session* s) {
   free(s);
 }
 
-static const kvdiff_engine_api kApi = {
-    KVDIFF_ENGINE_ABI_VERSION, "broken-example", "1", Open, EngineError, EngineInfo, Close,
-    SessionNew, Append, Length, Truncate, Fork, Reset, SessionError, SessionFree};
+static const kvdiff_engine_api kApi = {KVDIFF_ENGINE_ABI_VERSION,
+                                       "broken-example",
+                                       "1",
+                                       Open,
+                                       EngineError,
+                                       EngineInfo,
+                                       Close,
+                                       SessionNew,
+                                       Append,
+                                       Length,
+                                       Truncate,
+                                       Fork,
+                                       Reset,
+                                       SessionError,
+                                       SessionFree};
 
 #ifdef KVDIFF_GARBAGE_ENTRY
 KVDIFF_ENGINE_EXPORT const kvdiff_engine_api* kvdiff_engine_entry(void) {

@@ -3,6 +3,8 @@
 // cache) fails the check that names the bug, and `kvdiff check` catches it too with a replay
 // file; what cannot be loaded is bad input (exit 2). The library call on impl and on a wrong
 // in-process backend shows the suite works on any Backend.
+#include "harness/conform/conform.h"
+
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -14,7 +16,6 @@
 
 #include "format/model_files.h"
 #include "harness/backend/registry.h"
-#include "harness/conform/conform.h"
 #include "harness/run/differential_run.h"
 #include "tests/harness/harness_test_util.h"
 #include "tests/test_support.h"
@@ -35,14 +36,14 @@ std::string RowOf(const std::string& table, const std::string& check) {
 
 TEST(ConformCli, TheExampleEnginePassesEveryCheck) {
   TempDir dir;
-  const CommandResult r = RunKvdiff(
-      fmt::format("conform '{}' --cases 30 --junit conform.xml --json conform.json",
-                  KVDIFF_EXAMPLE_ENGINE),
-      dir.path());
+  const CommandResult r =
+      RunKvdiff(fmt::format("conform '{}' --cases 30 --junit conform.xml --json conform.json",
+                            KVDIFF_EXAMPLE_ENGINE),
+                dir.path());
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-  for (const char* check : {"prefill", "chunks", "truncate", "fork", "reset", "sessions",
-                            "deterministic", "token-out-of-range", "truncate-beyond",
-                            "empty-append", "capacity", "campaign"}) {
+  for (const char* check :
+       {"prefill", "chunks", "truncate", "fork", "reset", "sessions", "deterministic",
+        "token-out-of-range", "truncate-beyond", "empty-append", "capacity", "campaign"}) {
     EXPECT_THAT(RowOf(r.out, check), HasSubstr("PASS")) << check << "\n" << r.out;
   }
   EXPECT_THAT(r.out, HasSubstr("PASS: 12 of 12 checks passed, 0 failed (against impl"));
@@ -63,9 +64,8 @@ TEST(ConformCli, TheWrapperWithoutABugPassesToo) {
 
 TEST(ConformCli, ATruncateThatKeepsTheCacheIsCaughtByConformAndByCheck) {
   TempDir dir;
-  const CommandResult r =
-      RunKvdiff(fmt::format("conform '{}?bug=truncate' --cases 50", KVDIFF_BROKEN_ENGINE),
-                dir.path());
+  const CommandResult r = RunKvdiff(
+      fmt::format("conform '{}?bug=truncate' --cases 50", KVDIFF_BROKEN_ENGINE), dir.path());
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_THAT(RowOf(r.out, "truncate"), HasSubstr("FAIL"));
   EXPECT_THAT(RowOf(r.out, "truncate"), HasSubstr("append of 4 after truncate to 6: position 6 "
@@ -75,17 +75,18 @@ TEST(ConformCli, ATruncateThatKeepsTheCacheIsCaughtByConformAndByCheck) {
   EXPECT_THAT(RowOf(r.out, "campaign"), HasSubstr("FAIL"));
   EXPECT_THAT(RowOf(r.out, "campaign"), HasSubstr("replay: kvdiff run"));
 
-  const CommandResult check = RunKvdiff(
-      fmt::format("check --backends 'impl,plugin:{}?bug=truncate' --cases 50", KVDIFF_BROKEN_ENGINE),
-      dir.path());
+  const CommandResult check =
+      RunKvdiff(fmt::format("check --backends 'impl,plugin:{}?bug=truncate' --cases 50",
+                            KVDIFF_BROKEN_ENGINE),
+                dir.path());
   EXPECT_EQ(check.exit_code, 1) << check.out << check.err;
   EXPECT_THAT(check.out, HasSubstr("kvdiff-failures/"));
 }
 
 TEST(ConformCli, AForkWithoutTheParentsCacheIsCaughtByConformAndByCheck) {
   TempDir dir;
-  const CommandResult r = RunKvdiff(
-      fmt::format("conform '{}?bug=fork' --cases 50", KVDIFF_BROKEN_ENGINE), dir.path());
+  const CommandResult r =
+      RunKvdiff(fmt::format("conform '{}?bug=fork' --cases 50", KVDIFF_BROKEN_ENGINE), dir.path());
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_THAT(RowOf(r.out, "fork"), HasSubstr("FAIL"));
   EXPECT_THAT(RowOf(r.out, "fork"), HasSubstr("child +2 after the fork: position 8 differs"));
@@ -122,14 +123,14 @@ TEST(ConformCli, LlamaCppConformsWithItsFloat32RopeHeldToTheMeasuredProfile) {
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("tolerance profile rope-f32 (+1.0e-06 per position, across "
                                "backends) for llama.cpp"));
-  for (const char* check : {"prefill", "chunks", "truncate", "fork", "reset", "sessions",
-                            "deterministic", "token-out-of-range", "truncate-beyond",
-                            "empty-append", "capacity", "campaign"}) {
+  for (const char* check :
+       {"prefill", "chunks", "truncate", "fork", "reset", "sessions", "deterministic",
+        "token-out-of-range", "truncate-beyond", "empty-append", "capacity", "campaign"}) {
     EXPECT_THAT(RowOf(r.out, check), HasSubstr("PASS")) << check << "\n" << r.out << r.err;
   }
   const CommandResult flat = RunKvdiff("conform llama.cpp --cases 0 --tolerance 1e-4", dir.path());
-  std::cout << "figure: llama.cpp conform capacity at the flat gate: " << RowOf(flat.out, "capacity")
-            << "\n";
+  std::cout << "figure: llama.cpp conform capacity at the flat gate: "
+            << RowOf(flat.out, "capacity") << "\n";
   EXPECT_THAT(flat.out, Not(HasSubstr("tolerance profile rope-f32")));
   EXPECT_THAT(RowOf(flat.out, "capacity"), HasSubstr("FAIL"));  // 1.4e-4 at position 504
 }
@@ -144,8 +145,8 @@ TEST(ConformCli, ALlamaCppThatForgetsSeqRmOrSeqCpIsCaughtByConformAndByCheck) {
     EXPECT_THAT(RowOf(r.out, bug), HasSubstr("FAIL")) << r.out;
     EXPECT_THAT(RowOf(r.out, "prefill"), HasSubstr("PASS")) << r.out;
     EXPECT_THAT(RowOf(r.out, "campaign"), HasSubstr("replay: kvdiff run")) << r.out;
-    const CommandResult check = RunKvdiff(
-        fmt::format("check --backends 'impl,plugin:{}' --cases 100", engine), dir.path());
+    const CommandResult check =
+        RunKvdiff(fmt::format("check --backends 'impl,plugin:{}' --cases 100", engine), dir.path());
     EXPECT_EQ(check.exit_code, 1) << check.out << check.err;
     EXPECT_THAT(check.out, HasSubstr("replay: kvdiff run kvdiff-failures/"));
   }
@@ -181,17 +182,17 @@ TEST(ConformCli, AnF16CacheIsHeldToItsMeasuredProfileWhichStillCatchesCacheBugs)
 TEST(ConformCli, ReproAllOnStories260KThroughLlamaCpp) {
   KVDIFF_REQUIRE_SHARED_DATA(data);
   TempDir dir;
-  const CommandResult convert = RunKvdiff(
-      fmt::format("convert llama2c --checkpoint '{}' --tokenizer '{}' --out st",
-                  (data / "stories260K" / "stories260K.bin").string(),
-                  (data / "stories260K" / "tok512.bin").string()),
-      dir.path());
+  const CommandResult convert =
+      RunKvdiff(fmt::format("convert llama2c --checkpoint '{}' --tokenizer '{}' --out st",
+                            (data / "stories260K" / "stories260K.bin").string(),
+                            (data / "stories260K" / "tok512.bin").string()),
+                dir.path());
   ASSERT_EQ(convert.exit_code, 0) << convert.err;
   const CommandResult r = RunKvdiff("repro all --model st --backend llama.cpp", dir.path());
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   for (const char* experiment : {"ok", "fresh", "fresh1"}) {
-    EXPECT_THAT(r.out, ::testing::ContainsRegex(fmt::format("\n{} +the correct output .* yes",
-                                                            experiment)))
+    EXPECT_THAT(
+        r.out, ::testing::ContainsRegex(fmt::format("\n{} +the correct output .* yes", experiment)))
         << r.out;
   }
   EXPECT_THAT(r.out, HasSubstr("skipped: driver \"pos0\" does not apply to backend \"llama.cpp\""));

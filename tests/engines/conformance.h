@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "plugin_host/plugin_loader.h"
 #include "impl/model.h"
+#include "plugin_host/plugin_loader.h"
 
 namespace kvdiff::engines::conformance {
 
@@ -27,7 +27,7 @@ struct Conversation {
 inline float RandomWalkMaxDiff(const Engine& engine, const impl::Model& model, uint64_t seed,
                                int steps, int64_t max_length) {
   uint64_t state = seed * 0xD1B54A32D192ED03ull;  // seeds must not be steps of one walk
-  auto next = [&](uint64_t n) {  // splitmix64: the same walk on every platform
+  auto next = [&](uint64_t n) {                   // splitmix64: the same walk on every platform
     uint64_t z = (state += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;

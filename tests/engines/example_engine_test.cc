@@ -9,18 +9,18 @@
 #include <iostream>
 #include <string>
 
-#include "plugin_host/plugin_loader.h"
 #include "format/model_files.h"
 #include "impl/model.h"
 #include "kvdiff/engine.h"
+#include "plugin_host/plugin_loader.h"
 #include "tests/engines/conformance.h"
 #include "tests/test_support.h"
 
 namespace kvdiff::engines {
 namespace {
 
-using ::testing::HasSubstr;
 using ::kvdiff::testing::MaxAbsDiff;
+using ::testing::HasSubstr;
 
 // The project's gate. Both sides compute in float32 and differ only in summation order (the
 // example sums one token at a time in plain loops, impl in Eigen tiles): ~1e-6 on tiny.

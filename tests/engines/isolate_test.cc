@@ -25,8 +25,8 @@ std::string Broken(const std::string& bug) {
 
 // The closing line without its timing ("...; 1.23 s").
 std::string Summary(const std::string& out) {
-  const size_t at = out.rfind("\nPASS: ") != std::string::npos ? out.rfind("\nPASS: ")
-                                                                : out.rfind("\nFAIL: ");
+  const size_t at =
+      out.rfind("\nPASS: ") != std::string::npos ? out.rfind("\nPASS: ") : out.rfind("\nFAIL: ");
   if (at == std::string::npos) return "";
   std::string line = out.substr(at + 1, out.find('\n', at + 1) - at - 1);
   return std::regex_replace(line, std::regex("; [0-9.]+ s$"), "");
@@ -61,8 +61,8 @@ TEST(Isolate, AHangingPluginIsKilledAfterTheTimeout) {
 
 TEST(Isolate, WithoutAFaultTheReportIsTheInProcessReport) {
   TempDir dir;
-  const CommandResult in_process = RunKvdiff("check --cases 40 --backends " + Broken("none"),
-                                             dir.path());
+  const CommandResult in_process =
+      RunKvdiff("check --cases 40 --backends " + Broken("none"), dir.path());
   const CommandResult isolated =
       RunKvdiff("check --cases 40 --isolate --backends " + Broken("none"), dir.path());
   EXPECT_EQ(in_process.exit_code, 0) << in_process.out << in_process.err;
@@ -73,10 +73,10 @@ TEST(Isolate, WithoutAFaultTheReportIsTheInProcessReport) {
 
 TEST(Isolate, ThePluginsOwnErrorsComeBackAsTheyAre) {
   TempDir dir;
-  const CommandResult r = RunKvdiff(
-      fmt::format("check --cases 2 --isolate --backends 'impl,plugin:{}?bug=sometimes'",
-                  KVDIFF_BROKEN_ENGINE),
-      dir.path());
+  const CommandResult r =
+      RunKvdiff(fmt::format("check --cases 2 --isolate --backends 'impl,plugin:{}?bug=sometimes'",
+                            KVDIFF_BROKEN_ENGINE),
+                dir.path());
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;  // bad input, as without --isolate
   EXPECT_THAT(r.err, HasSubstr("option bug: expected truncate, fork, crash, hang or none"));
 }

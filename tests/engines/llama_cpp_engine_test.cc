@@ -11,19 +11,19 @@
 #include <iostream>
 #include <string>
 
-#include "plugin_host/plugin_loader.h"
 #include "format/gguf.h"
 #include "format/llama2c.h"
 #include "format/model_files.h"
 #include "impl/model.h"
+#include "plugin_host/plugin_loader.h"
 #include "tests/engines/conformance.h"
 #include "tests/test_support.h"
 
 namespace kvdiff::engines {
 namespace {
 
-using ::testing::HasSubstr;
 using ::kvdiff::testing::MaxAbsDiff;
+using ::testing::HasSubstr;
 
 // The project's gate: llama.cpp with an f32 cache and flash attention off is within ~5e-6 of a
 // float64 reference on tiny (summation order only).

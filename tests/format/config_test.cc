@@ -359,9 +359,9 @@ TEST(Config, StrictParseAcceptsWhatTheWriterWritesAndRefusesUnknownFields) {
   }
   // A real checkpoint's config.json carries bookkeeping keys kvdiff does not read: strict refuses
   // them too (in a hand-written config an unknown key is likelier a typo than bookkeeping).
-  EXPECT_THAT([] { ParseConfigStrict(kSmolLm2Config, "inline"); },
-              ::testing::ThrowsMessage<InputError>(
-                  HasSubstr("inline: unknown field \"_name_or_path\"")));
+  EXPECT_THAT(
+      [] { ParseConfigStrict(kSmolLm2Config, "inline"); },
+      ::testing::ThrowsMessage<InputError>(HasSubstr("inline: unknown field \"_name_or_path\"")));
   nlohmann::json j = nlohmann::json::parse(ConfigToJson(PresetConfig("tiny")));
   j["hiden_size"] = 64;
   EXPECT_NO_THROW(ParseConfig(j.dump())) << "config.json itself ignores unknown keys";

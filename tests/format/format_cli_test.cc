@@ -40,7 +40,8 @@ TEST_F(Cli, MakeModelIsDeterministic) {
   const std::string bytes_a = testing::ReadFile(dir_ / "a" / "model.safetensors");
   EXPECT_GT(bytes_a.size(), 400000u);
   EXPECT_EQ(bytes_a, testing::ReadFile(dir_ / "b" / "model.safetensors"));
-  EXPECT_EQ(testing::ReadFile(dir_ / "a" / "config.json"), testing::ReadFile(dir_ / "b" / "config.json"));
+  EXPECT_EQ(testing::ReadFile(dir_ / "a" / "config.json"),
+            testing::ReadFile(dir_ / "b" / "config.json"));
   EXPECT_NE(bytes_a, testing::ReadFile(dir_ / "c" / "model.safetensors"));
   // What the binary wrote is what the library generates.
   const ModelWeights loaded = LoadModel(dir_ / "a");

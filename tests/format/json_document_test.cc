@@ -1,4 +1,5 @@
-// The one JSON reader (format::ParseJsonDocument) and the one input-file gate (format/input_file.h).
+// The one JSON reader (format::ParseJsonDocument) and the one input-file gate
+// (format/input_file.h).
 #include "format/json_document.h"
 
 #include <gmock/gmock.h>
@@ -48,7 +49,8 @@ TEST(JsonDocument, BracketsInStringsDoNotCount) {
 
 TEST(JsonDocument, RefusesDuplicateKeysAtAnyDepth) {
   EXPECT_EQ(ErrorOf(R"({"a": 1, "a": 2})"), "doc: invalid JSON: duplicate key \"a\" in an object");
-  EXPECT_THAT(ErrorOf(R"({"a": [{"b": 1, "c": {"b": 2}, "b": 3}]})"), HasSubstr("duplicate key \"b\""));
+  EXPECT_THAT(ErrorOf(R"({"a": [{"b": 1, "c": {"b": 2}, "b": 3}]})"),
+              HasSubstr("duplicate key \"b\""));
   // The same key in sibling objects is fine.
   EXPECT_NO_THROW(ParseJsonDocument(R"([{"a": 1}, {"a": 2}, {"b": {"a": 3}}])", "doc"));
 }
@@ -98,8 +100,8 @@ TEST_F(InputFileTest, ReadsARegularFile) {
 }
 
 TEST_F(InputFileTest, RefusesWhatIsNotARegularFileNamingIt) {
-  EXPECT_EQ(ReadError(dir_), "cannot read scenario " + dir_.string() +
-                                 ": it is a directory, expected a file");
+  EXPECT_EQ(ReadError(dir_),
+            "cannot read scenario " + dir_.string() + ": it is a directory, expected a file");
   EXPECT_THAT(ReadError("/dev/zero"), HasSubstr("/dev/zero: not a regular file"));
   EXPECT_THAT(ReadError(dir_ / "absent"), HasSubstr("cannot open scenario"));
 }

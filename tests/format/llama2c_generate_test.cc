@@ -46,7 +46,8 @@ TEST(KVDIFF_ANCHOR_SUITE, Stories260KGreedyFromBosOnEveryPath) {
   const auto model = dir / "stories260K";
   kvdiff::testing::CommandResult convert = Kvdiff(
       {"convert", "llama2c", "--checkpoint", (data / "stories260K" / "stories260K.bin").string(),
-       "--tokenizer", (data / "stories260K" / "tok512.bin").string(), "--out", model.string()}, dir);
+       "--tokenizer", (data / "stories260K" / "tok512.bin").string(), "--out", model.string()},
+      dir);
   ASSERT_EQ(convert.exit_code, 0) << convert.err;
   EXPECT_THAT(convert.out, HasSubstr("tokenizer.kvdiff.json"));
 
@@ -56,16 +57,20 @@ TEST(KVDIFF_ANCHOR_SUITE, Stories260KGreedyFromBosOnEveryPath) {
   for (const std::string& backend : Backends()) {
     for (const std::string mode : {"--cached", "--uncached"}) {
       const std::string path = backend + " " + mode;
-      kvdiff::testing::CommandResult ids = Kvdiff({"generate", "--model", model.string(), "--prompt", "", "-n", n,
-                                 "--backend", backend, mode, "--ids"}, dir);
+      kvdiff::testing::CommandResult ids =
+          Kvdiff({"generate", "--model", model.string(), "--prompt", "", "-n", n, "--backend",
+                  backend, mode, "--ids"},
+                 dir);
       ASSERT_EQ(ids.exit_code, 0) << path << ": " << ids.err;
       if (first_ids.empty()) {
         first_ids = ids.out;
       } else {
         EXPECT_EQ(ids.out, first_ids) << path << " departs from " << Backends()[0] << " --cached";
       }
-      kvdiff::testing::CommandResult text = Kvdiff({"generate", "--model", model.string(), "--prompt", "", "-n", n,
-                                  "--backend", backend, mode}, dir);
+      kvdiff::testing::CommandResult text =
+          Kvdiff({"generate", "--model", model.string(), "--prompt", "", "-n", n, "--backend",
+                  backend, mode},
+                 dir);
       ASSERT_EQ(text.exit_code, 0) << path << ": " << text.err;
       EXPECT_THAT(text.out, StartsWith(kAnchor)) << path;
     }
@@ -88,7 +93,8 @@ TEST(KVDIFF_ANCHOR_SUITE, Stories260KGreedyFromBosOnEveryPath) {
 
   // A text prompt is echoed, then continued.
   kvdiff::testing::CommandResult prompted = Kvdiff(
-      {"generate", "--model", model.string(), "--prompt", "Once upon a time, Lily", "-n", "10"}, dir);
+      {"generate", "--model", model.string(), "--prompt", "Once upon a time, Lily", "-n", "10"},
+      dir);
   ASSERT_EQ(prompted.exit_code, 0) << prompted.err;
   EXPECT_THAT(prompted.out, StartsWith("Once upon a time, Lily"));
   EXPECT_GT(prompted.out.size(), std::string("Once upon a time, Lily").size() + 10);
@@ -105,8 +111,10 @@ TEST(Llama2cGenerateTest, CommandsRefuseBadInput) {
     std::ofstream out(dir / "cut.bin", std::ios::binary);
     out << bytes.substr(0, 1000000);
   }
-  kvdiff::testing::CommandResult cut = Kvdiff({"convert", "llama2c", "--checkpoint", (dir / "cut.bin").string(),
-                             "--out", (dir / "cut").string()}, dir);
+  kvdiff::testing::CommandResult cut =
+      Kvdiff({"convert", "llama2c", "--checkpoint", (dir / "cut.bin").string(), "--out",
+              (dir / "cut").string()},
+             dir);
   EXPECT_EQ(cut.exit_code, 2);
   EXPECT_THAT(cut.err,
               HasSubstr("implies 1056540 bytes (tied classifier), the file has 1000000 bytes"));
@@ -114,24 +122,26 @@ TEST(Llama2cGenerateTest, CommandsRefuseBadInput) {
 
   // A model converted without a tokenizer: --prompt is refused, --tokens --ids works.
   const auto model = dir / "notok";
-  ASSERT_EQ(
-      Kvdiff({"convert", "llama2c", "--checkpoint",
-                 (data / "stories260K" / "stories260K.bin").string(), "--out", model.string()}, dir)
-          .exit_code,
-      0);
+  ASSERT_EQ(Kvdiff({"convert", "llama2c", "--checkpoint",
+                    (data / "stories260K" / "stories260K.bin").string(), "--out", model.string()},
+                   dir)
+                .exit_code,
+            0);
   kvdiff::testing::CommandResult no_tok =
       Kvdiff({"generate", "--model", model.string(), "--prompt", "Hi", "-n", "3"}, dir);
   EXPECT_EQ(no_tok.exit_code, 2);
   EXPECT_THAT(no_tok.err, HasSubstr("has no tokenizer.kvdiff.json"));
-  kvdiff::testing::CommandResult ids = Kvdiff(
-      {"generate", "--model", model.string(), "--tokens", "1,403", "-n", "3", "--ids"}, dir);
+  kvdiff::testing::CommandResult ids =
+      Kvdiff({"generate", "--model", model.string(), "--tokens", "1,403", "-n", "3", "--ids"}, dir);
   EXPECT_EQ(ids.exit_code, 0) << ids.err;
-  kvdiff::testing::CommandResult bad_id = Kvdiff(
-      {"generate", "--model", model.string(), "--tokens", "1,512", "-n", "3", "--ids"}, dir);
+  kvdiff::testing::CommandResult bad_id =
+      Kvdiff({"generate", "--model", model.string(), "--tokens", "1,512", "-n", "3", "--ids"}, dir);
   EXPECT_EQ(bad_id.exit_code, 2);
-  EXPECT_THAT(bad_id.err, HasSubstr("--tokens: token id 512 at index 1 is out of range for vocab_size 512"));
+  EXPECT_THAT(bad_id.err,
+              HasSubstr("--tokens: token id 512 at index 1 is out of range for vocab_size 512"));
   kvdiff::testing::CommandResult both = Kvdiff(
-      {"generate", "--model", model.string(), "--tokens", "1", "--ids", "--cached", "--uncached"}, dir);
+      {"generate", "--model", model.string(), "--tokens", "1", "--ids", "--cached", "--uncached"},
+      dir);
   EXPECT_EQ(both.exit_code, 2);
 }
 #endif

@@ -3,14 +3,14 @@
 // weight scales measured).
 #include "format/model_files.h"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <Eigen/Dense>
-#include <fmt/format.h>
-#include <iostream>
 #include <cmath>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -361,10 +361,10 @@ TEST(RandomModelScale, DemandingReachesScoresInTheHundredsAndLogitsInTheThousand
     float naive = 0;
     for (int64_t i = 0; i < c.hidden_size; ++i) naive += embed.data[i] * embed.data[i];
     if (!tie) EXPECT_TRUE(std::isinf(naive)) << "a float32 sum of squares of one embedding row";
-    std::cout << fmt::format("demanding tiny ({}): score std {:.1f}, logit std {:.0f}, spread {:.0f}, "
-                             "mean max attention {:.2f}\n",
-                             tie ? "tied" : "untied", s.score_std, s.logit_std, s.logit_spread,
-                             s.mean_max_attention);
+    std::cout << fmt::format(
+        "demanding tiny ({}): score std {:.1f}, logit std {:.0f}, spread {:.0f}, "
+        "mean max attention {:.2f}\n",
+        tie ? "tied" : "untied", s.score_std, s.logit_std, s.logit_spread, s.mean_max_attention);
   }
 }
 

@@ -73,8 +73,8 @@ class TokenizeCli : public ::testing::Test {
                .dump();
   }
   Result Run(const std::string& args) {
-    return testing::RunKvdiff("tokenize --model " + testing::ShellQuote(dir_.path().string()) + " " + args,
-                              dir_.path());
+    return testing::RunKvdiff(
+        "tokenize --model " + testing::ShellQuote(dir_.path().string()) + " " + args, dir_.path());
   }
   testing::TempDir dir_;
 };

@@ -4,7 +4,8 @@
 #include "tests/fuzz/fuzz_support.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::string config = kvdiff::format::ConfigToJson(kvdiff::format::PresetConfig("tiny"));
+  static const std::string config =
+      kvdiff::format::ConfigToJson(kvdiff::format::PresetConfig("tiny"));
   const auto dir = kvdiff::fuzz::ScratchDir() / "sharded";
   std::filesystem::create_directories(dir);
   {

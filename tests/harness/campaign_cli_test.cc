@@ -31,13 +31,13 @@ TEST(CheckCampaign, TwoHundredCasesOnTinyPass) {
   EXPECT_EQ(worst.at("diff"), j.at("worst_diff"));
   const int64_t worst_case = j.at("worst_case");
   EXPECT_EQ(j.at("results").at(worst_case).at("worst"), worst);
-  EXPECT_THAT(r.out, HasSubstr(fmt::format("worst difference: {:.1e} at {}, step {}, conversation "
-                                           "{}, position {}, within ",
-                                           worst.at("diff").get<double>(),
-                                           worst.at("path").get<std::string>(),
-                                           worst.at("step").get<int64_t>(),
-                                           worst.at("conversation").get<std::string>(),
-                                           worst.at("position").get<int64_t>())));
+  EXPECT_THAT(r.out,
+              HasSubstr(fmt::format(
+                  "worst difference: {:.1e} at {}, step {}, conversation "
+                  "{}, position {}, within ",
+                  worst.at("diff").get<double>(), worst.at("path").get<std::string>(),
+                  worst.at("step").get<int64_t>(), worst.at("conversation").get<std::string>(),
+                  worst.at("position").get<int64_t>())));
   EXPECT_THAT(r.out, HasSubstr(fmt::format("{:.1e}", worst.at("gate").get<double>())));
   EXPECT_THAT(r.out, ::testing::Not(HasSubstr("(tolerance 1.0e-04)")));
   // ref computes float32 RoPE angles: a row it shares with impl is held to the tolerance plus the
@@ -46,8 +46,7 @@ TEST(CheckCampaign, TwoHundredCasesOnTinyPass) {
   if (worst.at("path") == "impl~ref") {
     EXPECT_EQ(worst.at("gate_basis"),
               fmt::format("tolerance 1.0e-04 + rope-f32 allowance 1.0e-06 x {}", position));
-    EXPECT_NEAR(worst.at("gate").get<double>(), 1e-4 + 1e-6 * static_cast<double>(position),
-                1e-12);
+    EXPECT_NEAR(worst.at("gate").get<double>(), 1e-4 + 1e-6 * static_cast<double>(position), 1e-12);
   } else {
     EXPECT_EQ(worst.at("gate_basis"), "tolerance");
     EXPECT_THAT(r.out, HasSubstr("within the tolerance 1.0e-04 in case"));

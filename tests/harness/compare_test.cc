@@ -133,7 +133,8 @@ TEST(CompareRows, RelativeToleranceScalesWithTheOracleRow) {
   EXPECT_FALSE(CompareRows(a.data(), b.data(), 3, Tolerance(1e-4, 1e-4)).within_tolerance);
   // Small logits: the absolute part still holds.
   const std::vector<float> small_b = {0.001f, 0.0f}, small_a = {0.00105f, 0.0f};
-  EXPECT_TRUE(CompareRows(small_a.data(), small_b.data(), 2, Tolerance(1e-4, 1e-3)).within_tolerance);
+  EXPECT_TRUE(
+      CompareRows(small_a.data(), small_b.data(), 2, Tolerance(1e-4, 1e-3)).within_tolerance);
   // NaN is never within, whatever the gate.
   const std::vector<float> nan_a = {std::nanf(""), 1000.0f, 2.0f};
   const RowComparison n = CompareRows(nan_a.data(), b.data(), 3, Tolerance(1e-4, 0.5));

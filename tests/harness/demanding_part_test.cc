@@ -8,8 +8,8 @@
 #include "format/error.h"
 #include "harness/backend/registry.h"
 #include "harness/campaign/campaign.h"
-#include "tests/test_support.h"
 #include "tests/harness/harness_test_util.h"
+#include "tests/test_support.h"
 
 namespace kvdiff::harness {
 namespace {

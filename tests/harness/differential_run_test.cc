@@ -1,7 +1,6 @@
 // The differential run on the tiny model (impl backend, in process): the session driver agrees with
 // the oracle, the misuse drivers diverge exactly where the seed says, errors are outcomes, and the
 // JSON / JUnit / terminal reports carry it all.
-#include "harness/backend/registry.h"
 #include "harness/run/differential_run.h"
 
 #include <fmt/format.h>
@@ -16,6 +15,7 @@
 #include "format/error.h"
 #include "format/llama2c.h"
 #include "harness/backend/backend.h"
+#include "harness/backend/registry.h"
 #include "harness/replay/drivers.h"
 #include "harness/report/run_report.h"
 #include "harness/scenario/scenario.h"

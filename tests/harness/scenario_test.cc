@@ -192,8 +192,9 @@ TEST(ScenarioParse, Llama2cModelErrorsNameTheField) {
               HasSubstr("model.llama2c.checkpoint: must not be empty"));
   EXPECT_THAT(ModelError(R"({"llama2c": "s.bin"})"),
               HasSubstr("model.llama2c: expected an object like {\"checkpoint\": \"FILE.bin\""));
-  EXPECT_THAT(ModelError(R"({"seed": 3})"),
-              HasSubstr("model: needs \"preset\" (with \"seed\"), \"path\", \"llama2c\" or \"config\""));
+  EXPECT_THAT(
+      ModelError(R"({"seed": 3})"),
+      HasSubstr("model: needs \"preset\" (with \"seed\"), \"path\", \"llama2c\" or \"config\""));
   EXPECT_THAT(ModelError(R"("tiny")"), HasSubstr("{\"llama2c\": {\"checkpoint\": \"FILE.bin\""));
 }
 
@@ -260,8 +261,9 @@ TEST(ScenarioParse, StepErrorsNameTheIndexAndField) {
               HasSubstr("steps[0].tokens[1]: expected a non-negative integer token id, got -2"));
   EXPECT_THAT(StepsError(R"([{"op": "prefill", "tokens": []}])"),
               HasSubstr("steps[0].tokens: must not be empty"));
-  EXPECT_THAT(StepsError(R"([{"op": "prefill", "tokens": [1], "text": "hi"}])"),
-              HasSubstr("steps[0]: \"prefill\" needs exactly one of \"tokens\", \"text\" or \"messages\""));
+  EXPECT_THAT(
+      StepsError(R"([{"op": "prefill", "tokens": [1], "text": "hi"}])"),
+      HasSubstr("steps[0]: \"prefill\" needs exactly one of \"tokens\", \"text\" or \"messages\""));
   EXPECT_THAT(StepsError(R"([{"op": "fork", "from": "main"}])"),
               HasSubstr("steps[0]: \"fork\" needs the field \"to\""));
   EXPECT_THAT(StepsError(R"([{"op": "truncate", "length": -1}])"),
@@ -288,7 +290,8 @@ TEST(ScenarioParse, TopLevelErrors) {
       HasSubstr("model: unknown field \"preset\""));
   EXPECT_THAT(ParseError(R"({"model": {"preset": "tiny"}, "driver": "pos1",
                               "steps": [{"op": "reset"}]})"),
-              HasSubstr("driver: unknown driver \"pos1\" (expected one of session, uncached, raw, pos0, reuse, quantized, stale-position)"));
+              HasSubstr("driver: unknown driver \"pos1\" (expected one of session, uncached, raw, "
+                        "pos0, reuse, quantized, stale-position)"));
   EXPECT_THAT(ParseError(R"({"model": {"preset": "tiny"}, "tolerance": {"abs": -1},
                               "steps": [{"op": "reset"}]})"),
               HasSubstr("tolerance.abs: expected a finite number >= 0, got -1"));

@@ -42,7 +42,8 @@ TEST(ShapeGenerator, ReachesEveryAttentionKindHeadSizeAndFeature) {
     ratios.insert(c.NumRep());
     layers.insert(c.num_hidden_layers);
     ++seen[AttentionKind(c).substr(0, 3)];
-    if (c.num_attention_heads > 1 && c.num_key_value_heads == c.num_attention_heads) ++seen["MHA>1"];
+    if (c.num_attention_heads > 1 && c.num_key_value_heads == c.num_attention_heads)
+      ++seen["MHA>1"];
     ++seen[c.tie_word_embeddings ? "tied" : "untied"];
     ++seen[c.rope_scaling ? "scaled" : "unscaled"];
     if (c.hidden_size != c.QDim()) ++seen["hidden!=qdim"];
@@ -110,7 +111,8 @@ TEST(InlineConfigModel, RoundTripsThroughTheScenarioFile) {
 
 std::string ModelError(const std::string& model_json) {
   try {
-    ParseScenario(R"({"model": )" + model_json + R"(, "steps": [{"op": "prefill", "tokens": [1]}]})");
+    ParseScenario(R"({"model": )" + model_json +
+                  R"(, "steps": [{"op": "prefill", "tokens": [1]}]})");
   } catch (const InputError& e) {
     return e.what();
   }
@@ -248,8 +250,9 @@ void RegisterMutantOnce() {
   info.description = "impl with query head h reading KV head (h / 2) mod n_kv";
   info.dtype = "float32";
   BackendRegistry::Global().Register(
-      info, [](const BackendInfo& i, std::shared_ptr<const format::ModelWeights> w,
-               const BackendOptions&) -> std::unique_ptr<Backend> {
+      info,
+      [](const BackendInfo& i, std::shared_ptr<const format::ModelWeights> w,
+         const BackendOptions&) -> std::unique_ptr<Backend> {
         return std::make_unique<PairedKvBackend>(i, std::move(w));
       });
 }
@@ -319,8 +322,9 @@ void RegisterPickyOnce() {
   info.description = "impl, refusing head_dim not a multiple of 32";
   info.dtype = "float32";
   BackendRegistry::Global().Register(
-      info, [](const BackendInfo&, std::shared_ptr<const format::ModelWeights> w,
-               const BackendOptions&) -> std::unique_ptr<Backend> {
+      info,
+      [](const BackendInfo&, std::shared_ptr<const format::ModelWeights> w,
+         const BackendOptions&) -> std::unique_ptr<Backend> {
         if (w->config.head_dim % 32 != 0) {
           throw InputError(fmt::format("head_dim {} is not a multiple of 32", w->config.head_dim));
         }
@@ -385,12 +389,10 @@ TEST(RandomShapeCampaign, TheCommandLineRefusesAModelAndRunsItsOwnFailingCase) {
   EXPECT_THAT(junit, HasSubstr("shape: layers=")) << "a CI failure names the case's shape";
   const nlohmann::json report = nlohmann::json::parse(ReadFile(tmp.path() / "r.json"));
   EXPECT_EQ(report.at("shapes"), "random");
-  const CommandResult run =
-      RunKvdiff("run fails/check-seed0-case0.json --tolerance 0", tmp.path());
+  const CommandResult run = RunKvdiff("run fails/check-seed0-case0.json --tolerance 0", tmp.path());
   EXPECT_EQ(run.exit_code, 1) << run.out << run.err;
   EXPECT_THAT(run.out, HasSubstr("model: config(layers="));
-  EXPECT_EQ(RunKvdiff("run fails/check-seed0-case0.json --tolerance 1e-4", tmp.path()).exit_code,
-            0)
+  EXPECT_EQ(RunKvdiff("run fails/check-seed0-case0.json --tolerance 1e-4", tmp.path()).exit_code, 0)
       << "within the default gate (the file records the campaign's tolerance, 0)";
 }
 

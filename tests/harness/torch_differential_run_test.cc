@@ -1,10 +1,9 @@
-// The differential run across impl, ref and ref64 on the tiny model: cross-backend comparisons, and the
-// transformers-style reuse misuse (silent on the reference, an error on impl's raw call).
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
+// The differential run across impl, ref and ref64 on the tiny model: cross-backend comparisons, and
+// the transformers-style reuse misuse (silent on the reference, an error on impl's raw call).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 #include <memory>
 #include <vector>

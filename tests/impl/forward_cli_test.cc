@@ -1,9 +1,8 @@
 // `kvdiff make-model` + `kvdiff forward` end to end: the logits file, cached and uncached, and the
 // exit codes of bad input.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
-#include <fmt/format.h>
 #include <sys/wait.h>
 
 #include <cstdlib>
@@ -44,7 +43,8 @@ RowMatrix ReadLogits(const std::filesystem::path& path) {
 }
 
 TEST_F(ForwardCliTest, WritesTheLogitsOfEveryPositionAndPrintsTheTop5) {
-  kvdiff::testing::CommandResult run = Kvdiff(dir_, "forward --model m --tokens 1,2,3,4,5 --out l.safetensors");
+  kvdiff::testing::CommandResult run =
+      Kvdiff(dir_, "forward --model m --tokens 1,2,3,4,5 --out l.safetensors");
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const RowMatrix logits = ReadLogits(dir_ / "l.safetensors");
   ASSERT_EQ(logits.rows(), 5);
@@ -59,12 +59,15 @@ TEST_F(ForwardCliTest, WritesTheLogitsOfEveryPositionAndPrintsTheTop5) {
 }
 
 TEST_F(ForwardCliTest, CachedInChunksAgreesWithUncached) {
-  ASSERT_EQ(Kvdiff(dir_, "forward --model m --tokens 9,8,7,6,5,4 --out full.safetensors").exit_code, 0);
+  ASSERT_EQ(Kvdiff(dir_, "forward --model m --tokens 9,8,7,6,5,4 --out full.safetensors").exit_code,
+            0);
   for (std::string chunks : {"", " --chunks 2,1,3", " --chunks 6"}) {
-    kvdiff::testing::CommandResult run = Kvdiff(dir_, "forward --model m --tokens 9,8,7,6,5,4 --cached" + chunks +
-                               " --threads 1 --out cached.safetensors");
+    kvdiff::testing::CommandResult run =
+        Kvdiff(dir_, "forward --model m --tokens 9,8,7,6,5,4 --cached" + chunks +
+                         " --threads 1 --out cached.safetensors");
     ASSERT_EQ(run.exit_code, 0) << run.err;
-    const RowMatrix diff = ReadLogits(dir_ / "cached.safetensors") - ReadLogits(dir_ / "full.safetensors");
+    const RowMatrix diff =
+        ReadLogits(dir_ / "cached.safetensors") - ReadLogits(dir_ / "full.safetensors");
     EXPECT_LE(diff.cwiseAbs().maxCoeff(), 1e-4) << "chunks:" << chunks;
   }
 }
@@ -80,12 +83,14 @@ TEST_F(ForwardCliTest, BadInputExitsWith2AndSaysWhy) {
       {"--tokens 1,2 --backend nope", "unknown backend 'nope' (available: impl"},
   };
   for (const auto& [args, message] : cases) {
-    kvdiff::testing::CommandResult run = Kvdiff(dir_, "forward --model m " + args + " --out x.safetensors");
+    kvdiff::testing::CommandResult run =
+        Kvdiff(dir_, "forward --model m " + args + " --out x.safetensors");
     EXPECT_EQ(run.exit_code, 2) << args;
     EXPECT_THAT(run.err, HasSubstr(message)) << args;
     EXPECT_FALSE(std::filesystem::exists(dir_ / "x.safetensors")) << args;
   }
-  kvdiff::testing::CommandResult missing = Kvdiff(dir_, "forward --model nowhere --tokens 1 --out x.safetensors");
+  kvdiff::testing::CommandResult missing =
+      Kvdiff(dir_, "forward --model nowhere --tokens 1 --out x.safetensors");
   EXPECT_EQ(missing.exit_code, 2);
 }
 

@@ -15,7 +15,7 @@
 namespace kvdiff::impl::testing {
 
 inline std::shared_ptr<const format::ModelWeights> RandomModel(const format::LlamaConfig& config,
-                                                              uint64_t seed) {
+                                                               uint64_t seed) {
   return std::make_shared<const format::ModelWeights>(format::MakeRandomModel(config, seed));
 }
 

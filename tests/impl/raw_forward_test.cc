@@ -123,15 +123,21 @@ TEST_F(RawForwardTest, OnlyOutOfBoundsAccessIsRefused) {
       EXPECT_THAT(e.what(), HasSubstr(text));
     }
   };
-  expect_error([&] { model_->Forward({1, 256}, 0, cache); },
-               "token id 256 at index 1 is out of range for vocab_size 256");
+  expect_error(
+      [&] {
+        model_->Forward({1, 256}, 0, cache);
+      },
+      "token id 256 at index 1 is out of range for vocab_size 256");
   expect_error([&] { model_->Forward({}, 0, cache); }, "tokens is empty");
   expect_error([&] { model_->Forward({1}, 512, cache); },
                "index_pos 512 with 1 tokens runs past max_position_embeddings 512");
   expect_error([&] { model_->Forward({1}, -1, cache); }, "index_pos -1");
   model_->Forward({1, 2, 3, 4}, 0, cache);
-  expect_error([&] { model_->Forward({1, 2, 3}, 4, cache); },
-               "cache holds 4 positions of capacity 6: 3 more tokens do not fit");
+  expect_error(
+      [&] {
+        model_->Forward({1, 2, 3}, 4, cache);
+      },
+      "cache holds 4 positions of capacity 6: 3 more tokens do not fit");
   // A wrong index_pos is fine as long as it stays inside the RoPE table (candle's pos0).
   model_->Forward({5}, 400, cache);
   EXPECT_EQ(cache.Length(), 5);

@@ -1,14 +1,14 @@
 // The Session (checked API) against ForwardFull (the oracle) on the tiny preset: token by token,
 // in chunks, after Reset, Truncate and Fork; every error message; thread-count independence.
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
+#include "impl/session.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 #include "format/error.h"
 #include "impl/model.h"
-#include "impl/session.h"
 #include "tests/impl/impl_test_util.h"
 
 namespace kvdiff::impl {
@@ -21,9 +21,7 @@ using testing::RowDiff;
 
 class TinySessionTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    model_ = new Model(testing::PresetModel("tiny", 7), 2);
-  }
+  static void SetUpTestSuite() { model_ = new Model(testing::PresetModel("tiny", 7), 2); }
   static void TearDownTestSuite() {
     delete model_;
     model_ = nullptr;
@@ -51,8 +49,8 @@ TEST_F(TinySessionTest, CachedEqualsUncachedAtEveryPositionForManyChunkings) {
   const Tokens tokens = RandomTokens(48, vocab(), 1);
   const Logits full = model_->ForwardFull(tokens);
   const std::vector<std::vector<int>> chunkings = {
-      std::vector<int>(48, 1), {48}, {5, 7, 1, 20, 15}, {1, 2, 3, 4, 5, 6, 7, 8, 12}, {47, 1},
-      {24, 24}};
+      std::vector<int>(48, 1),      {48},    {5, 7, 1, 20, 15},
+      {1, 2, 3, 4, 5, 6, 7, 8, 12}, {47, 1}, {24, 24}};
   for (const auto& chunks : chunkings) {
     const RowMatrix cached = FeedInChunks(*model_, tokens, chunks);
     double worst = 0;
@@ -140,12 +138,18 @@ TEST_F(TinySessionTest, ErrorsNameBothNumbersAndLeaveTheSessionUnchanged) {
     EXPECT_EQ(session.Length(), 5) << "a failed call changed the session (" << text << ")";
   };
   expect_error([&] { session.Append({}); }, "tokens is empty");
-  expect_error([&] { session.Append({1, 2, 300}); },
-               "token id 300 at index 2 is out of range for vocab_size 256");
+  expect_error(
+      [&] {
+        session.Append({1, 2, 300});
+      },
+      "token id 300 at index 2 is out of range for vocab_size 256");
   expect_error([&] { session.Append({-1}); },
                "token id -1 at index 0 is out of range for vocab_size 256");
-  expect_error([&] { session.Append({1, 2, 3, 4}); },
-               "Append: 4 tokens at length 5 need 9 positions, beyond the session capacity 8");
+  expect_error(
+      [&] {
+        session.Append({1, 2, 3, 4});
+      },
+      "Append: 4 tokens at length 5 need 9 positions, beyond the session capacity 8");
   expect_error([&] { session.Truncate(6); }, "Truncate: length 6 is outside 0..5");
   expect_error([&] { session.Truncate(-1); }, "Truncate: length -1 is outside 0..5");
   // Unchanged means unchanged: the next token gives what it gives without the failed calls.
@@ -179,8 +183,11 @@ TEST_F(TinySessionTest, TraceRowsOfASessionMatchTheFullForwardTrace) {
     ASSERT_EQ(tail_trace.layers[l].after_mlp.rows(), 4);
     ASSERT_EQ(tail_trace.layers[l].after_mlp.cols(), 64);
     for (int64_t i = 0; i < 4; ++i) {
-      EXPECT_LE(RowDiff(tail_trace.layers[l].after_attention, i, full_trace.layers[l].after_attention, 8 + i), kTolerance);
-      EXPECT_LE(RowDiff(tail_trace.layers[l].after_mlp, i, full_trace.layers[l].after_mlp, 8 + i), kTolerance);
+      EXPECT_LE(RowDiff(tail_trace.layers[l].after_attention, i,
+                        full_trace.layers[l].after_attention, 8 + i),
+                kTolerance);
+      EXPECT_LE(RowDiff(tail_trace.layers[l].after_mlp, i, full_trace.layers[l].after_mlp, 8 + i),
+                kTolerance);
     }
   }
   // The layers really differ (the trace is not one buffer copied twice).

@@ -21,8 +21,8 @@ TEST(Smollm2SessionTest, TokenByTokenAndChunkedEqualUncachedOn16Tokens) {
   Model model(testing::PresetModel("smollm2-135m", 3), 0);
   const Tokens tokens = RandomTokens(16, model.config().vocab_size, 4);
   const Logits full = model.ForwardFull(tokens);
-  for (const std::vector<int>& chunks : std::vector<std::vector<int>>{
-           std::vector<int>(16, 1), {5, 11}, {3, 1, 12}}) {
+  for (const std::vector<int>& chunks :
+       std::vector<std::vector<int>>{std::vector<int>(16, 1), {5, 11}, {3, 1, 12}}) {
     Session session = model.NewSession();
     double worst = 0;
     int64_t at = 0;
@@ -31,7 +31,8 @@ TEST(Smollm2SessionTest, TokenByTokenAndChunkedEqualUncachedOn16Tokens) {
       for (int64_t i = 0; i < n; ++i) {
         const double diff = RowDiff(got, i, full, at + i);
         worst = std::max(worst, diff);
-        EXPECT_LE(diff, kSmollm2Tolerance) << "chunks of " << chunks.size() << ", position " << at + i;
+        EXPECT_LE(diff, kSmollm2Tolerance)
+            << "chunks of " << chunks.size() << ", position " << at + i;
       }
       at += n;
     }

@@ -1,8 +1,8 @@
-// 16-bit weight storage (bf16, f16): a model whose values are exactly bf16 (or f16) values keeps its
-// matrices in 16 bits and widens them inside the kernels. The logits must be the float32-storage
-// logits bit for bit on every path: decode (one row), short forwards (the rows path, 2..8 rows),
-// prefill tiles (the GEMM path, and attention past one query tile), the tied head and an untied
-// one, and for any thread count.
+// 16-bit weight storage (bf16, f16): a model whose values are exactly bf16 (or f16) values keeps
+// its matrices in 16 bits and widens them inside the kernels. The logits must be the
+// float32-storage logits bit for bit on every path: decode (one row), short forwards (the rows
+// path, 2..8 rows), prefill tiles (the GEMM path, and attention past one query tile), the tied head
+// and an untied one, and for any thread count.
 #include <gtest/gtest.h>
 
 #include <cmath>

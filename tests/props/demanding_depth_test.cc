@@ -20,10 +20,10 @@
 #include "harness/backend/registry.h"
 #include "harness/campaign/campaign.h"
 #include "harness/campaign/demanding_part.h"
+#include "tests/harness/harness_test_util.h"
 #include "tests/props/properties.h"
 #include "tests/props/scalar_llama.h"
 #include "tests/test_support.h"
-#include "tests/harness/harness_test_util.h"
 
 namespace kvdiff::props {
 namespace {

@@ -1,8 +1,8 @@
-// Numerically demanding models (generators.h, GenDemandingModel: make-model --scale demanding on the
-// properties' small shapes): impl holds the relative gate on them, and two faults that are right
-// only for O(1) numbers, built into the test's scalar model (scalar_llama.h, outside impl), pass
-// the same property (the scalar model's cached rows against impl's ForwardFull) on ordinary models
-// and fail it on demanding ones:
+// Numerically demanding models (generators.h, GenDemandingModel: make-model --scale demanding on
+// the properties' small shapes): impl holds the relative gate on them, and two faults that are
+// right only for O(1) numbers, built into the test's scalar model (scalar_llama.h, outside impl),
+// pass the same property (the scalar model's cached rows against impl's ForwardFull) on ordinary
+// models and fail it on demanding ones:
 //  * softmax-without-max: float32 exp(s) / sum exp(s); scores in the hundreds overflow exp;
 //  * naive-float32-rmsnorm: the sum of squares in float32; hidden states of ~1e19 overflow it.
 // The test prints, for each, how many cases ran before the failure and the shrunk counterexample.
@@ -81,16 +81,18 @@ TEST(DemandingMutants, CaughtOnDemandingModelsOnly) {
     const Outcome ordinary = RunChunking(ScalarVsImpl(fault), "DemandingMutants/ordinary/" + name);
     EXPECT_FALSE(ordinary.failed) << name << " fails on ordinary models, so it proves nothing "
                                   << "about demanding ones: " << ordinary.description;
-    const Outcome demanding = RunChunking(OnDemandingModels(ScalarVsImpl(fault)), "DemandingMutants/" + name);
+    const Outcome demanding =
+        RunChunking(OnDemandingModels(ScalarVsImpl(fault)), "DemandingMutants/" + name);
     EXPECT_TRUE(demanding.failed) << name << " not caught on demanding models";
-    std::cout << fmt::format("{:<24} ordinary models: {} in {} cases; demanding models: {} at case "
-                             "{}\n  {}\n",
-                             name, ordinary.failed ? "CAUGHT" : "passes", ordinary.cases,
-                             demanding.failed ? "caught" : "MISSED", demanding.cases,
-                             demanding.description);
+    std::cout << fmt::format(
+        "{:<24} ordinary models: {} in {} cases; demanding models: {} at case "
+        "{}\n  {}\n",
+        name, ordinary.failed ? "CAUGHT" : "passes", ordinary.cases,
+        demanding.failed ? "caught" : "MISSED", demanding.cases, demanding.description);
   }
   // The unmutated scalar model passes on demanding models: the faults are what fails.
-  const Outcome correct = RunChunking(OnDemandingModels(ScalarVsImpl(Fault::kNone)), "DemandingMutants/none");
+  const Outcome correct =
+      RunChunking(OnDemandingModels(ScalarVsImpl(Fault::kNone)), "DemandingMutants/none");
   EXPECT_FALSE(correct.failed) << correct.description;
 }
 

@@ -22,7 +22,7 @@ namespace kvdiff::props {
 struct ModelCase {
   format::LlamaConfig config;
   uint64_t seed = 0;
-  std::string preset;  // "" for a generated shape, else the preset name
+  std::string preset;              // "" for a generated shape, else the preset name
   format::RandomModelScale scale;  // GenDemandingModel: RandomModelScale::Demanding()
 
   int64_t Capacity() const { return config.max_position_embeddings; }

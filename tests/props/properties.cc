@@ -1,12 +1,12 @@
 #include "tests/props/properties.h"
 
-#include "harness/backend/registry.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+
+#include "harness/backend/registry.h"
 
 namespace kvdiff::props {
 namespace {

@@ -173,10 +173,11 @@ TEST_F(ReachTest, NumericFaultsAreCaughtByTheDefaultCampaignsDemandingPartOnly) 
     }
     EXPECT_EQ(ordinary_failures, 0) << FaultName(fault) << " fails ordinary cases: " << failure;
     EXPECT_GT(report.demanding.failures, 0) << FaultName(fault) << " not caught";
-    std::cout << fmt::format("{:<28} demanding part: {} of {} demanding cases failed (of {}); "
-                             "first: case {}: {}\n",
-                             FaultName(fault), report.demanding.failures, report.demanding.cases,
-                             report.results.size(), first, failure);
+    std::cout << fmt::format(
+        "{:<28} demanding part: {} of {} demanding cases failed (of {}); "
+        "first: case {}: {}\n",
+        FaultName(fault), report.demanding.failures, report.demanding.cases, report.results.size(),
+        first, failure);
   }
 }
 

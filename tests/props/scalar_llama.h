@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "format/model_files.h"
-#include "format/model_files.h"
 #include "format/tensor.h"
 #include "harness/backend/backend.h"
 

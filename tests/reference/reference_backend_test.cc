@@ -1,11 +1,10 @@
 // The "ref"/"ref64" backends: the Backend/BackendSession interface over ReferenceModel and
 // DynamicCache (Append = forward with the cache, Length, Truncate = Crop, Fork, Reset).
-#include "harness/backend/registry.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "format/error.h"
+#include "harness/backend/registry.h"
 #include "tests/reference/reference_test_util.h"
 
 namespace kvdiff::harness {

@@ -27,7 +27,8 @@ using ::testing::HasSubstr;
 class HfTextModel : public ::testing::Test {
  protected:
   void SetUp() override {
-    const fs::path files = NpmOracleDir() / "node_modules" / "@lenml" / "tokenizer-llama3" / "models";
+    const fs::path files =
+        NpmOracleDir() / "node_modules" / "@lenml" / "tokenizer-llama3" / "models";
     if (!fs::is_regular_file(files / "tokenizer.json")) {
       GTEST_SKIP() << "no Llama 3 tokenizer files in " << files << " (run ci/install-deps)";
     }
@@ -52,7 +53,8 @@ class HfTextModel : public ::testing::Test {
 
 TEST_F(HfTextModel, ReproAllRunsTheDocumentsExperimentsOnText) {
   ASSERT_EQ(tokenizer_->VocabSize(), 128256);
-  const CommandResult r = RunKvdiff(fmt::format("repro all --model '{}' -n 6", model_.string()), dir_.path());
+  const CommandResult r =
+      RunKvdiff(fmt::format("repro all --model '{}' -n 6", model_.string()), dir_.path());
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   // The default prompts are text, encoded by the real tokenizer with its special tokens. This
   // file's post-processor is ByteLevel (as in Llama 3's first release), so no BOS is added: the
@@ -86,8 +88,8 @@ TEST_F(HfTextModel, ScenarioTextAndMessagesTokenizeAsTheTokenizerAndTemplateDo) 
   EXPECT_EQ(sc.steps[0].tokens, tokenizer_->Encode("What is the capital of France?", true));
   std::string prompt;
   const kvdiff::Tokens chat = format::EncodeChat(
-      model_, *tokenizer_,
-      {{"system", "Be brief."}, {"user", "What is the capital of France?"}}, true, &prompt);
+      model_, *tokenizer_, {{"system", "Be brief."}, {"user", "What is the capital of France?"}},
+      true, &prompt);
   EXPECT_EQ(sc.steps[3].tokens, chat);
   EXPECT_THAT(prompt, HasSubstr("<|start_header_id|>assistant<|end_header_id|>\n\n"));
   EXPECT_EQ(sc.steps[3].tokens.front(), 128000);  // the template writes BOS, once

@@ -1,18 +1,18 @@
 // The repro experiments as a library, on the tiny preset: the fixes (ok, fresh, fresh1) give the
 // correct output, the bugs (pos0, reuse, reuse1) depart from it the way the source document says,
 // and the correct output is the uncached greedy one, computed here independently.
-#include "harness/backend/registry.h"
 #include "harness/repro/repro.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "format/error.h"
+#include "harness/backend/registry.h"
 #include "harness/scenario/scenario.h"
 #include "impl/model.h"
+#include "tests/harness/harness_test_util.h"
 #include "tests/repro/repro_test_util.h"
 #include "tests/test_support.h"
-#include "tests/harness/harness_test_util.h"
 
 namespace kvdiff::testing {
 namespace {
@@ -232,7 +232,8 @@ TEST(ReproScenario, EachExperimentBecomesAScenarioThatParsesBack) {
     SCOPED_TRACE(harness::ExperimentName(e));
     // reference-reuse runs on a backend with transformers' semantics, which needs LibTorch.
     if (e == Experiment::kReferenceReuse &&
-        harness::BackendRegistry::Global().FirstWithRawCall(harness::RawCall::kPositionFromCache)
+        harness::BackendRegistry::Global()
+            .FirstWithRawCall(harness::RawCall::kPositionFromCache)
             .empty()) {
       continue;
     }

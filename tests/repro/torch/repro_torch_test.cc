@@ -28,7 +28,8 @@ void ExpectReferenceReuseAsDocumented(harness::Repro& repro) {
 
 TEST(ReproTorch, ReferenceReuseIsSilentAndDepartsFromFreshOnTiny) {
   auto weights = TinyWeights();
-  harness::Repro repro = harness::Repro::OnModel(weights, harness::MakeReproPrompts({}, weights->config, nullptr), "impl", {1});
+  harness::Repro repro = harness::Repro::OnModel(
+      weights, harness::MakeReproPrompts({}, weights->config, nullptr), "impl", {1});
   ExpectReferenceReuseAsDocumented(repro);
 }
 
@@ -39,7 +40,8 @@ TEST(ReproTorch, ReferenceReuseIsSilentAndDepartsFromFreshOnStories) {
   auto weights =
       std::make_shared<const format::ModelWeights>(format::LoadModel(dir / "stories260K"));
   auto tokenizer = format::Tokenizer::LoadFromModelDir(dir / "stories260K");
-  harness::Repro repro = harness::Repro::OnModel(weights, harness::MakeReproPrompts({}, weights->config, &*tokenizer), "impl", {1});
+  harness::Repro repro = harness::Repro::OnModel(
+      weights, harness::MakeReproPrompts({}, weights->config, &*tokenizer), "impl", {1});
   ExpectReferenceReuseAsDocumented(repro);
 
   const auto r = RunKvdiff("run " KVDIFF_SOURCE_DIR
