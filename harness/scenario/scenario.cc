@@ -13,7 +13,6 @@
 #include "format/json_document.h"
 #include "format/json_field.h"
 #include "harness/backend/registry.h"
-#include "harness/scenario/conversations.h"
 #include "harness/scenario/shape_params.h"
 
 namespace kvdiff::harness {
@@ -261,111 +260,6 @@ ModelSpec ParseModel(const json& m, const std::filesystem::path& base_dir) {
 
 }  // namespace
 
-std::string OpName(Op op) {
-  switch (op) {
-    case Op::kNewConversation:
-      return "new_conversation";
-    case Op::kPrefill:
-      return "prefill";
-    case Op::kDecode:
-      return "decode";
-    case Op::kTruncate:
-      return "truncate";
-    case Op::kFork:
-      return "fork";
-    case Op::kReset:
-      return "reset";
-  }
-  return "?";
-}
-
-Step Step::NewConversation(const std::string& name) {
-  Step s;
-  s.op = Op::kNewConversation;
-  s.name = s.conversation = name;
-  return s;
-}
-
-Step Step::Prefill(const std::string& conversation, Tokens tokens, std::vector<int64_t> chunks) {
-  Step s;
-  s.op = Op::kPrefill;
-  s.conversation = conversation;
-  s.tokens = std::move(tokens);
-  s.chunks = std::move(chunks);
-  return s;
-}
-
-Step Step::PrefillText(const std::string& conversation, std::string text,
-                       std::vector<int64_t> chunks) {
-  Step s = Prefill(conversation, {}, std::move(chunks));
-  s.text = std::move(text);
-  return s;
-}
-
-Step Step::PrefillChat(const std::string& conversation, std::vector<format::ChatMessage> messages,
-                       std::vector<int64_t> chunks) {
-  Step s = Prefill(conversation, {}, std::move(chunks));
-  s.messages = std::move(messages);
-  return s;
-}
-
-Step Step::Decode(const std::string& conversation, int64_t n) {
-  Step s;
-  s.op = Op::kDecode;
-  s.conversation = conversation;
-  s.n = n;
-  return s;
-}
-
-Step Step::Truncate(const std::string& conversation, int64_t length) {
-  Step s;
-  s.op = Op::kTruncate;
-  s.conversation = conversation;
-  s.length = length;
-  return s;
-}
-
-Step Step::Fork(const std::string& from, const std::string& to) {
-  Step s;
-  s.op = Op::kFork;
-  s.from = from;
-  s.to = s.conversation = to;
-  return s;
-}
-
-Step Step::Reset(const std::string& conversation) {
-  Step s;
-  s.op = Op::kReset;
-  s.conversation = conversation;
-  return s;
-}
-
-std::string Step::ParamString() const {
-  switch (op) {
-    case Op::kNewConversation:
-      return fmt::format("new_conversation({})", name);
-    case Op::kPrefill: {
-      std::string s = fmt::format("prefill({},n={}", conversation, tokens.size());
-      if (text && tokens.empty()) s = fmt::format("prefill({},text", conversation);
-      if (messages && tokens.empty()) s = fmt::format("prefill({},messages", conversation);
-      if (chunks.size() > 1) {
-        s += ",chunks=";
-        for (size_t i = 0; i < chunks.size(); ++i) s += (i ? "+" : "") + std::to_string(chunks[i]);
-      }
-      return s + ")";
-    }
-    case Op::kDecode:
-      return fmt::format("decode({},n={})", conversation, n);
-    case Op::kTruncate:
-      return fmt::format("truncate({},length={})", conversation, length);
-    case Op::kFork:
-      return fmt::format("fork({}->{})", from, to);
-    case Op::kReset:
-      return fmt::format("reset({})", conversation);
-  }
-  return "?";
-}
-
 std::string ModelSpec::Describe() const {
   if (path) return "path " + path->string();
   if (llama2c) {
@@ -531,80 +425,6 @@ Scenario LoadScenario(const std::filesystem::path& file) {
   }
   sc.name = file.stem().string();
   return sc;
-}
-
-void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& config) {
-  Conversations convs;
-  const int64_t max_len = config.max_position_embeddings;
-  auto find = [&](const std::string& name, size_t i, const char* field) -> ConversationState {
-    KVDIFF_CHECK(convs.Exists(name),
-                 "steps[{}].{}: no conversation named \"{}\" (create it first with "
-                 "new_conversation or fork)",
-                 i, field, name);
-    return convs.At(name);
-  };
-  for (size_t i = 0; i < scenario.steps.size(); ++i) {
-    const Step& s = scenario.steps[i];
-    switch (s.op) {
-      case Op::kNewConversation:
-        KVDIFF_CHECK(!convs.Exists(s.name), "steps[{}].name: conversation \"{}\" already exists", i,
-                     s.name);
-        break;
-      case Op::kPrefill: {
-        const ConversationState c = find(s.conversation, i, "conversation");
-        KVDIFF_CHECK(!s.tokens.empty(), "steps[{}].text: the text was not tokenized", i);
-        if (!s.chunks.empty()) {
-          int64_t sum = 0;
-          for (int64_t k : s.chunks) sum += k;
-          KVDIFF_CHECK(sum == static_cast<int64_t>(s.tokens.size()),
-                       "steps[{}].chunks: sizes sum to {} but the text has {} tokens", i, sum,
-                       s.tokens.size());
-        }
-        for (size_t t = 0; t < s.tokens.size(); ++t) {
-          KVDIFF_CHECK(s.tokens[t] >= 0 && s.tokens[t] < config.vocab_size,
-                       "steps[{}].tokens[{}]: token id {} is outside the vocabulary [0, {})", i, t,
-                       s.tokens[t], config.vocab_size);
-        }
-        const int64_t reached = c.length + static_cast<int64_t>(s.tokens.size());
-        KVDIFF_CHECK(reached <= max_len,
-                     "steps[{}]: conversation \"{}\" would reach {} positions, beyond the model's "
-                     "max_position_embeddings {}",
-                     i, s.conversation, reached, max_len);
-        break;
-      }
-      case Op::kDecode: {
-        const ConversationState c = find(s.conversation, i, "conversation");
-        KVDIFF_CHECK(c.has_last_row,
-                     "steps[{}]: decode on conversation \"{}\" has no previous row to take the "
-                     "argmax of (decode must follow a prefill or decode; a truncate, reset or new "
-                     "conversation leaves none)",
-                     i, s.conversation);
-        // Compared before adding: n may be as large as INT64_MAX.
-        KVDIFF_CHECK(s.n <= max_len - c.length,
-                     "steps[{}].n: conversation \"{}\" would reach {} + {} positions, beyond the "
-                     "model's max_position_embeddings {}",
-                     i, s.conversation, c.length, s.n, max_len);
-        break;
-      }
-      case Op::kTruncate: {
-        const ConversationState c = find(s.conversation, i, "conversation");
-        KVDIFF_CHECK(s.length <= c.length,
-                     "steps[{}].length: cannot truncate conversation \"{}\" to {}: it has {} "
-                     "positions",
-                     i, s.conversation, s.length, c.length);
-        break;
-      }
-      case Op::kFork:
-        find(s.from, i, "from");
-        KVDIFF_CHECK(!convs.Exists(s.to), "steps[{}].to: conversation \"{}\" already exists", i,
-                     s.to);
-        break;
-      case Op::kReset:
-        find(s.conversation, i, "conversation");
-        break;
-    }
-    convs.Apply(s);
-  }
 }
 
 std::vector<std::string> ParseBackendList(const std::string& list) {
