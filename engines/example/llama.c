@@ -363,7 +363,7 @@ static const char* session_error(const kvdiff_session* s) {
 }
 
 static const kvdiff_engine_api kApi = {
-    .abi_version = KVDIFF_ENGINE_ABI_VERSION, /* always first: the loader checks it */
+    .abi_version = 1u, /* always first: the loader checks it */
     .name = "example",
     .version = "1.0",
     .open = engine_open,

@@ -480,7 +480,7 @@ const std::string kVersion = fmt::format("llama.cpp {} (node-llama-cpp {})", KVD
                                          KVDIFF_LLAMACPP_VERSION);
 
 const kvdiff_engine_api kApi = {
-    KVDIFF_ENGINE_ABI_VERSION,
+    1u, /* ABI 2 (append_batch) to come */
     "llama.cpp",
     kVersion.c_str(),
     EngineOpen,

@@ -25,6 +25,22 @@ class BackendSession {
   virtual void Reset() = 0;
 };
 
+// One conversation's part of a batched call (Backend::AppendBatch): tokens appended to `session`
+// at its own next positions, and which of their rows come back.
+struct BatchItem {
+  BackendSession* session = nullptr;
+  Tokens tokens;
+  // Per token: whether its logits row is returned (a serving engine's per-row output flag).
+  // Empty: every row.
+  std::vector<bool> output;
+
+  bool Outputs(size_t row) const { return output.empty() || output[row]; }
+  int64_t OutputRows() const;
+};
+
+// The rows of `all` (one per token) that `item` asks for, in order.
+Logits KeepOutputRows(const Logits& all, const BatchItem& item);
+
 // The raw call a port makes, unchecked: candle's forward(tokens, index_pos, cache), or
 // transformers' model(input_ids, past_key_values=cache), which reads the position from the cache.
 // The misuse drivers (harness/replay/drivers.h) are written once against it.
@@ -97,6 +113,13 @@ class Backend {
   virtual const format::LlamaConfig& config() const = 0;
   virtual Logits ForwardFull(const Tokens& tokens, ForwardTrace* trace = nullptr) const = 0;
   virtual std::unique_ptr<BackendSession> NewSession() const = 0;
+  // One call that appends every item's tokens to its own session, as a serving engine runs many
+  // conversations in one forward; returns, per item, the logits of the rows it asked for
+  // [output rows, vocab], in token order. The sessions are this backend's and distinct (the replay
+  // never passes one twice). A throw leaves the items' sessions in an unspecified state.
+  // The default appends the items one after another through their sessions and keeps the rows
+  // asked for: the semantic reference, which every backend runs unless it has a batched forward.
+  virtual std::vector<Logits> AppendBatch(const std::vector<BatchItem>& items) const;
   // The raw call, present exactly when Info().raw_call != kNone.
   virtual const RawModel* Raw() const { return nullptr; }
 };

@@ -1,4 +1,4 @@
-/* kvdiff engine plugin ABI, version 1. Plain C99: usable from C, C++, Rust (cdylib), Zig.
+/* kvdiff engine plugin ABI, version 2. Plain C99: usable from C, C++, Rust (cdylib), Zig.
  *
  * An engine is a shared library exporting ONE symbol:
  *
@@ -6,7 +6,14 @@
  *
  * which returns a static table of functions. The table's first member, abi_version, stays first in
  * every version of this ABI, so a loader reads it before anything else and refuses a plugin built
- * against another version, naming both numbers. Nothing else is exported or required.
+ * against a version it does not know, naming both numbers. Nothing else is exported or required.
+ *
+ * Versions. Each version only appends members to the table, so a version-N table is a prefix of
+ * every later one: a loader reads exactly the members of the version the plugin declares.
+ *   1: one session per call (append, truncate, fork, reset).
+ *   2: append_batch, appended: several sessions of one engine advance in ONE call, with per-row
+ *      output flags, as a serving engine runs many conversations in one forward. A version-1
+ *      plugin still loads; kvdiff runs its batch steps one session after another.
  *
  * The contract mirrors kvdiff's checked session (impl/session.h):
  *   - an engine opens a HuggingFace-layout model directory (config.json + model.safetensors, or
@@ -48,7 +55,8 @@
 extern "C" {
 #endif
 
-#define KVDIFF_ENGINE_ABI_VERSION 1u
+#define KVDIFF_ENGINE_ABI_VERSION 2u
+#define KVDIFF_ENGINE_ABI_VERSION_MIN 1u /* the oldest version a loader of this header runs */
 #define KVDIFF_ENGINE_ENTRY_SYMBOL "kvdiff_engine_entry"
 
 typedef enum kvdiff_status {
@@ -77,6 +85,14 @@ typedef struct kvdiff_engine_info {
   size_t num_sizes;
 } kvdiff_engine_info;
 
+/* One session's part of a batched call (ABI 2, append_batch). */
+typedef struct kvdiff_batch_item {
+  kvdiff_session* session; /* a session of the engine the call is made on */
+  const int32_t* tokens;   /* n >= 1 tokens, run at positions length()..length()+n-1 */
+  int64_t n;
+  const uint8_t* output; /* n flags: non-zero = this row's logits are written; NULL = every row */
+} kvdiff_batch_item;
+
 typedef struct kvdiff_engine_api {
   uint32_t abi_version; /* KVDIFF_ENGINE_ABI_VERSION the plugin was built with: ALWAYS FIRST */
   const char* name;     /* short engine name, e.g. "example", "llama.cpp" */
@@ -102,6 +118,18 @@ typedef struct kvdiff_engine_api {
   kvdiff_status (*reset)(kvdiff_session* session);
   const char* (*session_error)(const kvdiff_session* session);
   void (*session_free)(kvdiff_session* session); /* NULL is a no-op */
+
+  /* ---- ABI 2 ---- */
+
+  /* Runs every item in ONE call: item i's tokens at its own session's next positions, each
+   * session attending to its own history only. The sessions are distinct (a session named twice
+   * is KVDIFF_INVALID_INPUT) and n_items >= 1. Writes the logits of the flagged rows only, item by
+   * item in the order given, each item's rows in token order: [sum of flagged rows, vocab_size]
+   * row-major into `logits`, whose capacity (in floats) the caller passes; a capacity below that
+   * is KVDIFF_INVALID_INPUT and nothing is run. The call fails as a whole: after a non-OK status
+   * every item's session is as it was before the call, and engine_error says why. */
+  kvdiff_status (*append_batch)(kvdiff_engine* engine, const kvdiff_batch_item* items,
+                                int64_t n_items, float* logits, int64_t logits_capacity);
 } kvdiff_engine_api;
 
 /* The one exported symbol. Plugins define it with KVDIFF_ENGINE_EXPORT. */

@@ -308,7 +308,7 @@ static void SessionFree(kvdiff_session* s) {
   free(s);
 }
 
-static const kvdiff_engine_api kApi = {KVDIFF_ENGINE_ABI_VERSION,
+static const kvdiff_engine_api kApi = {1u, /* a version-1 plugin: batch steps run one session at a time */
                                        "broken-example",
                                        "1",
                                        Open,
