@@ -69,13 +69,16 @@ Plugin Plugin::Load(const std::filesystem::path& path) {
     throw InputError(
         fmt::format("{}: {}() returned NULL", path.string(), KVDIFF_ENGINE_ENTRY_SYMBOL));
   }
-  if (lib->api->abi_version != KVDIFF_ENGINE_ABI_VERSION) {
+  const uint32_t version = lib->api->abi_version;
+  if (version < KVDIFF_ENGINE_ABI_VERSION_MIN || version > KVDIFF_ENGINE_ABI_VERSION) {
     throw InputError(fmt::format(
-        "{} was built against kvdiff engine ABI version {}, this kvdiff speaks version {}: rebuild "
-        "the plugin against this kvdiff's include/kvdiff/engine.h",
-        path.string(), lib->api->abi_version, KVDIFF_ENGINE_ABI_VERSION));
+        "{} was built against kvdiff engine ABI version {}, this kvdiff speaks versions {} to {}: "
+        "rebuild the plugin against this kvdiff's include/kvdiff/engine.h",
+        path.string(), version, KVDIFF_ENGINE_ABI_VERSION_MIN, KVDIFF_ENGINE_ABI_VERSION));
   }
+  // Only the members of the declared version are read: a version-1 table ends at session_free.
   const kvdiff_engine_api& a = *lib->api;
+  const bool v2 = version >= 2;
   const std::pair<const char*, bool> members[] = {
       {"name", a.name != nullptr},
       {"version", a.version != nullptr},
@@ -91,6 +94,7 @@ Plugin Plugin::Load(const std::filesystem::path& path) {
       {"reset", a.reset != nullptr},
       {"session_error", a.session_error != nullptr},
       {"session_free", a.session_free != nullptr},
+      {"append_batch (ABI 2)", !v2 || a.append_batch != nullptr},
   };
   for (const auto& [member, present] : members) {
     if (!present) {
@@ -147,6 +151,51 @@ Engine Plugin::Open(const std::filesystem::path& model_dir, const std::string& o
 // ---- Engine ----
 
 const EngineInfo& Engine::Info() const { return state_->info; }
+
+bool Engine::HasBatch() const { return state_->info.abi_version >= 2; }
+
+std::vector<Logits> Engine::AppendBatch(const std::vector<BatchItem>& items) const {
+  const std::string& name = state_->info.name;
+  KVDIFF_CHECK(HasBatch(), "{}: a version-{} plugin has no append_batch", name,
+               state_->info.abi_version);
+  KVDIFF_CHECK(!items.empty(), "{}: a batch of no items", name);
+  const int64_t vocab = state_->info.vocab_size;
+  std::vector<kvdiff_batch_item> raw(items.size());
+  std::vector<std::vector<uint8_t>> flags(items.size());
+  int64_t rows = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const BatchItem& item = items[i];
+    KVDIFF_CHECK(item.session != nullptr && item.session->engine_ == state_,
+                 "{}: batch item {} is not a session of this engine", name, i);
+    const int64_t n = static_cast<int64_t>(item.tokens.size());
+    KVDIFF_CHECK(n > 0, "{}: batch item {} has no tokens (expected at least one)", name, i);
+    KVDIFF_CHECK(item.output.empty() || static_cast<int64_t>(item.output.size()) == n,
+                 "{}: batch item {} has {} output flags for {} tokens", name, i,
+                 item.output.size(), n);
+    for (size_t j = 0; j < i; ++j) {
+      KVDIFF_CHECK(items[j].session != item.session,
+                   "{}: batch items {} and {} name the same session", name, j, i);
+    }
+    flags[i].assign(n, 1);
+    for (int64_t r = 0; r < static_cast<int64_t>(item.output.size()); ++r)
+      flags[i][r] = item.output[r] ? 1 : 0;
+    for (uint8_t f : flags[i]) rows += f;
+    raw[i] = {item.session->session_, item.tokens.data(), n, flags[i].data()};
+  }
+  Logits all(rows, vocab);
+  CheckEngine(*state_, Api(*state_).append_batch(state_->engine, raw.data(),
+                                                 static_cast<int64_t>(raw.size()), all.data(),
+                                                 rows * vocab));
+  std::vector<Logits> out;
+  int64_t begin = 0;
+  for (const auto& f : flags) {
+    int64_t n = 0;
+    for (uint8_t x : f) n += x;
+    out.push_back(all.middleRows(begin, n));
+    begin += n;
+  }
+  return out;
+}
 
 Session Engine::NewSession() const {
   kvdiff_session* raw = nullptr;

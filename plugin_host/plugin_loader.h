@@ -37,7 +37,7 @@ namespace kvdiff::engines {
 struct EngineInfo {
   std::string name;          // "example", "llama.cpp"
   std::string version;       // the engine's own version text
-  uint32_t abi_version = 0;  // always KVDIFF_ENGINE_ABI_VERSION once loaded
+  uint32_t abi_version = 0;  // the version the plugin declares (1 or 2: engine.h's "Versions")
   int64_t vocab_size = 0;
   int64_t max_length = 0;                              // positions a session can hold
   std::string cache_dtype;                             // "f32", "f16", "q8_0", ...
@@ -66,10 +66,23 @@ class Session {
   kvdiff_session* session_ = nullptr;
 };
 
+// One session's part of Engine::AppendBatch (engine.h's kvdiff_batch_item).
+struct BatchItem {
+  Session* session = nullptr;
+  Tokens tokens;
+  std::vector<bool> output;  // per token: its row is returned; empty: every row
+};
+
 class Engine {
  public:
   const EngineInfo& Info() const;
   Session NewSession() const;
+  // ABI 2: whether the plugin has append_batch.
+  bool HasBatch() const;
+  // One append_batch call; per item, the logits of its flagged rows [rows, vocab]. InputError
+  // when the plugin is version 1, an item is empty or not a session of this engine, or a session
+  // is named twice; the plugin's own errors as for Session::Append.
+  std::vector<Logits> AppendBatch(const std::vector<BatchItem>& items) const;
 
  private:
   friend class Plugin;
