@@ -170,8 +170,8 @@ std::vector<Logits> Engine::AppendBatch(const std::vector<BatchItem>& items) con
     const int64_t n = static_cast<int64_t>(item.tokens.size());
     KVDIFF_CHECK(n > 0, "{}: batch item {} has no tokens (expected at least one)", name, i);
     KVDIFF_CHECK(item.output.empty() || static_cast<int64_t>(item.output.size()) == n,
-                 "{}: batch item {} has {} output flags for {} tokens", name, i,
-                 item.output.size(), n);
+                 "{}: batch item {} has {} output flags for {} tokens", name, i, item.output.size(),
+                 n);
     for (size_t j = 0; j < i; ++j) {
       KVDIFF_CHECK(items[j].session != item.session,
                    "{}: batch items {} and {} name the same session", name, j, i);

@@ -481,20 +481,9 @@ const std::string kVersion = fmt::format("llama.cpp {} (node-llama-cpp {})", KVD
 
 const kvdiff_engine_api kApi = {
     1u, /* ABI 2 (append_batch) to come */
-    "llama.cpp",
-    kVersion.c_str(),
-    EngineOpen,
-    EngineErrorText,
-    EngineInfo,
-    EngineClose,
-    SessionNew,
-    SessionAppend,
-    SessionLength,
-    SessionTruncate,
-    SessionFork,
-    SessionReset,
-    SessionErrorText,
-    SessionFree,
+    "llama.cpp", kVersion.c_str(), EngineOpen,       EngineErrorText, EngineInfo,
+    EngineClose, SessionNew,       SessionAppend,    SessionLength,   SessionTruncate,
+    SessionFork, SessionReset,     SessionErrorText, SessionFree,
 };
 
 }  // namespace

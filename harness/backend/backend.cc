@@ -12,12 +12,14 @@ int64_t BatchItem::OutputRows() const {
   return std::count(output.begin(), output.end(), true);
 }
 
-Logits KeepOutputRows(const Logits& all, const BatchItem& item) {
-  if (item.output.empty()) return all;
-  Logits kept(item.OutputRows(), all.cols());
+Logits KeepOutputRows(const Logits& all, const std::vector<bool>& output) {
+  if (output.empty()) return all;
+  KVDIFF_CHECK(static_cast<int64_t>(output.size()) == all.rows(), "{} output flags for {} rows",
+               output.size(), all.rows());
+  Logits kept(std::count(output.begin(), output.end(), true), all.cols());
   int64_t k = 0;
   for (int64_t r = 0; r < all.rows(); ++r)
-    if (item.Outputs(r)) kept.row(k++) = all.row(r);
+    if (output[r]) kept.row(k++) = all.row(r);
   return kept;
 }
 
@@ -33,7 +35,7 @@ std::vector<Logits> Backend::AppendBatch(const std::vector<BatchItem>& items) co
     KVDIFF_CHECK(all.rows() == static_cast<int64_t>(item.tokens.size()),
                  "backend {} returned {} logits rows for {} tokens", Name(), all.rows(),
                  item.tokens.size());
-    out.push_back(KeepOutputRows(all, item));
+    out.push_back(KeepOutputRows(all, item.output));
   }
   return out;
 }

@@ -38,8 +38,9 @@ struct BatchItem {
   int64_t OutputRows() const;
 };
 
-// The rows of `all` (one per token) that `item` asks for, in order.
-Logits KeepOutputRows(const Logits& all, const BatchItem& item);
+// The rows of `all` (one per token) whose output flag is set, in order; all of them when `output`
+// is empty.
+Logits KeepOutputRows(const Logits& all, const std::vector<bool>& output);
 
 // The raw call a port makes, unchecked: candle's forward(tokens, index_pos, cache), or
 // transformers' model(input_ids, past_key_values=cache), which reads the position from the cache.

@@ -46,6 +46,13 @@ class SessionDriver : public Driver {
     sessions_[to] = sessions_.at(from)->Fork();
   }
   void Reset(const std::string& conv) override { sessions_.at(conv)->Reset(); }
+  void End(const std::string& conv) override { sessions_.erase(conv); }
+  std::vector<Logits> AppendBatch(const std::vector<DriverBatchItem>& items) override {
+    std::vector<BatchItem> batch;
+    for (const DriverBatchItem& item : items)
+      batch.push_back({sessions_.at(item.conversation).get(), item.tokens, item.output});
+    return backend_.AppendBatch(batch);
+  }
   std::optional<int64_t> Length(const std::string& conv) const override {
     return sessions_.at(conv)->Length();
   }
@@ -80,6 +87,7 @@ class UncachedDriver : public Driver {
     histories_[to] = histories_.at(from);
   }
   void Reset(const std::string& conv) override { histories_.at(conv).clear(); }
+  void End(const std::string& conv) override { histories_.erase(conv); }
   std::optional<int64_t> Length(const std::string& conv) const override {
     return static_cast<int64_t>(histories_.at(conv).size());
   }
@@ -128,6 +136,16 @@ class RawDriver : public Driver {
     if (kind_ != DriverKind::kReuse) conv.cache->Clear();
     if (kind_ != DriverKind::kStalePosition) conv.index_pos = 0;
   }
+  void End(const std::string& name) override {
+    auto it = convs_.find(name);
+    if (it == convs_.end()) return;
+    // reuse hands the last-used cache to the next conversation, ended or not.
+    if (last_ == &it->second) {
+      retired_ = it->second;
+      last_ = &retired_;
+    }
+    convs_.erase(it);
+  }
   // The raw call used right keeps its cache as long as the conversation; the misuses do not.
   std::optional<int64_t> Length(const std::string& name) const override {
     if (kind_ != DriverKind::kRaw) return std::nullopt;
@@ -147,9 +165,17 @@ class RawDriver : public Driver {
   const RawModel& model_;
   std::map<std::string, Conv> convs_;  // std::map: last_ stays valid as conversations are added
   const Conv* last_ = nullptr;         // the most recently used conversation
+  Conv retired_;                       // it, once ended
 };
 
 }  // namespace
+
+std::vector<Logits> Driver::AppendBatch(const std::vector<DriverBatchItem>& items) {
+  std::vector<Logits> out;
+  for (const DriverBatchItem& item : items)
+    out.push_back(KeepOutputRows(Append(item.conversation, item.tokens, nullptr), item.output));
+  return out;
+}
 
 std::string DriverNotApplicable(DriverKind kind, const BackendInfo& info) {
   const Needs needs = NeedsOf(kind);

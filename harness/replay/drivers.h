@@ -20,6 +20,13 @@ namespace kvdiff::harness {
 // and stale-position one that takes a position. Empty when it applies, else the reason.
 std::string DriverNotApplicable(DriverKind kind, const BackendInfo& info);
 
+// One conversation's part of a batch step's call.
+struct DriverBatchItem {
+  std::string conversation;
+  Tokens tokens;
+  std::vector<bool> output;  // per token: its row is returned (BatchItem::output)
+};
+
 class Driver {
  public:
   virtual ~Driver() = default;
@@ -30,6 +37,12 @@ class Driver {
   virtual void Truncate(const std::string& conversation, int64_t length) = 0;
   virtual void Fork(const std::string& from, const std::string& to) = 0;
   virtual void Reset(const std::string& conversation) = 0;
+  // The conversation's session (or cache) is freed; the name may be created again.
+  virtual void End(const std::string& conversation) = 0;
+  // A batch step: every item in one call where the driver can make one (the session driver, via
+  // Backend::AppendBatch); per item, the rows asked for. The default appends the items one after
+  // another (the uncached and raw drivers, which have no batched call to make).
+  virtual std::vector<Logits> AppendBatch(const std::vector<DriverBatchItem>& items);
   // The number of positions the backend says the conversation holds (the session's Length()),
   // which the replay holds to what it fed after every call; nullopt for the misuse drivers, whose
   // caches are meant to hold what the conversation does not (reuse, pos0, stale-position).

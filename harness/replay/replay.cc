@@ -43,23 +43,39 @@ class Replayer {
     const Step& step = sc_.steps[i];
     StepRecord sr;
     sr.rows_begin = step_begin_ = rec_.rows.size();
-    const std::string& source = step.op == Op::kFork ? step.from : step.conversation;
-    if (step.op != Op::kNewConversation && !replayed_[source].stopped.empty()) {
+    const std::string stopped = StoppedSource(step);
+    if (!stopped.empty()) {
       sr.status = StepStatus::kSkipped;
-      sr.message = replayed_[source].stopped;
-      if (step.op == Op::kFork) replayed_[step.to].stopped = sr.message;
+      sr.message = stopped;
+      // What the step would have made of its conversations did not happen: they stop too.
+      for (const std::string& name : step.ConversationsActedOn()) replayed_[name].stopped = stopped;
     } else {
       try {
         Apply(i, step);
       } catch (const std::exception& e) {
         sr.status = StepStatus::kError;
         sr.message = e.what();
-        replayed_[step.conversation].stopped = fmt::format(
-            "conversation \"{}\" failed at step {} ({})", step.conversation, i, step.ParamString());
+        const std::string why = fmt::format("conversation \"{}\" failed at step {} ({})",
+                                            step.conversation, i, step.ParamString());
+        for (const std::string& name : step.ConversationsActedOn()) {
+          if (step.op == Op::kFork && name == step.from)
+            continue;  // a failed fork spares its source
+          replayed_[name].stopped = why;
+        }
       }
     }
     sr.rows_end = rec_.rows.size();
     rec_.steps.push_back(std::move(sr));
+  }
+
+  // Why the step cannot run: a conversation it reads from stopped at an earlier error (a fork's
+  // source, a batch's items; a new conversation reads from none). Empty when it can.
+  std::string StoppedSource(const Step& step) {
+    if (step.op == Op::kNewConversation) return {};
+    if (step.op == Op::kFork) return replayed_[step.from].stopped;
+    for (const std::string& name : step.ConversationsActedOn())
+      if (!replayed_[name].stopped.empty()) return replayed_[name].stopped;
+    return {};
   }
 
   // The step through the driver; the lengths move on (convs_.Apply) once its calls are made, and
@@ -100,6 +116,13 @@ class Replayer {
         driver_->Reset(step.conversation);
         conv = ReplayedConversation{};
         break;
+      case Op::kEnd:
+        driver_->End(step.conversation);
+        replayed_.erase(step.conversation);
+        break;
+      case Op::kBatch:
+        AppendBatch(i, step, calls);
+        break;
     }
     convs_.Apply(step);
     switch (step.op) {
@@ -118,7 +141,10 @@ class Replayer {
         break;
       case Op::kPrefill:
       case Op::kDecode:
-        break;  // Append checked the length after each call
+      case Op::kBatch:
+        break;  // Append and AppendBatch checked the lengths after each call
+      case Op::kEnd:
+        break;  // nothing left to ask
     }
   }
 
@@ -158,6 +184,74 @@ class Replayer {
                 fmt::format("an append of {} token{}", n, n == 1 ? "" : "s"));
     if (trace) trace_->hit = true;
     ++call_;
+  }
+
+  // A batch step: one call for every item (decode items choose their token from their
+  // conversation's last row first); the rows each item asked for are recorded, item by item.
+  void AppendBatch(int64_t i, const Step& step, const std::vector<ForwardCall>& calls) {
+    std::vector<DriverBatchItem> items;
+    std::vector<int64_t> chosen_by;
+    for (const BatchEntry& entry : step.items) {
+      const ReplayedConversation& conv = replayed_[entry.conversation];
+      Tokens tokens = entry.tokens;
+      chosen_by.push_back(entry.decode ? conv.last_row : -1);
+      if (entry.decode) {
+        KVDIFF_CHECK(conv.last_row >= 0, "decode item on \"{}\": no previous row",
+                     entry.conversation);
+        tokens = {GreedyNext(rec_.rows[conv.last_row].logits.data(), vocab_)};
+      }
+      items.push_back({entry.conversation, std::move(tokens), entry.OutputFlags()});
+    }
+    const std::vector<Logits> out = driver_->AppendBatch(items);
+    KVDIFF_CHECK(out.size() == items.size(),
+                 "backend {} returned {} logits blocks for {} batch items", backend_.Name(),
+                 out.size(), items.size());
+    int64_t row_in_call = 0;
+    for (size_t k = 0; k < items.size(); ++k) {
+      const DriverBatchItem& item = items[k];
+      const auto n = static_cast<int64_t>(item.tokens.size());
+      const auto rows =
+          static_cast<int64_t>(std::count(item.output.begin(), item.output.end(), true));
+      KVDIFF_CHECK(out[k].rows() == rows && out[k].cols() == vocab_,
+                   "backend {} returned logits [{}, {}] for batch item {} (conversation \"{}\", "
+                   "{} of its {} rows asked for); expected [{}, {}]",
+                   backend_.Name(), out[k].rows(), out[k].cols(), k, item.conversation, rows, n,
+                   rows, vocab_);
+      for (int64_t r = 0; r < rows; ++r) {
+        const std::string bad = DescribeNonFinite(out[k].row(r).data(), vocab_);
+        KVDIFF_CHECK(bad.empty(),
+                     "non-finite logits: backend {}, step {}, batch item {} (conversation \"{}\"), "
+                     "{}",
+                     backend_.Name(), i, k, item.conversation, bad);
+      }
+    }
+    for (size_t k = 0; k < items.size(); ++k) {
+      const DriverBatchItem& item = items[k];
+      ReplayedConversation& conv = replayed_[item.conversation];
+      Tokens& history = HistoryFor(conv, calls[k].first_position);
+      conv.last_row = -1;
+      for (size_t t = 0, r = 0; t < item.tokens.size(); ++t, ++row_in_call) {
+        history.push_back(item.tokens[t]);
+        if (!item.output[t]) continue;
+        RecordedRow row;
+        row.step = i;
+        row.row = static_cast<int64_t>(rec_.rows.size() - step_begin_);
+        row.call = 0;
+        row.row_in_call = row_in_call;
+        row.conversation = item.conversation;
+        row.position = calls[k].first_position + static_cast<int64_t>(t);
+        row.token = item.tokens[t];
+        row.chosen_by = t == 0 ? chosen_by[k] : -1;
+        row.history = conv.history;
+        row.logits.assign(out[k].row(r).data(), out[k].row(r).data() + vocab_);
+        ++r;
+        rec_.rows.push_back(std::move(row));
+        if (t + 1 == item.tokens.size()) conv.last_row = static_cast<int64_t>(rec_.rows.size()) - 1;
+      }
+      const auto n = static_cast<int64_t>(item.tokens.size());
+      CheckLength(item.conversation, calls[k].first_position + n,
+                  fmt::format("a batch item of {} token{}", n, n == 1 ? "" : "s"));
+    }
   }
 
   // The session's own account of its length must be what it was fed: a session that miscounts

@@ -1,5 +1,6 @@
 #include "harness/scenario/conversations.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace kvdiff::harness {
@@ -27,6 +28,13 @@ std::vector<ForwardCall> Conversations::CallsOf(const Step& step) const {
     }
   } else if (step.op == Op::kDecode) {
     for (int64_t k = 0; k < step.n; ++k) calls.push_back({step.conversation, position++, 1});
+  } else if (step.op == Op::kBatch) {
+    // One engine call: an entry per item, each from its own conversation's length.
+    for (const BatchEntry& item : step.items) {
+      auto state = states_.find(item.conversation);
+      calls.push_back(
+          {item.conversation, state == states_.end() ? 0 : state->second.length, item.Size()});
+    }
   }
   return calls;
 }
@@ -61,6 +69,17 @@ void Conversations::Apply(const Step& step) {
     }
     case Op::kReset:
       Get(step.conversation) = ConversationState{};
+      break;
+    case Op::kEnd:
+      if (states_.erase(step.conversation) > 0)
+        names_.erase(std::find(names_.begin(), names_.end(), step.conversation));
+      break;
+    case Op::kBatch:
+      for (const BatchEntry& item : step.items) {
+        ConversationState& c = Get(item.conversation);
+        c.length += item.Size();
+        c.has_last_row = item.logits != BatchLogits::kNone;
+      }
       break;
   }
 }

@@ -36,7 +36,8 @@ class Conversations {
   const std::vector<std::string>& Names() const { return names_; }
 
   // The forward calls `step` makes from the state before it: a prefill's chunks (its tokens in
-  // one call without chunks), a decode's n calls of one token; none for the other ops.
+  // one call without chunks), a decode's n calls of one token, a batch's items (all in ONE engine
+  // call, one entry per item); none for the other ops.
   std::vector<ForwardCall> CallsOf(const Step& step) const;
 
   // The state after `step`. Checks nothing (the validation does, with the step's index in its

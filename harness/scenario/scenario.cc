@@ -13,6 +13,7 @@
 #include "format/json_document.h"
 #include "format/json_field.h"
 #include "harness/backend/registry.h"
+#include "harness/scenario/batch_step.h"
 #include "harness/scenario/shape_params.h"
 
 namespace kvdiff::harness {
@@ -58,11 +59,13 @@ Op ParseOp(const std::string& name, const std::string& where) {
                                                  {"decode", Op::kDecode},
                                                  {"truncate", Op::kTruncate},
                                                  {"fork", Op::kFork},
-                                                 {"reset", Op::kReset}};
+                                                 {"reset", Op::kReset},
+                                                 {"end", Op::kEnd},
+                                                 {"batch", Op::kBatch}};
   auto it = kOps.find(name);
   KVDIFF_CHECK(it != kOps.end(),
                "{}.op: unknown op \"{}\" (expected new_conversation, prefill, decode, truncate, "
-               "fork or reset)",
+               "fork, reset, end or batch)",
                where, name);
   return it->second;
 }
@@ -166,6 +169,11 @@ Step ParseStep(const json& s, size_t index) {
     case Op::kReset:
       CheckKeys(s, where, {"op", "conversation"});
       return Step::Reset(conversation());
+    case Op::kEnd:
+      CheckKeys(s, where, {"op", "conversation"});
+      return Step::End(conversation());
+    case Op::kBatch:
+      return ParseBatchStep(s, where);
   }
   throw InputError(fmt::format("{}: unknown op", where));
 }
@@ -318,7 +326,11 @@ nlohmann::json Scenario::ToJson() const {
         j["to"] = s.to;
         break;
       case Op::kReset:
+      case Op::kEnd:
         j["conversation"] = s.conversation;
+        break;
+      case Op::kBatch:
+        j["items"] = BatchItemsToJson(s);
         break;
     }
     steps_json.push_back(j);

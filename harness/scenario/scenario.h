@@ -18,8 +18,31 @@
 
 namespace kvdiff::harness {
 
-enum class Op { kNewConversation, kPrefill, kDecode, kTruncate, kFork, kReset };
+enum class Op { kNewConversation, kPrefill, kDecode, kTruncate, kFork, kReset, kEnd, kBatch };
 std::string OpName(Op op);
+
+// Which rows of a batch item come back from the engine (a serving engine's per-row output flags).
+enum class BatchLogits {
+  kAll,   // every row of the item
+  kLast,  // its last row only (what a server asks for after a prompt chunk)
+  kNone,  // none: the conversation then has no last row to decode from
+};
+std::string BatchLogitsName(BatchLogits logits);
+
+// One conversation's part of a batch step: tokens given in the file, or one greedy token chosen
+// from the conversation's last row (a decode item).
+struct BatchEntry {
+  std::string conversation;
+  Tokens tokens;        // the item's tokens; empty for a decode item
+  bool decode = false;  // one token: the argmax of the conversation's last row
+  BatchLogits logits = BatchLogits::kAll;
+
+  int64_t Size() const { return decode ? 1 : static_cast<int64_t>(tokens.size()); }
+  // Per token of the item: whether its row is returned.
+  std::vector<bool> OutputFlags() const;
+  // "a:3", "b:decode", "c:5/last"
+  std::string ParamString() const;
+};
 
 // One step of a scenario. Build steps with the named constructors, which set exactly the fields
 // their op has (and `conversation`, the conversation the step acts on or creates): a step built
@@ -38,6 +61,9 @@ struct Step {
   int64_t length = 0;           // truncate
   std::string name;             // new_conversation
   std::string from, to;         // fork
+  // batch: the items of ONE engine call, each on its own conversation (a conversation at most
+  // once); `conversation` is the first item's.
+  std::vector<BatchEntry> items;
 
   static Step NewConversation(const std::string& name);
   static Step Prefill(const std::string& conversation, Tokens tokens,
@@ -51,9 +77,18 @@ struct Step {
   static Step Truncate(const std::string& conversation, int64_t length);
   static Step Fork(const std::string& from, const std::string& to);
   static Step Reset(const std::string& conversation);
+  // The conversation's session is freed (a serving engine's request that finished): later steps
+  // may not name it until a new_conversation or fork creates it again.
+  static Step End(const std::string& conversation);
+  static Step Batch(std::vector<BatchEntry> items);
+
+  // The conversations the step acts on: every item of a batch, the one conversation otherwise
+  // (a fork's source and target both).
+  std::vector<std::string> ConversationsActedOn() const;
 
   // The parameter string shown in reports and usable to find the step again:
-  // "prefill(main,n=5,chunks=3+2)", "decode(main,n=10)", "fork(main->side)".
+  // "prefill(main,n=5,chunks=3+2)", "decode(main,n=10)", "fork(main->side)",
+  // "batch(a:3,b:decode,c:5/last)".
   std::string ParamString() const;
 };
 

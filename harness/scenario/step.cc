@@ -23,8 +23,36 @@ std::string OpName(Op op) {
       return "fork";
     case Op::kReset:
       return "reset";
+    case Op::kEnd:
+      return "end";
+    case Op::kBatch:
+      return "batch";
   }
   return "?";
+}
+
+std::string BatchLogitsName(BatchLogits logits) {
+  switch (logits) {
+    case BatchLogits::kAll:
+      return "all";
+    case BatchLogits::kLast:
+      return "last";
+    case BatchLogits::kNone:
+      return "none";
+  }
+  return "?";
+}
+
+std::vector<bool> BatchEntry::OutputFlags() const {
+  std::vector<bool> flags(Size(), logits == BatchLogits::kAll);
+  if (logits == BatchLogits::kLast && !flags.empty()) flags.back() = true;
+  return flags;
+}
+
+std::string BatchEntry::ParamString() const {
+  std::string s = conversation + ":" + (decode ? "decode" : std::to_string(tokens.size()));
+  if (logits != BatchLogits::kAll) s += "/" + BatchLogitsName(logits);
+  return s;
 }
 
 Step Step::NewConversation(const std::string& name) {
@@ -88,6 +116,29 @@ Step Step::Reset(const std::string& conversation) {
   return s;
 }
 
+Step Step::End(const std::string& conversation) {
+  Step s;
+  s.op = Op::kEnd;
+  s.conversation = conversation;
+  return s;
+}
+
+Step Step::Batch(std::vector<BatchEntry> items) {
+  Step s;
+  s.op = Op::kBatch;
+  s.items = std::move(items);
+  s.conversation = s.items.empty() ? std::string("main") : s.items.front().conversation;
+  return s;
+}
+
+std::vector<std::string> Step::ConversationsActedOn() const {
+  if (op == Op::kFork) return {from, to};
+  if (op != Op::kBatch) return {conversation};
+  std::vector<std::string> names;
+  for (const BatchEntry& item : items) names.push_back(item.conversation);
+  return names;
+}
+
 std::string Step::ParamString() const {
   switch (op) {
     case Op::kNewConversation:
@@ -110,6 +161,13 @@ std::string Step::ParamString() const {
       return fmt::format("fork({}->{})", from, to);
     case Op::kReset:
       return fmt::format("reset({})", conversation);
+    case Op::kEnd:
+      return fmt::format("end({})", conversation);
+    case Op::kBatch: {
+      std::string s = "batch(";
+      for (size_t i = 0; i < items.size(); ++i) s += (i ? "," : "") + items[i].ParamString();
+      return s + ")";
+    }
   }
   return "?";
 }

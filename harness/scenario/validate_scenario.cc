@@ -2,6 +2,7 @@
 // naming the step and field.
 #include <fmt/format.h>
 
+#include <map>
 #include <string>
 
 #include "format/error.h"
@@ -10,14 +11,62 @@
 
 namespace kvdiff::harness {
 
+namespace {
+
+void CheckTokenIds(const Tokens& tokens, const format::LlamaConfig& config,
+                   const std::string& where) {
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    KVDIFF_CHECK(tokens[t] >= 0 && tokens[t] < config.vocab_size,
+                 "{}.tokens[{}]: token id {} is outside the vocabulary [0, {})", where, t,
+                 tokens[t], config.vocab_size);
+  }
+}
+
+// One engine call: each item on a live conversation, each conversation at most once (a session
+// appears once per call), tokens in the vocabulary, a decode item after a row it can choose from.
+template <typename Find>
+void ValidateBatch(const Step& s, size_t i, const Find& find, const format::LlamaConfig& config) {
+  KVDIFF_CHECK(!s.items.empty(), "steps[{}].items: a batch needs at least one item", i);
+  std::map<std::string, size_t> seen;
+  for (size_t k = 0; k < s.items.size(); ++k) {
+    const BatchEntry& item = s.items[k];
+    const std::string where = fmt::format("steps[{}].items[{}]", i, k);
+    const ConversationState c = find(item.conversation, where + ".conversation");
+    auto [first, fresh] = seen.emplace(item.conversation, k);
+    KVDIFF_CHECK(fresh,
+                 "{}.conversation: \"{}\" is already items[{}] of this batch (a session takes "
+                 "part in a call at most once)",
+                 where, item.conversation, first->second);
+    KVDIFF_CHECK(item.decode || !item.tokens.empty(),
+                 "{}: an empty item (expected tokens, or \"decode\": true)", where);
+    CheckTokenIds(item.tokens, config, where);
+    KVDIFF_CHECK(!item.decode || c.has_last_row,
+                 "{}: decode on conversation \"{}\" has no previous row to take the argmax of "
+                 "(it needs a prefill, a decode or a batch item with logits before it)",
+                 where, item.conversation);
+    KVDIFF_CHECK(item.Size() <= config.max_position_embeddings - c.length,
+                 "{}: conversation \"{}\" would reach {} + {} positions, beyond the model's "
+                 "max_position_embeddings {}",
+                 where, item.conversation, c.length, item.Size(), config.max_position_embeddings);
+  }
+}
+
+}  // namespace
+
 void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& config) {
   Conversations convs;
+  std::map<std::string, size_t> ended;  // conversation -> the step that ended it
   const int64_t max_len = config.max_position_embeddings;
-  auto find = [&](const std::string& name, size_t i, const char* field) -> ConversationState {
+  auto find = [&](const std::string& name, const std::string& where) -> ConversationState {
+    auto end = ended.find(name);
+    KVDIFF_CHECK(end == ended.end() || convs.Exists(name),
+                 "{}: conversation \"{}\" ended at step {} (its session is freed; create it "
+                 "again with new_conversation or fork)",
+                 where, name, end == ended.end() ? 0 : end->second);
     KVDIFF_CHECK(convs.Exists(name),
-                 "steps[{}].{}: no conversation named \"{}\" (create it first with "
-                 "new_conversation or fork)",
-                 i, field, name);
+                 "{}: no conversation named \"{}\" (create it first with new_conversation or "
+                 "fork)",
+                 where, name);
     return convs.At(name);
   };
   for (size_t i = 0; i < scenario.steps.size(); ++i) {
@@ -28,7 +77,7 @@ void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& confi
                      s.name);
         break;
       case Op::kPrefill: {
-        const ConversationState c = find(s.conversation, i, "conversation");
+        const ConversationState c = find(s.conversation, fmt::format("steps[{}].conversation", i));
         KVDIFF_CHECK(!s.tokens.empty(), "steps[{}].text: the text was not tokenized", i);
         if (!s.chunks.empty()) {
           int64_t sum = 0;
@@ -37,11 +86,7 @@ void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& confi
                        "steps[{}].chunks: sizes sum to {} but the text has {} tokens", i, sum,
                        s.tokens.size());
         }
-        for (size_t t = 0; t < s.tokens.size(); ++t) {
-          KVDIFF_CHECK(s.tokens[t] >= 0 && s.tokens[t] < config.vocab_size,
-                       "steps[{}].tokens[{}]: token id {} is outside the vocabulary [0, {})", i, t,
-                       s.tokens[t], config.vocab_size);
-        }
+        CheckTokenIds(s.tokens, config, fmt::format("steps[{}]", i));
         const int64_t reached = c.length + static_cast<int64_t>(s.tokens.size());
         KVDIFF_CHECK(reached <= max_len,
                      "steps[{}]: conversation \"{}\" would reach {} positions, beyond the model's "
@@ -50,7 +95,7 @@ void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& confi
         break;
       }
       case Op::kDecode: {
-        const ConversationState c = find(s.conversation, i, "conversation");
+        const ConversationState c = find(s.conversation, fmt::format("steps[{}].conversation", i));
         KVDIFF_CHECK(c.has_last_row,
                      "steps[{}]: decode on conversation \"{}\" has no previous row to take the "
                      "argmax of (decode must follow a prefill or decode; a truncate, reset or new "
@@ -64,7 +109,7 @@ void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& confi
         break;
       }
       case Op::kTruncate: {
-        const ConversationState c = find(s.conversation, i, "conversation");
+        const ConversationState c = find(s.conversation, fmt::format("steps[{}].conversation", i));
         KVDIFF_CHECK(s.length <= c.length,
                      "steps[{}].length: cannot truncate conversation \"{}\" to {}: it has {} "
                      "positions",
@@ -72,14 +117,22 @@ void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& confi
         break;
       }
       case Op::kFork:
-        find(s.from, i, "from");
+        find(s.from, fmt::format("steps[{}].from", i));
         KVDIFF_CHECK(!convs.Exists(s.to), "steps[{}].to: conversation \"{}\" already exists", i,
                      s.to);
         break;
       case Op::kReset:
-        find(s.conversation, i, "conversation");
+        find(s.conversation, fmt::format("steps[{}].conversation", i));
+        break;
+      case Op::kEnd:
+        find(s.conversation, fmt::format("steps[{}].conversation", i));
+        ended[s.conversation] = i;
+        break;
+      case Op::kBatch:
+        ValidateBatch(s, i, find, config);
         break;
     }
+    if (s.op == Op::kNewConversation || s.op == Op::kFork) ended.erase(s.conversation);
     convs.Apply(s);
   }
 }

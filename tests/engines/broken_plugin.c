@@ -308,21 +308,23 @@ static void SessionFree(kvdiff_session* s) {
   free(s);
 }
 
-static const kvdiff_engine_api kApi = {1u, /* a version-1 plugin: batch steps run one session at a time */
-                                       "broken-example",
-                                       "1",
-                                       Open,
-                                       EngineError,
-                                       EngineInfo,
-                                       Close,
-                                       SessionNew,
-                                       Append,
-                                       Length,
-                                       Truncate,
-                                       Fork,
-                                       Reset,
-                                       SessionError,
-                                       SessionFree};
+static const kvdiff_engine_api kApi = {
+    1u, /* a version-1 plugin: batch steps run one session at a time */
+    "broken-example",
+    "1",
+    Open,
+    EngineError,
+    EngineInfo,
+    Close,
+    SessionNew,
+    Append,
+    Length,
+    Truncate,
+    Fork,
+    Reset,
+    SessionError,
+    SessionFree,
+    NULL}; /* append_batch: ABI 2, never read from a version-1 table */
 
 #ifdef KVDIFF_GARBAGE_ENTRY
 KVDIFF_ENGINE_EXPORT const kvdiff_engine_api* kvdiff_engine_entry(void) {
