@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "format/error.h"
 #include "impl/kernels.h"
@@ -27,11 +28,14 @@ struct LayerWeights {
 };
 
 // Buffers for the rows of one forward call, grown (never shrunk) to the largest call seen, so a
-// decode step allocates nothing. Shapes are per call: s = number of new tokens.
+// decode step allocates nothing. Shapes are per call: s = number of new tokens (of every part of
+// a batched call).
 struct Workspace {
   std::vector<float> x;     // (s, hidden): the residual stream
   std::vector<float> xn;    // (s, hidden): RMSNorm(x)
   std::vector<float> q;     // (s, q_dim): queries, post-RoPE
+  std::vector<float> k;     // (s, kv_dim): new keys, post-RoPE, before each part's go to its cache
+  std::vector<float> v;     // (s, kv_dim): new values
   std::vector<float> attn;  // (s, q_dim): attention output, heads concatenated
   std::vector<float> proj;  // (s, hidden): output of o_proj or down_proj, before the residual
   std::vector<float> gate;  // (s, inter)
@@ -46,6 +50,8 @@ struct Workspace {
     grow(x, s * c.hidden_size);
     grow(xn, s * c.hidden_size);
     grow(q, s * c.QDim());
+    grow(k, s * c.KvDim());
+    grow(v, s * c.KvDim());
     grow(attn, s * c.QDim());
     grow(proj, s * c.hidden_size);
     grow(gate, s * c.intermediate_size);
@@ -99,6 +105,14 @@ std::map<std::string, std::vector<uint16_t>> Narrow(const format::ModelWeights& 
   }
   return out;
 }
+
+// A part of a forward call and where its rows are among the call's.
+struct PartRows {
+  ForwardPart part;
+  int64_t first_row = 0;  // its first row among all the call's rows
+  int64_t size = 0;       // its number of rows (tokens)
+  int64_t past = 0;       // its cache's length before the call: its first new row goes there
+};
 
 }  // namespace
 
@@ -155,24 +169,32 @@ struct Model::State {
       WidenRow(embed, tokens[i], x + i * config.hidden_size);
   }
 
-  // 4. Attention of s rows at RoPE positions index_pos.., appending K/V at cache rows past..;
-  //    reads ws.xn, leaves o_proj's output in ws.proj.
-  void AttentionBlock(int64_t l, int64_t s, int64_t index_pos, int64_t past, KvCache& cache) {
+  // 4. Attention: Q, K and V of every row of every part in one product; then, part by part,
+  //    RoPE at the part's own positions, its K/V rows appended to its own cache, and its queries
+  //    attending to that cache only; o_proj of every row in one product. Reads ws.xn, leaves
+  //    o_proj's output in ws.proj.
+  void AttentionBlock(int64_t l, const std::vector<PartRows>& parts, int64_t s) {
     const LayerWeights& w = layers[l];
     const int64_t nh = config.num_attention_heads, nkv = config.num_key_value_heads;
     const int64_t q_dim = config.QDim(), kv_dim = config.KvDim();
-    float* new_keys = cache.KeyRow(l, past);      // (s, kv_dim): the cache rows of this call
-    float* new_values = cache.ValueRow(l, past);  // (s, kv_dim)
-    const LinearOutput qkv[] = {{w.q, ws.q.data()}, {w.k, new_keys}, {w.v, new_values}};
+    const LinearOutput qkv[] = {{w.q, ws.q.data()}, {w.k, ws.k.data()}, {w.v, ws.v.data()}};
     LinearMany(pool, ws.xn.data(), s, qkv, 3);
-    for (int64_t i = 0; i < s; ++i) {
-      const float* cos = rope.Cos(index_pos + i);
-      const float* sin = rope.Sin(index_pos + i);
-      ApplyRope(ws.q.data() + i * q_dim, nh, rope.half, cos, sin);
-      ApplyRope(new_keys + i * kv_dim, nkv, rope.half, cos, sin);
+    for (const PartRows& p : parts) {
+      KvCache& cache = *p.part.cache;
+      float* q = ws.q.data() + p.first_row * q_dim;
+      float* new_keys = cache.KeyRow(l, p.past);  // (p.size, kv_dim): the cache rows of this call
+      float* new_values = cache.ValueRow(l, p.past);
+      std::copy_n(ws.k.data() + p.first_row * kv_dim, p.size * kv_dim, new_keys);
+      std::copy_n(ws.v.data() + p.first_row * kv_dim, p.size * kv_dim, new_values);
+      for (int64_t i = 0; i < p.size; ++i) {
+        const float* cos = rope.Cos(p.part.index_pos + i);
+        const float* sin = rope.Sin(p.part.index_pos + i);
+        ApplyRope(q + i * q_dim, nh, rope.half, cos, sin);
+        ApplyRope(new_keys + i * kv_dim, nkv, rope.half, cos, sin);
+      }
+      Attention(pool, q, p.size, p.past, cache.KeyRow(l, 0), cache.ValueRow(l, 0), nh, nkv,
+                config.head_dim, ws.attn.data() + p.first_row * q_dim, ws.scores);
     }
-    Attention(pool, ws.q.data(), s, past, cache.KeyRow(l, 0), cache.ValueRow(l, 0), nh, nkv,
-              config.head_dim, ws.attn.data(), ws.scores);
     Linear(pool, ws.attn.data(), s, w.o, ws.proj.data());
   }
 
@@ -189,22 +211,34 @@ struct Model::State {
     out = Eigen::Map<const RowMatrix>(x.data(), s, hidden);
   }
 
-  // The whole model for s tokens, given already-validated arguments (see Model::Forward).
-  Logits Forward(const Tokens& tokens, int64_t index_pos, KvCache& cache, ForwardTrace* trace) {
+  // The whole model for the rows of every part (s in all), given already-validated arguments
+  // (see Model::Forward and Model::ForwardBatch); the logits of the rows flagged in `output`
+  // (every row when it is empty), in row order.
+  Logits Forward(const std::vector<ForwardPart>& forward_parts, const std::vector<bool>& output,
+                 ForwardTrace* trace) {
     std::lock_guard<std::mutex> lock(mutex);
+    std::vector<PartRows> parts;
+    Tokens tokens;  // every part's, in order
+    int64_t max_keys = 0, positions = 0;
+    for (const ForwardPart& part : forward_parts) {
+      parts.push_back({part, static_cast<int64_t>(tokens.size()),
+                       static_cast<int64_t>(part.tokens->size()), part.cache->Length()});
+      tokens.insert(tokens.end(), part.tokens->begin(), part.tokens->end());
+      max_keys = std::max(max_keys, part.cache->Capacity());
+      positions = std::max(positions, part.index_pos + parts.back().size);
+    }
     const int64_t s = static_cast<int64_t>(tokens.size());
-    const int64_t past = cache.Length();
     const int64_t hidden = config.hidden_size;
     const float eps = static_cast<float>(config.rms_norm_eps);
-    ws.Reserve(config, s, pool.Size(), cache.Capacity());
-    GrowRopeTable(config, index_pos + s, rope);
+    ws.Reserve(config, s, pool.Size(), max_keys);
+    GrowRopeTable(config, positions, rope);
     if (trace) trace->layers.resize(config.num_hidden_layers);
 
     Embed(tokens, ws.x.data());
     for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
       // 6. h = x + Attn(RMSNorm(x)); out = h + MLP(RMSNorm(h)).
       RmsNorm(ws.x.data(), layers[l].input_norm, s, hidden, eps, ws.xn.data());
-      AttentionBlock(l, s, index_pos, past, cache);
+      AttentionBlock(l, parts, s);
       AddInPlace(ws.x.data(), ws.proj.data(), s * hidden);
       if (trace) Record(ws.x, s, hidden, trace->layers[l].after_attention);
 
@@ -213,12 +247,21 @@ struct Model::State {
       AddInPlace(ws.x.data(), ws.proj.data(), s * hidden);
       if (trace) Record(ws.x, s, hidden, trace->layers[l].after_mlp);
     }
-    cache.SetLength(past + s);
+    for (const PartRows& p : parts) p.part.cache->SetLength(p.past + p.size);
 
-    // 7. Final norm and the head, for every row.
-    RmsNorm(ws.x.data(), final_norm, s, hidden, eps, ws.xn.data());
-    Logits logits(s, config.vocab_size);
-    Linear(pool, ws.xn.data(), s, lm_head, logits.data());
+    // 7. Final norm and the head, for the rows asked for (moved to the front, in order).
+    int64_t rows = s;
+    if (!output.empty()) {
+      rows = 0;
+      for (int64_t i = 0; i < s; ++i) {
+        if (!output[i]) continue;
+        if (rows != i) std::copy_n(ws.x.data() + i * hidden, hidden, ws.x.data() + rows * hidden);
+        ++rows;
+      }
+    }
+    RmsNorm(ws.x.data(), final_norm, rows, hidden, eps, ws.xn.data());
+    Logits logits(rows, config.vocab_size);
+    Linear(pool, ws.xn.data(), rows, lm_head, logits.data());
     return logits;
   }
 };
@@ -270,7 +313,7 @@ Logits Model::ForwardFull(const Tokens& tokens, ForwardTrace* trace) const {
   // The oracle keeps no cache: the keys and values of this call live in a scratch cache sized to
   // the call and dropped at the end, so every position attends within the call only.
   KvCache scratch(state_->config, n);
-  return state_->Forward(tokens, 0, scratch, trace);
+  return state_->Forward({{&tokens, 0, &scratch}}, {}, trace);
 }
 
 Logits Model::Forward(const Tokens& tokens, int64_t index_pos, KvCache& cache,
@@ -301,7 +344,36 @@ Logits Model::Forward(const Tokens& tokens, int64_t index_pos, KvCache& cache,
   KVDIFF_CHECK(past + s <= cache.Capacity(),
                "cache holds {} positions of capacity {}: {} more tokens do not fit", past,
                cache.Capacity(), s);
-  return state_->Forward(tokens, index_pos, cache, trace);
+  return state_->Forward({{&tokens, index_pos, &cache}}, {}, trace);
+}
+
+Logits Model::ForwardBatch(const std::vector<ForwardPart>& parts,
+                           const std::vector<bool>& output) const {
+  const format::LlamaConfig& c = state_->config;
+  KVDIFF_CHECK(!parts.empty(), "ForwardBatch: no parts (expected at least one)");
+  int64_t rows = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const ForwardPart& p = parts[i];
+    KVDIFF_CHECK(p.tokens != nullptr && p.cache != nullptr, "ForwardBatch: part {} is empty", i);
+    CheckTokens(*p.tokens);
+    const int64_t s = static_cast<int64_t>(p.tokens->size());
+    KVDIFF_CHECK(p.cache->NumLayers() == c.num_hidden_layers && p.cache->KvDim() == c.KvDim(),
+                 "ForwardBatch: part {}'s cache does not fit this model", i);
+    KVDIFF_CHECK(p.index_pos == p.cache->Length(),
+                 "ForwardBatch: part {} starts at position {}, its cache holds {}", i, p.index_pos,
+                 p.cache->Length());
+    KVDIFF_CHECK(p.index_pos + s <= std::min(p.cache->Capacity(), c.max_position_embeddings),
+                 "ForwardBatch: part {}: {} tokens at length {} need {} positions, beyond its "
+                 "capacity {}",
+                 i, s, p.index_pos, p.index_pos + s, p.cache->Capacity());
+    for (size_t j = 0; j < i; ++j) {
+      KVDIFF_CHECK(parts[j].cache != p.cache, "ForwardBatch: parts {} and {} share a cache", j, i);
+    }
+    rows += s;
+  }
+  KVDIFF_CHECK(output.empty() || static_cast<int64_t>(output.size()) == rows,
+               "ForwardBatch: {} output flags for {} rows", output.size(), rows);
+  return state_->Forward(parts, output, nullptr);
 }
 
 KvCache Model::NewCache(int64_t capacity) const { return KvCache(state_->config, capacity); }

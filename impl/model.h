@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <vector>
 
 #include "format/model_files.h"
 #include "format/tensor.h"
@@ -12,6 +13,14 @@
 namespace kvdiff::impl {
 
 class Session;
+
+// One part of a forward call: `tokens` at RoPE positions index_pos.., their K/V appended to
+// `cache` at its length (the two agree but in the raw call's misuses).
+struct ForwardPart {
+  const Tokens* tokens = nullptr;
+  int64_t index_pos = 0;
+  KvCache* cache = nullptr;
+};
 
 // How the model keeps its weight matrices. kAuto: in the checkpoint's own 16-bit dtype when it is
 // bf16 or f16 (and every value is exactly one of that dtype: true of anything loaded from such a
@@ -51,6 +60,17 @@ class Model {
   // cache capacity (InputError). Use Session instead.
   Logits Forward(const Tokens& tokens, int64_t index_pos, KvCache& cache,
                  ForwardTrace* trace = nullptr) const;
+
+  // A serving engine's call: several caches (conversations) advance in ONE forward. The rows of
+  // every part go through the same matrix products; RoPE, the cache append and attention are
+  // each part's own (its positions start at its cache's length; it attends to its cache only).
+  // Returns the logits of the rows flagged in `output` (one flag per row of all parts, in order;
+  // empty: every row). Checked before anything runs (InputError): tokens, capacities, a cache
+  // named twice, index_pos == the cache's length. A part's rows are the rows it would get alone
+  // up to the order of the sums: the matrix products change kernel with the row count
+  // (kLinearRowsMax), so its logits agree with its own call's within float32 rounding.
+  Logits ForwardBatch(const std::vector<ForwardPart>& parts,
+                      const std::vector<bool>& output = {}) const;
 
   KvCache NewCache(int64_t capacity = 0) const;
   // A checked session owning its cache and position; capacity 0 means max_position_embeddings.

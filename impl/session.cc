@@ -22,6 +22,26 @@ Logits Session::Append(const Tokens& tokens, ForwardTrace* trace) {
   return model_->Forward(tokens, Length(), cache_, trace);
 }
 
+Logits Session::AppendBatch(const std::vector<BatchAppend>& items,
+                            const std::vector<bool>& output) {
+  KVDIFF_CHECK(!items.empty(), "AppendBatch: no items (expected at least one)");
+  const Model* model = items.front().session ? items.front().session->model_ : nullptr;
+  std::vector<ForwardPart> parts;
+  for (size_t i = 0; i < items.size(); ++i) {
+    Session* s = items[i].session;
+    KVDIFF_CHECK(s != nullptr && items[i].tokens != nullptr, "AppendBatch: item {} is empty", i);
+    KVDIFF_CHECK(s->model_ == model, "AppendBatch: item {} is a session of another model", i);
+    const int64_t n = static_cast<int64_t>(items[i].tokens->size());
+    KVDIFF_CHECK(s->Length() + n <= s->Capacity(),
+                 "AppendBatch: item {}: {} tokens at length {} need {} positions, beyond the "
+                 "session capacity {}",
+                 i, n, s->Length(), s->Length() + n, s->Capacity());
+    parts.push_back({items[i].tokens, s->Length(), &s->cache_});
+  }
+  // The model checks the rest (tokens, a cache named twice) before it runs anything.
+  return model->ForwardBatch(parts, output);
+}
+
 void Session::Truncate(int64_t length) {
   KVDIFF_CHECK(length >= 0 && length <= Length(),
                "Truncate: length {} is outside 0..{} (the session length)", length, Length());

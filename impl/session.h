@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "format/tensor.h"
 #include "impl/kv_cache.h"
@@ -26,6 +27,17 @@ class Session {
   void Truncate(int64_t length);
   Session Fork() const;  // explicit deep copy: the fork evolves independently
   void Reset();          // a new conversation: empty cache, position 0
+
+  // A serving engine's call: every session appends its own tokens in ONE forward of their model
+  // (Model::ForwardBatch). Returns the logits of the rows flagged in `output` (one flag per token
+  // of all items, in order; empty: every row). Throws InputError on a session named twice, of
+  // another model, an empty item, a token out of range or a capacity exceeded, naming the item;
+  // then no session has changed.
+  struct BatchAppend {
+    Session* session = nullptr;
+    const Tokens* tokens = nullptr;
+  };
+  static Logits AppendBatch(const std::vector<BatchAppend>& items, const std::vector<bool>& output);
 
   Session(Session&&) noexcept = default;
   Session& operator=(Session&&) noexcept = default;

@@ -39,6 +39,25 @@ struct ImplOps {
                         ForwardTrace* trace) {
     return model.Forward(tokens, index_pos, cache, trace);
   }
+  // impl's batched forward: every item's rows through the same matrix products.
+  static constexpr bool kBatched = true;
+  static std::vector<Logits> AppendBatch(const Model&, const std::vector<Session*>& sessions,
+                                         const std::vector<BatchItem>& items) {
+    std::vector<impl::Session::BatchAppend> appends;
+    std::vector<bool> output;
+    for (size_t i = 0; i < items.size(); ++i) {
+      appends.push_back({sessions[i], &items[i].tokens});
+      for (size_t r = 0; r < items[i].tokens.size(); ++r) output.push_back(items[i].Outputs(r));
+    }
+    const Logits rows = impl::Session::AppendBatch(appends, output);
+    std::vector<Logits> out;
+    int64_t begin = 0;
+    for (const BatchItem& item : items) {
+      out.push_back(rows.middleRows(begin, item.OutputRows()));
+      begin += item.OutputRows();
+    }
+    return out;
+  }
 };
 using ImplBackend = ModelBackend<ImplOps>;
 

@@ -13,6 +13,10 @@
 //   static int64_t Length(const Cache&);    static void Crop(Cache&, int64_t);
 //   static void Clear(Cache&);              static Cache Fork(const Cache&);
 //   static Logits Forward(const Model&, const Tokens&, int64_t index_pos, Cache&, ForwardTrace*);
+//   static constexpr bool kBatched;         // whether it has a batched forward:
+//   static std::vector<Logits> AppendBatch(const Model&, const std::vector<Session*>&,
+//                                          const std::vector<BatchItem>&);
+//   (without one, Backend::AppendBatch's default runs the items one after another)
 //
 // (Where Session and Cache are one type, the overloads are one function.) Templates rather than a
 // base class, so that only the adapter that instantiates them sees its model's header: LibTorch
@@ -21,7 +25,9 @@
 
 #include <memory>
 #include <utility>
+#include <vector>
 
+#include "format/error.h"
 #include "harness/backend/backend.h"
 
 namespace kvdiff::harness {
@@ -43,6 +49,7 @@ class ModelSession : public BackendSession {
     return std::make_unique<ModelSession>(model_, Ops::Fork(session_));
   }
   void Reset() override { Ops::Reset(session_); }
+  typename Ops::Session& state() { return session_; }
 
  private:
   std::shared_ptr<const Model> model_;
@@ -99,6 +106,20 @@ class ModelBackend : public Backend {
     return std::make_unique<ModelSession<Ops>>(model_, Ops::NewSession(*model_));
   }
   const RawModel* Raw() const override { return &raw_; }
+  std::vector<Logits> AppendBatch(const std::vector<BatchItem>& items) const override {
+    if constexpr (Ops::kBatched) {
+      std::vector<typename Ops::Session*> sessions;
+      for (size_t i = 0; i < items.size(); ++i) {
+        auto* session = dynamic_cast<ModelSession<Ops>*>(items[i].session);
+        KVDIFF_CHECK(session != nullptr, "{}: batch item {} is not a session of this backend",
+                     info_.name, i);
+        sessions.push_back(&session->state());
+      }
+      return Ops::AppendBatch(*model_, sessions, items);
+    } else {
+      return Backend::AppendBatch(items);
+    }
+  }
 
  private:
   BackendInfo info_;

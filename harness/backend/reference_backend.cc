@@ -35,6 +35,12 @@ struct ReferenceOps {
                         Cache& cache, ForwardTrace* trace) {
     return model.Forward(tokens, cache, trace);
   }
+  // No batched forward yet: Backend::AppendBatch runs the items one after another.
+  static constexpr bool kBatched = false;
+  static std::vector<Logits> AppendBatch(const Model&, const std::vector<Session*>&,
+                                         const std::vector<BatchItem>&) {
+    return {};
+  }
 };
 using ReferenceBackend = ModelBackend<ReferenceOps>;
 

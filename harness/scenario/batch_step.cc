@@ -57,7 +57,8 @@ BatchEntry ParseItem(const json& item, const std::string& where) {
       entry.tokens.push_back(static_cast<Token>(t[i].get<int64_t>()));
     }
   }
-  if (item.contains("logits")) entry.logits = ParseBatchLogits(item.at("logits"), where + ".logits");
+  if (item.contains("logits"))
+    entry.logits = ParseBatchLogits(item.at("logits"), where + ".logits");
   return entry;
 }
 
