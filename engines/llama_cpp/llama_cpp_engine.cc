@@ -6,6 +6,9 @@
 //   reset    -> llama_memory_seq_rm(seq, -1, -1)
 // A model directory in HF layout is converted to GGUF by kvdiff's own writer (format/gguf.h) into a
 // cache keyed by a hash of its files; a path to a .gguf file is loaded as it is.
+// Files: this one opens the engine, runs the sessions and exports the table; engine_state.h holds
+// what an engine and a session are; options.cc parses the options; gguf_cache.cc converts and
+// caches.
 //
 // Options (key=value, ',' or newline separated):
 //   kv=f32|f16|q8_0     KV cache type (default f32: the only one held to the 1e-4 gate)
@@ -21,23 +24,21 @@
 #include <fmt/format.h>
 #include <llama.h>
 
-#include <cctype>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <exception>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <string>
-#include <string_view>
-#include <vector>
 
+#include "engines/llama_cpp/engine_state.h"
+#include "engines/llama_cpp/gguf_cache.h"
 #include "format/error.h"
 #include "format/gguf.h"
-#include "format/prng.h"
 #include "kvdiff/engine.h"
 
+namespace kvdiff::llama_cpp {
 namespace {
 
 // llama.cpp logs through one global callback: keep the last error line for our messages and drop
@@ -56,11 +57,6 @@ void LogCallback(ggml_log_level level, const char* text, void*) {
   }
 }
 
-std::string LastLogError() {
-  std::lock_guard<std::mutex> lock(g_log_mutex);
-  return g_last_log_error.empty() ? "" : " (" + g_last_log_error + ")";
-}
-
 void InitOnce() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -69,204 +65,14 @@ void InitOnce() {
   });
 }
 
-struct Options {
-  std::string kv = "f32";
-  bool flash_attn = false;
-  int threads = 1;
-  int64_t max_length = 0;  // 0: from the model
-  int64_t sessions = 8;
-  int64_t ubatch = 0;  // 0: min(max_length, 512)
-  kvdiff::format::DType weights = kvdiff::format::DType::kF32;
-};
-
-int64_t ParseInt(const std::string& key, const std::string& value, int64_t lo, int64_t hi) {
-  char* end = nullptr;
-  const long long v = std::strtoll(value.c_str(), &end, 10);
-  if (value.empty() || *end != '\0' || v < lo || v > hi) {
-    throw kvdiff::InputError(
-        fmt::format("option {}={}: expected an integer in [{}, {}]", key, value, lo, hi));
-  }
-  return v;
-}
-
-Options ParseOptions(const char* text) {
-  Options o;
-  std::string all = text ? text : "";
-  for (char& c : all) {
-    if (c == '\n') c = ',';
-  }
-  size_t start = 0;
-  while (start <= all.size()) {
-    const size_t comma = std::min(all.find(',', start), all.size());
-    const std::string item = all.substr(start, comma - start);
-    start = comma + 1;
-    if (item.empty()) continue;
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos)
-      throw kvdiff::InputError(fmt::format("option '{}': expected key=value", item));
-    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
-    if (key == "kv") {
-      if (value != "f32" && value != "f16" && value != "q8_0") {
-        throw kvdiff::InputError(fmt::format("option kv={}: expected f32, f16 or q8_0", value));
-      }
-      o.kv = value;
-    } else if (key == "flash_attn") {
-      if (value != "on" && value != "off") {
-        throw kvdiff::InputError(fmt::format("option flash_attn={}: expected on or off", value));
-      }
-      o.flash_attn = value == "on";
-    } else if (key == "threads") {
-      o.threads = static_cast<int>(ParseInt(key, value, 1, 512));
-    } else if (key == "weights") {
-      if (value == "f32") {
-        o.weights = kvdiff::format::DType::kF32;
-      } else if (value == "bf16") {
-        o.weights = kvdiff::format::DType::kBF16;
-      } else if (value == "f16") {
-        o.weights = kvdiff::format::DType::kF16;
-      } else {
-        throw kvdiff::InputError(
-            fmt::format("option weights={}: expected f32, bf16 or f16", value));
-      }
-    } else if (key == "max_length") {
-      o.max_length = ParseInt(key, value, 1, 1 << 20);
-    } else if (key == "sessions") {
-      o.sessions = ParseInt(key, value, 1, 64);
-    } else if (key == "ubatch") {
-      o.ubatch = ParseInt(key, value, 1, 1 << 20);
-    } else {
-      throw kvdiff::InputError(
-          fmt::format("unknown option '{}' (llama.cpp knows: kv, flash_attn, threads, weights, "
-                      "max_length, sessions, ubatch)",
-                      key));
-    }
-  }
-  if (o.kv == "q8_0" && !o.flash_attn) {
-    throw kvdiff::InputError(
-        "option kv=q8_0 needs flash_attn=on (llama.cpp quantizes the V cache only inside flash "
-        "attention)");
-  }
-  return o;
-}
-
-// FNV-1a 64 (format/prng.h) over a file's bytes: the cache key of a converted model (not a
-// security boundary).
-uint64_t HashFile(const std::filesystem::path& path, uint64_t h) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw kvdiff::InputError(fmt::format("cannot read {}", path.string()));
-  std::vector<char> buf(1 << 20);
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    h = kvdiff::format::Fnv1a64(std::string_view(buf.data(), static_cast<size_t>(in.gcount())), h);
-  }
-  return h;
-}
-
-// Beside each cache entry: the FNV-1a 64 hash of its bytes, recorded when kvdiff wrote it.
-std::filesystem::path SumFile(const std::filesystem::path& gguf) {
-  return gguf.string() + ".fnv1a64";
-}
-
-void WriteAtomically(const std::filesystem::path& path, const std::string& text) {
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    if (!f) throw kvdiff::EngineError(fmt::format("cannot write {}", tmp.string()));
-  }
-  std::filesystem::rename(tmp, path);
-}
-
-// A conversion cache entry is used only when its bytes still hash to what was recorded when it
-// was written: llama.cpp aborts the process on some edits (a layer count of 0), and reads others
-// as different weights.
-void CheckCacheEntry(const std::filesystem::path& gguf, const std::filesystem::path& sum) {
-  std::ifstream in(sum);
-  std::string recorded;
-  in >> recorded;
-  const std::string actual = fmt::format("{:016x}", HashFile(gguf, kvdiff::format::kFnv1a64Offset));
-  if (recorded != actual) {
-    throw kvdiff::InputError(fmt::format(
-        "the GGUF conversion cache entry {} was changed after kvdiff wrote it: its FNV-1a 64 hash "
-        "is {}, {} records {}; delete both files to have kvdiff convert the model again",
-        gguf.string(), actual, sum.filename().string(), recorded));
-  }
-}
-
-// model_dir itself when it is a .gguf file; otherwise its GGUF conversion, made once into
-// $KVDIFF_GGUF_CACHE (default ~/.cache/kvdiff/gguf) under a name hashed from its files.
-std::filesystem::path GgufFor(const std::filesystem::path& model, kvdiff::format::DType dtype) {
-  if (std::filesystem::is_regular_file(model)) return model;
-  if (!std::filesystem::is_directory(model)) {
-    throw kvdiff::InputError(
-        fmt::format("model {}: neither a directory nor a .gguf file", model.string()));
-  }
-  uint64_t h = kvdiff::format::kFnv1a64Offset;
-  h = HashFile(model / "config.json", h);
-  h = HashFile(model / "model.safetensors", h);
-  if (std::filesystem::exists(model / "tokenizer.kvdiff.json"))
-    h = HashFile(model / "tokenizer.kvdiff.json", h);
-  const char* env = std::getenv("KVDIFF_GGUF_CACHE");
-  const char* home = std::getenv("HOME");
-  const std::filesystem::path dir =
-      env ? env : std::filesystem::path(home ? home : "/tmp") / ".cache" / "kvdiff" / "gguf";
-  // v1: the converter's version; bump when the writer's output changes.
-  std::string dtype_name = kvdiff::format::DTypeName(dtype);
-  for (char& c : dtype_name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  const std::filesystem::path out = dir / fmt::format("{:016x}-v1-{}.gguf", h, dtype_name);
-  const std::filesystem::path sum = SumFile(out);
-  // An entry without its recorded hash was cut short or predates the record: convert it again.
-  if (!std::filesystem::exists(out) || !std::filesystem::exists(sum)) {
-    std::filesystem::create_directories(dir);
-    kvdiff::format::ConvertHfToGguf(model, out, dtype);
-    WriteAtomically(sum, fmt::format("{:016x}\n", HashFile(out, kvdiff::format::kFnv1a64Offset)));
-  }
-  return out;
-}
-
 }  // namespace
 
-struct kvdiff_engine {
-  llama_model* model = nullptr;
-  llama_context* ctx = nullptr;
-  Options options;
-  int64_t vocab = 0;
-  int64_t max_length = 0;
-  std::vector<bool> seq_used;  // [sessions]
-  std::vector<kvdiff_size> sizes;
-  std::string cache_dtype;
-  std::string error;
-  ~kvdiff_engine() {
-    if (ctx) llama_free(ctx);
-    if (model) llama_model_free(model);
-  }
-};
-
-struct kvdiff_session {
-  kvdiff_engine* engine = nullptr;
-  llama_seq_id seq = -1;
-  int64_t length = 0;
-  std::string error;
-};
-
-namespace {
-
-// Runs f; turns an exception into a status and the object's error string.
-template <typename F>
-kvdiff_status Guard(std::string& error, F&& f) {
-  try {
-    f();
-    return KVDIFF_OK;
-  } catch (const kvdiff::InputError& e) {
-    error = e.what();
-    return KVDIFF_INVALID_INPUT;
-  } catch (const std::exception& e) {
-    error = e.what();
-    return KVDIFF_ENGINE_FAILURE;
-  }
+std::string LastLogError() {
+  std::lock_guard<std::mutex> lock(g_log_mutex);
+  return g_last_log_error.empty() ? "" : " (" + g_last_log_error + ")";
 }
 
-llama_memory_t Memory(const kvdiff_engine* e) { return llama_get_memory(e->ctx); }
+namespace {
 
 void Open(kvdiff_engine* e, const char* model_dir) {
   InitOnce();
@@ -275,7 +81,7 @@ void Open(kvdiff_engine* e, const char* model_dir) {
   // llama.cpp aborts the process on some hyperparameters (0 layers, a NaN epsilon): refuse them
   // first, with the key named; then a cache entry must still be the bytes kvdiff wrote.
   kvdiff::format::CheckLlamaGgufHyperparameters(kvdiff::format::ReadGgufHeader(gguf), gguf);
-  if (gguf != std::filesystem::path(model_dir)) CheckCacheEntry(gguf, SumFile(gguf));
+  if (gguf != std::filesystem::path(model_dir)) CheckCacheEntry(gguf);
   llama_model_params mp = llama_model_default_params();
   mp.n_gpu_layers = 0;
   e->model = llama_model_load_from_file(gguf.c_str(), mp);
@@ -487,5 +293,8 @@ const kvdiff_engine_api kApi = {
 };
 
 }  // namespace
+}  // namespace kvdiff::llama_cpp
 
-extern "C" KVDIFF_ENGINE_EXPORT const kvdiff_engine_api* kvdiff_engine_entry(void) { return &kApi; }
+extern "C" KVDIFF_ENGINE_EXPORT const kvdiff_engine_api* kvdiff_engine_entry(void) {
+  return &kvdiff::llama_cpp::kApi;
+}

@@ -1,0 +1,25 @@
+// The llama.cpp engine's options (engine.h's "key=value" text): parsed and checked before llama.cpp
+// sees any of them, so a bad value is refused with its name and what is accepted.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "format/safetensors.h"
+
+namespace kvdiff::llama_cpp {
+
+struct Options {
+  std::string kv = "f32";
+  bool flash_attn = false;
+  int threads = 1;
+  int64_t max_length = 0;  // 0: from the model
+  int64_t sessions = 8;
+  int64_t ubatch = 0;  // 0: min(max_length, 512)
+  format::DType weights = format::DType::kF32;
+};
+
+// Options from engine.h's text (NULL or "" for defaults); InputError naming a bad key or value.
+Options ParseOptions(const char* text);
+
+}  // namespace kvdiff::llama_cpp
