@@ -40,8 +40,10 @@ struct kvdiff_session {
 
 namespace kvdiff::llama_cpp {
 
-// The last error line llama.cpp logged, as " (text)", or "" when there is none: llama.cpp says why
-// a call failed only through its log.
+// The error lines llama.cpp logged since ForgetLogErrors(), as " (line; line)", or "" when there
+// are none: llama.cpp says why a call failed only through its log. One log for every engine of
+// the process, as llama.cpp's callback is global.
+void ForgetLogErrors();
 std::string LastLogError();
 
 inline llama_memory_t Memory(const kvdiff_engine* e) { return llama_get_memory(e->ctx); }

@@ -1,14 +1,17 @@
-// llama.cpp as a kvdiff engine (include/kvdiff/engine.h), over llama.cpp's C API. One llama_context
-// per engine; a session is a sequence id in its KV memory:
-//   append   -> llama_decode with explicit positions length..length+n-1, logits for every token
-//   truncate -> llama_memory_seq_rm(seq, n, -1)
-//   fork     -> llama_memory_seq_cp(seq, free_seq) (cells are shared until either side appends)
-//   reset    -> llama_memory_seq_rm(seq, -1, -1)
+// llama.cpp as a kvdiff engine (include/kvdiff/engine.h, ABI 2), over llama.cpp's C API. One
+// llama_context per engine, with one unified KV memory; a session is a sequence id in it:
+//   append       -> llama_decode with explicit positions length..length+n-1, logits for every token
+//   append_batch -> ONE llama_decode for every item: each item's tokens under its session's
+//                   sequence id at its own positions, logits only where flagged (as llama.cpp's
+//                   server decodes its slots), so llama.cpp splits it into n_ubatch micro-batches
+//   truncate     -> llama_memory_seq_rm(seq, n, -1)
+//   fork         -> llama_memory_seq_cp(seq, free_seq) (cells are shared until either side appends)
+//   reset        -> llama_memory_seq_rm(seq, -1, -1)
 // A model directory in HF layout is converted to GGUF by kvdiff's own writer (format/gguf.h) into a
 // cache keyed by a hash of its files; a path to a .gguf file is loaded as it is.
-// Files: this one opens the engine, runs the sessions and exports the table; engine_state.h holds
-// what an engine and a session are; options.cc parses the options; gguf_cache.cc converts and
-// caches.
+// Files: this one opens the engine, keeps the sessions and exports the table; decode.cc runs both
+// appends; engine_state.h holds what an engine and a session are; options.cc parses the options;
+// gguf_cache.cc converts and caches.
 //
 // Options (key=value, ',' or newline separated):
 //   kv=f32|f16|q8_0     KV cache type (default f32: the only one held to the 1e-4 gate)
@@ -18,9 +21,14 @@
 //   weights=f32|bf16|f16  the dtype of the weights in the GGUF converted from an HF directory
 //                       (default f32); llama.cpp computes in float32 either way
 //   max_length=N        positions one session may hold (default min(context_length, 2048))
-//   sessions=N          sequences alive at once, forks included (default 8)
-//   ubatch=N            llama.cpp's physical batch (default min(max_length, 512)): an append longer
-//                       than this runs in several passes
+//   sessions=N          sequences alive at once, forks included (default 8, 1 to 64); the context
+//                       has max_length x sessions cells
+//   batch=N             n_batch, the most tokens one call takes, all items of append_batch together
+//                       (default and most max_length x sessions; at least max_length)
+//   ubatch=N            n_ubatch, llama.cpp's micro-batch (default min(max_length, 512); 1 to
+//                       n_batch): a longer call runs in several passes, a batched one splitting
+//                       across items. n_ubatch, n_batch and n_ctx are reported as interesting
+//                       sizes.
 #include <fmt/format.h>
 #include <llama.h>
 
@@ -32,6 +40,7 @@
 #include <mutex>
 #include <string>
 
+#include "engines/llama_cpp/decode.h"
 #include "engines/llama_cpp/engine_state.h"
 #include "engines/llama_cpp/gguf_cache.h"
 #include "format/error.h"
@@ -41,19 +50,25 @@
 namespace kvdiff::llama_cpp {
 namespace {
 
-// llama.cpp logs through one global callback: keep the last error line for our messages and drop
-// the chatter (KVDIFF_LLAMACPP_LOG=1 prints everything).
+// llama.cpp logs through one global callback and says why a call failed only there: keep the error
+// lines since the call began for our messages, and drop the chatter (KVDIFF_LLAMACPP_LOG=1 prints
+// everything).
 std::mutex g_log_mutex;
-std::string g_last_log_error;
+std::string g_log_errors;  // "line; line; ..."
 
 void LogCallback(ggml_log_level level, const char* text, void*) {
   static const bool verbose = std::getenv("KVDIFF_LLAMACPP_LOG") != nullptr;
   if (verbose) std::fputs(text, stderr);
   if (level == GGML_LOG_LEVEL_ERROR) {
+    std::string line;  // one line, though some messages span several
+    for (const char* c = text; *c; ++c) {
+      if (*c != '\n')
+        line += *c;
+      else if (c[1] != '\0' && !line.empty() && line.back() != ' ')
+        line += ' ';
+    }
     std::lock_guard<std::mutex> lock(g_log_mutex);
-    g_last_log_error = text;
-    while (!g_last_log_error.empty() && g_last_log_error.back() == '\n')
-      g_last_log_error.pop_back();
+    g_log_errors += (g_log_errors.empty() ? "" : "; ") + line;
   }
 }
 
@@ -67,15 +82,21 @@ void InitOnce() {
 
 }  // namespace
 
+void ForgetLogErrors() {
+  std::lock_guard<std::mutex> lock(g_log_mutex);
+  g_log_errors.clear();
+}
+
 std::string LastLogError() {
   std::lock_guard<std::mutex> lock(g_log_mutex);
-  return g_last_log_error.empty() ? "" : " (" + g_last_log_error + ")";
+  return g_log_errors.empty() ? "" : " (" + g_log_errors + ")";
 }
 
 namespace {
 
 void Open(kvdiff_engine* e, const char* model_dir) {
   InitOnce();
+  ForgetLogErrors();
   if (!model_dir) throw kvdiff::InputError("model_dir is NULL");
   const std::filesystem::path gguf = GgufFor(model_dir, e->options.weights);
   // llama.cpp aborts the process on some hyperparameters (0 layers, a NaN epsilon): refuse them
@@ -96,8 +117,21 @@ void Open(kvdiff_engine* e, const char* model_dir) {
         fmt::format("option max_length={} is more than the model's context_length {}",
                     e->max_length, n_ctx_train));
   }
-  const int64_t ubatch =
-      o.ubatch ? std::min(o.ubatch, e->max_length) : std::min<int64_t>(e->max_length, 512);
+  // One call carries at most n_batch tokens (llama.cpp aborts the process beyond it, so append and
+  // append_batch refuse more first). By default every session's whole length fits one call.
+  const int64_t cells = e->max_length * o.sessions;
+  const int64_t n_batch = o.batch ? o.batch : cells;
+  if (n_batch < e->max_length || n_batch > cells) {
+    throw kvdiff::InputError(fmt::format(
+        "option batch={}: expected max_length {} <= batch <= max_length x sessions {} (a session's "
+        "longest append is one call, and a call holds no more tokens than the context has cells)",
+        n_batch, e->max_length, cells));
+  }
+  if (o.ubatch > n_batch) {
+    throw kvdiff::InputError(
+        fmt::format("option ubatch={} is more than n_batch {} (option batch)", o.ubatch, n_batch));
+  }
+  const int64_t ubatch = o.ubatch ? o.ubatch : std::min<int64_t>(e->max_length, 512);
 
   if (o.kv == "q8_0") {
     // q8_0 packs rows in blocks of 32: llama.cpp refuses a cache whose head_dim it does not
@@ -115,8 +149,8 @@ void Open(kvdiff_engine* e, const char* model_dir) {
   }
 
   llama_context_params cp = llama_context_default_params();
-  cp.n_ctx = static_cast<uint32_t>(e->max_length * o.sessions);  // cells, shared by the sequences
-  cp.n_batch = static_cast<uint32_t>(e->max_length);             // the longest append
+  cp.n_ctx = static_cast<uint32_t>(cells);  // shared by the sequences
+  cp.n_batch = static_cast<uint32_t>(n_batch);
   cp.n_ubatch = static_cast<uint32_t>(ubatch);
   cp.n_seq_max = static_cast<uint32_t>(o.sessions);
   cp.n_threads = cp.n_threads_batch = o.threads;
@@ -151,50 +185,6 @@ llama_seq_id TakeSeq(kvdiff_engine* e) {
       "all {} sequences are in use (sessions and forks alive at once); open the engine with a "
       "larger sessions=N",
       e->seq_used.size()));
-}
-
-void Append(kvdiff_session* s, const int32_t* tokens, int64_t n, float* logits, int64_t capacity) {
-  kvdiff_engine* e = s->engine;
-  if (n < 1 || !tokens) throw kvdiff::InputError("tokens is empty (expected at least one token)");
-  for (int64_t i = 0; i < n; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= e->vocab) {
-      throw kvdiff::InputError(fmt::format(
-          "token id {} at index {} is out of range for vocab_size {}", tokens[i], i, e->vocab));
-    }
-  }
-  if (!logits || capacity < n * e->vocab) {
-    throw kvdiff::InputError(
-        fmt::format("logits buffer holds {} floats, {} tokens x vocab {} need {}", capacity, n,
-                    e->vocab, n * e->vocab));
-  }
-  if (s->length + n > e->max_length) {
-    throw kvdiff::InputError(
-        fmt::format("session holds {} positions of max_length {}: {} more tokens do not fit",
-                    s->length, e->max_length, n));
-  }
-  llama_batch batch = llama_batch_init(static_cast<int32_t>(n), 0, 1);
-  for (int64_t i = 0; i < n; ++i) {
-    batch.token[i] = tokens[i];
-    batch.pos[i] = static_cast<llama_pos>(s->length + i);
-    batch.n_seq_id[i] = 1;
-    batch.seq_id[i][0] = s->seq;
-    batch.logits[i] = 1;  // logits for every new position
-  }
-  batch.n_tokens = static_cast<int32_t>(n);
-  const int32_t status = llama_decode(e->ctx, batch);
-  llama_batch_free(batch);
-  if (status != 0) {
-    // Whatever ubatches were processed stay in memory on some failures: drop them.
-    llama_memory_seq_rm(Memory(e), s->seq, static_cast<llama_pos>(s->length), -1);
-    throw kvdiff::EngineError(fmt::format("llama_decode of {} tokens at position {} returned {}{}",
-                                          n, s->length, status, LastLogError()));
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    const float* row = llama_get_logits_ith(e->ctx, static_cast<int32_t>(i));
-    if (!row) throw kvdiff::EngineError(fmt::format("llama.cpp returned no logits for row {}", i));
-    std::memcpy(logits + i * e->vocab, row, static_cast<size_t>(e->vocab) * sizeof(float));
-  }
-  s->length += n;
 }
 
 // ---- the C ABI ----
@@ -236,6 +226,11 @@ kvdiff_status SessionNew(kvdiff_engine* e, kvdiff_session** out) {
 kvdiff_status SessionAppend(kvdiff_session* s, const int32_t* tokens, int64_t n, float* logits,
                             int64_t capacity) {
   return Guard(s->error, [&] { Append(s, tokens, n, logits, capacity); });
+}
+
+kvdiff_status EngineAppendBatch(kvdiff_engine* e, const kvdiff_batch_item* items, int64_t n_items,
+                                float* logits, int64_t capacity) {
+  return Guard(e->error, [&] { AppendBatch(e, items, n_items, logits, capacity); });
 }
 
 int64_t SessionLength(const kvdiff_session* s) { return s->length; }
@@ -286,10 +281,22 @@ const std::string kVersion = fmt::format("llama.cpp {} (node-llama-cpp {})", KVD
                                          KVDIFF_LLAMACPP_VERSION);
 
 const kvdiff_engine_api kApi = {
-    1u, /* ABI 2 (append_batch) to come */
-    "llama.cpp", kVersion.c_str(), EngineOpen,       EngineErrorText, EngineInfo,
-    EngineClose, SessionNew,       SessionAppend,    SessionLength,   SessionTruncate,
-    SessionFork, SessionReset,     SessionErrorText, SessionFree,
+    KVDIFF_ENGINE_ABI_VERSION,  // 2: append_batch is the last member
+    "llama.cpp",
+    kVersion.c_str(),
+    EngineOpen,
+    EngineErrorText,
+    EngineInfo,
+    EngineClose,
+    SessionNew,
+    SessionAppend,
+    SessionLength,
+    SessionTruncate,
+    SessionFork,
+    SessionReset,
+    SessionErrorText,
+    SessionFree,
+    EngineAppendBatch,
 };
 
 }  // namespace

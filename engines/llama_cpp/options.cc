@@ -69,10 +69,12 @@ Options ParseOptions(const char* text) {
       o.sessions = ParseInt(key, value, 1, 64);
     } else if (key == "ubatch") {
       o.ubatch = ParseInt(key, value, 1, 1 << 20);
+    } else if (key == "batch") {
+      o.batch = ParseInt(key, value, 1, 1 << 26);
     } else {
       throw kvdiff::InputError(
           fmt::format("unknown option '{}' (llama.cpp knows: kv, flash_attn, threads, weights, "
-                      "max_length, sessions, ubatch)",
+                      "max_length, sessions, ubatch, batch)",
                       key));
     }
   }

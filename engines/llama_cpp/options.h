@@ -16,6 +16,7 @@ struct Options {
   int64_t max_length = 0;  // 0: from the model
   int64_t sessions = 8;
   int64_t ubatch = 0;  // 0: min(max_length, 512)
+  int64_t batch = 0;   // 0: max_length x sessions
   format::DType weights = format::DType::kF32;
 };
 
