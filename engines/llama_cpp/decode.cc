@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "format/error.h"
@@ -112,6 +113,40 @@ std::vector<int32_t> Fill(llama_batch& b, const kvdiff_batch_item* items, int64_
   return first_row;
 }
 
+// ---- test-only faults (option fault=NAME): each edits one column of the laid-out batch, or the
+// map from output rows to batch rows, the way a serving engine's batching bug would ----
+
+// batch-shared-positions: the positions are filled once, for item 0, and every item reads them:
+// item i's token j sits at item 0's position j (its last one past its end). An item longer than
+// item 0 stacks its last tokens on one position, where they see each other. llama.cpp refuses the
+// batch when a non-empty session's length differs from item 0's (its positions would not follow
+// its last one). The plainer bug, every item starting at item 0's position, never gets as far as
+// wrong logits here: llama.cpp refuses it for a non-empty session, and on an empty one RoPE's
+// relative positions hide the shift (measured 3.3e-6).
+void ShareItem0Positions(llama_batch& b, const kvdiff_batch_item* items, int64_t n_items,
+                         const std::vector<int32_t>& first_row) {
+  for (int64_t i = 1; i < n_items; ++i) {
+    for (int64_t j = 0; j < items[i].n; ++j)
+      b.pos[first_row[i] + j] = b.pos[std::min<int64_t>(j, items[0].n - 1)];
+  }
+}
+
+// batch-one-seq: every token under item 0's sequence id, so each item attends to item 0's history
+// and to the other items' tokens. llama.cpp's own batch checks refuse most such batches (positions
+// that skip or run backwards within a sequence); a decode step of conversations of equal length,
+// one token each, passes them and runs with wrong logits.
+void PutAllUnderItem0Seq(llama_batch& b) {
+  for (int32_t r = 1; r < b.n_tokens; ++r) b.seq_id[r][0] = b.seq_id[0][0];
+}
+
+// batch-rows-swapped: items 0 and 1 read each other's first flagged row (output rows mis-mapped).
+// `sources` is the batch row behind each output row, items in order.
+void SwapFirstRowsOfItems0And1(const kvdiff_batch_item* items, int64_t n_items,
+                               std::vector<int32_t>& sources) {
+  const int64_t rows0 = OutputRows(items[0]);
+  if (n_items >= 2 && rows0 > 0 && OutputRows(items[1]) > 0) std::swap(sources[0], sources[rows0]);
+}
+
 // ---- the one decode ----
 
 // Every item's sequence forgets the positions the call added (the sessions' lengths are still the
@@ -141,12 +176,13 @@ void Decode(kvdiff_engine* e, llama_batch& b, const kvdiff_batch_item* items, in
 // llama_get_logits_ith maps the row to wherever llama.cpp stored its output, so nothing here
 // assumes llama.cpp's output order.
 void CopyOutputs(const kvdiff_engine* e, const kvdiff_batch_item* items, int64_t n_items,
-                 const std::vector<int32_t>& first_row, float* logits) {
+                 const std::vector<int32_t>& first_row, BatchFault fault, float* logits) {
   std::vector<int32_t> sources;  // [output rows]: the batch row behind each
   for (int64_t i = 0; i < n_items; ++i) {
     for (int64_t j = 0; j < items[i].n; ++j)
       if (Outputs(items[i], j)) sources.push_back(first_row[i] + static_cast<int32_t>(j));
   }
+  if (fault == BatchFault::kRowsSwapped) SwapFirstRowsOfItems0And1(items, n_items, sources);
   for (size_t k = 0; k < sources.size(); ++k) {
     const float* row = llama_get_logits_ith(e->ctx, sources[k]);
     if (!row) {
@@ -159,14 +195,18 @@ void CopyOutputs(const kvdiff_engine* e, const kvdiff_batch_item* items, int64_t
 
 // Lays out, decodes and reads back checked items; advances every session only when all of it
 // worked, and otherwise restores them.
-void Run(kvdiff_engine* e, const kvdiff_batch_item* items, int64_t n_items, float* logits) {
+void Run(kvdiff_engine* e, const kvdiff_batch_item* items, int64_t n_items, float* logits,
+         BatchFault fault) {
   int64_t n_tokens = 0;
   for (int64_t i = 0; i < n_items; ++i) n_tokens += items[i].n;
   OwnedBatch batch(n_tokens);
   const std::vector<int32_t> first_row = Fill(batch.get(), items, n_items);
+  if (fault == BatchFault::kSharedPositions)
+    ShareItem0Positions(batch.get(), items, n_items, first_row);
+  if (fault == BatchFault::kOneSeq) PutAllUnderItem0Seq(batch.get());
   Decode(e, batch.get(), items, n_items);
   try {
-    CopyOutputs(e, items, n_items, first_row, logits);
+    CopyOutputs(e, items, n_items, first_row, fault, logits);
   } catch (...) {
     Restore(e, items, n_items);
     throw;
@@ -183,13 +223,13 @@ void Append(kvdiff_session* s, const int32_t* tokens, int64_t n, float* logits, 
     throw InputError(fmt::format("logits buffer holds {} floats, {} tokens x vocab {} need {}",
                                  capacity, n, s->engine->vocab, n * s->engine->vocab));
   }
-  Run(s->engine, &item, 1, logits);
+  Run(s->engine, &item, 1, logits, BatchFault::kNone);
 }
 
 void AppendBatch(kvdiff_engine* e, const kvdiff_batch_item* items, int64_t n_items, float* logits,
                  int64_t capacity) {
   CheckBatch(e, items, n_items, logits, capacity);
-  Run(e, items, n_items, logits);
+  Run(e, items, n_items, logits, e->options.fault);
 }
 
 }  // namespace kvdiff::llama_cpp

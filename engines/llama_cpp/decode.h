@@ -17,7 +17,8 @@ void Append(kvdiff_session* s, const int32_t* tokens, int64_t n, float* logits, 
 
 // engine.h's append_batch: every item in one decode, flagged rows written item by item. Checks
 // everything before llama.cpp runs (a refusal is InputError and changes nothing); a failure after
-// that restores every item's session and throws EngineError.
+// that restores every item's session and throws EngineError. The engine's test-only fault, if any,
+// applies here.
 void AppendBatch(kvdiff_engine* e, const kvdiff_batch_item* items, int64_t n_items, float* logits,
                  int64_t capacity);
 

@@ -29,6 +29,11 @@
 //                       n_batch): a longer call runs in several passes, a batched one splitting
 //                       across items. n_ubatch, n_batch and n_ctx are reported as interesting
 //                       sizes.
+//   fault=NAME          TEST-ONLY, default none: a bug in append_batch, for proving that kvdiff's
+//                       batch checks catch it (decode.cc): batch-shared-positions (item 0's
+//                       position vector read by every item), batch-rows-swapped (items 0 and 1 get
+//                       each other's first output row), batch-one-seq (every token under item 0's
+//                       sequence id). Single appends are never faulty.
 #include <fmt/format.h>
 #include <llama.h>
 

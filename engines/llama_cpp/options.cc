@@ -22,6 +22,17 @@ int64_t ParseInt(const std::string& key, const std::string& value, int64_t lo, i
   return v;
 }
 
+BatchFault ParseFault(const std::string& value) {
+  if (value == "none") return BatchFault::kNone;
+  if (value == "batch-shared-positions") return BatchFault::kSharedPositions;
+  if (value == "batch-rows-swapped") return BatchFault::kRowsSwapped;
+  if (value == "batch-one-seq") return BatchFault::kOneSeq;
+  throw kvdiff::InputError(
+      fmt::format("option fault={}: expected none, batch-shared-positions, batch-rows-swapped or "
+                  "batch-one-seq (test-only faults of append_batch)",
+                  value));
+}
+
 }  // namespace
 
 Options ParseOptions(const char* text) {
@@ -71,10 +82,12 @@ Options ParseOptions(const char* text) {
       o.ubatch = ParseInt(key, value, 1, 1 << 20);
     } else if (key == "batch") {
       o.batch = ParseInt(key, value, 1, 1 << 26);
+    } else if (key == "fault") {
+      o.fault = ParseFault(value);
     } else {
       throw kvdiff::InputError(
           fmt::format("unknown option '{}' (llama.cpp knows: kv, flash_attn, threads, weights, "
-                      "max_length, sessions, ubatch, batch)",
+                      "max_length, sessions, ubatch, batch, fault)",
                       key));
     }
   }

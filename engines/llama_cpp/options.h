@@ -9,6 +9,15 @@
 
 namespace kvdiff::llama_cpp {
 
+// Test-only bugs in append_batch (option fault=NAME), each one a way a serving engine's batching
+// goes wrong, so tests can show kvdiff's batch checks catch them. Single appends never see them.
+enum class BatchFault {
+  kNone,
+  kSharedPositions,  // batch-shared-positions: positions filled once, for item 0, read by all
+  kRowsSwapped,      // batch-rows-swapped: items 0 and 1 get each other's first output row
+  kOneSeq,           // batch-one-seq: every token under item 0's sequence id
+};
+
 struct Options {
   std::string kv = "f32";
   bool flash_attn = false;
@@ -17,6 +26,7 @@ struct Options {
   int64_t sessions = 8;
   int64_t ubatch = 0;  // 0: min(max_length, 512)
   int64_t batch = 0;   // 0: max_length x sessions
+  BatchFault fault = BatchFault::kNone;
   format::DType weights = format::DType::kF32;
 };
 
