@@ -4,7 +4,7 @@
 // Self-consistency is not enough here: a GGUF with unpermuted q/k rows agrees with itself cached
 // and uncached while missing impl by 8-19, so every check compares against impl.
 // append_batch (ABI 2) is held both to the same items appended alone through the same engine and
-// to impl.
+// to impl; its test-only faults (fault=NAME) prove the comparison catches batching bugs.
 #include <dlfcn.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -350,7 +350,7 @@ TEST_F(LlamaCppEngineTest, BatchRefusalsAreInputErrorsAndChangeNothing) {
   EXPECT_LE(run.vs_alone, kTolerance);
   EXPECT_LE(run.vs_impl, kTolerance);
   for (const char* bad : {"max_length=16,sessions=2,batch=8", "max_length=16,sessions=2,batch=33",
-                          "max_length=16,sessions=2,ubatch=33"}) {
+                          "max_length=16,sessions=2,ubatch=33", "fault=bogus"}) {
     EXPECT_THROW(Open(bad), InputError) << bad;
   }
 }
@@ -387,6 +387,45 @@ TEST_F(LlamaCppEngineTest, RawAppendBatchRefusesDuplicatesAndShortBuffersChangin
   api->session_free(b);
   api->close(e);
   dlclose(lib);
+}
+
+// Proof of power: every fault of the batched path moves the logits far beyond the tolerance on
+// one of two batches over three conversations of length 6 (items of 1, 5 and 2 tokens; a decode
+// step of one token each), while the healthy engine agrees with the items appended alone on both.
+// A batch llama.cpp itself refuses (its positions checks) is printed, not counted.
+TEST_F(LlamaCppEngineTest, BatchFaultsAreCaughtByComparingWithItemsAlone) {
+  const std::pair<const char*, std::vector<int>> batches[] = {{"items of 1+5+2", {1, 5, 2}},
+                                                              {"a decode step", {1, 1, 1}}};
+  for (const char* fault :
+       {"none", "batch-shared-positions", "batch-rows-swapped", "batch-one-seq"}) {
+    float worst = 0;
+    for (const auto& [name, sizes] : batches) {
+      const Engine engine = Open(std::string(kExact) + ",ubatch=4,fault=" + fault);
+      std::vector<Conversation> c;
+      std::vector<BatchTestItem> items;
+      c.reserve(sizes.size());
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        c.push_back({engine.NewSession(), {}});
+        Prefill(c[i], Range(10 * i + 1, 6));
+        items.push_back({&c[i], Range(40 * i + 3, sizes[i]), {}});
+      }
+      try {
+        const BatchRun run = BatchVsAlone(engine, items);
+        std::cout << "figure: llama.cpp batch fault=" << fault << ", " << name << ": vs alone "
+                  << run.vs_alone << ", vs impl " << run.vs_impl << "\n";
+        worst = std::max(worst, run.vs_alone);
+      } catch (const EngineError& e) {
+        std::cout << "figure: llama.cpp batch fault=" << fault << ", " << name
+                  << ": refused by llama.cpp: " << e.what() << "\n";
+        EXPECT_NE(std::string(fault), "none") << e.what();
+      }
+    }
+    if (std::string(fault) == "none") {
+      EXPECT_LE(worst, kTolerance);
+    } else {
+      EXPECT_GT(worst, 1e-3f) << fault << " was not caught";
+    }
+  }
 }
 
 // Proof of power: a GGUF whose q/k rows were not permuted to the interleaved RoPE layout agrees
