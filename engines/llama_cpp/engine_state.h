@@ -1,5 +1,5 @@
 // What an opened llama.cpp engine and its sessions hold, shared by the engine's files
-// (llama_cpp_engine.cc: open, sessions and the ABI table).
+// (llama_cpp_engine.cc: open, sessions and the ABI table; decode.cc: both appends).
 #pragma once
 
 #include <llama.h>
