@@ -1,11 +1,17 @@
-// llama.cpp as a kvdiff engine (include/kvdiff/engine.h), over llama.cpp's C API. One llama_context
-// per engine; a session is a sequence id in its KV memory:
-//   append   -> llama_decode with explicit positions length..length+n-1, logits for every token
-//   truncate -> llama_memory_seq_rm(seq, n, -1)
-//   fork     -> llama_memory_seq_cp(seq, free_seq) (cells are shared until either side appends)
-//   reset    -> llama_memory_seq_rm(seq, -1, -1)
+// llama.cpp as a kvdiff engine (include/kvdiff/engine.h, ABI 2), over llama.cpp's C API. One
+// llama_context per engine, with one unified KV memory; a session is a sequence id in it:
+//   append       -> llama_decode with explicit positions length..length+n-1, logits for every token
+//   append_batch -> ONE llama_decode for every item: each item's tokens under its session's
+//                   sequence id at its own positions, logits only where flagged (as llama.cpp's
+//                   server decodes its slots), so llama.cpp splits it into n_ubatch micro-batches
+//   truncate     -> llama_memory_seq_rm(seq, n, -1)
+//   fork         -> llama_memory_seq_cp(seq, free_seq) (cells are shared until either side appends)
+//   reset        -> llama_memory_seq_rm(seq, -1, -1)
 // A model directory in HF layout is converted to GGUF by kvdiff's own writer (format/gguf.h) into a
 // cache keyed by a hash of its files; a path to a .gguf file is loaded as it is.
+// Files: this one opens the engine, keeps the sessions and exports the table; decode.cc runs both
+// appends; engine_state.h holds what an engine and a session are; options.cc parses the options;
+// gguf_cache.cc converts and caches.
 //
 // Options (key=value, ',' or newline separated):
 //   kv=f32|f16|q8_0     KV cache type (default f32: the only one held to the 1e-4 gate)
@@ -15,50 +21,60 @@
 //   weights=f32|bf16|f16  the dtype of the weights in the GGUF converted from an HF directory
 //                       (default f32); llama.cpp computes in float32 either way
 //   max_length=N        positions one session may hold (default min(context_length, 2048))
-//   sessions=N          sequences alive at once, forks included (default 8)
-//   ubatch=N            llama.cpp's physical batch (default min(max_length, 512)): an append longer
-//                       than this runs in several passes
+//   sessions=N          sequences alive at once, forks included (default 8, 1 to 64); the context
+//                       has max_length x sessions cells
+//   batch=N             n_batch, the most tokens one call takes, all items of append_batch together
+//                       (default and most max_length x sessions; at least max_length)
+//   ubatch=N            n_ubatch, llama.cpp's micro-batch (default min(max_length, 512); 1 to
+//                       n_batch): a longer call runs in several passes, a batched one splitting
+//                       across items. n_ubatch, n_batch and n_ctx are reported as interesting
+//                       sizes.
+//   fault=NAME          TEST-ONLY, default none: a bug in append_batch, for proving that kvdiff's
+//                       batch checks catch it (decode.cc): batch-shared-positions (item 0's
+//                       position vector read by every item), batch-rows-swapped (items 0 and 1 get
+//                       each other's first output row), batch-one-seq (every token under item 0's
+//                       sequence id). Single appends are never faulty.
 #include <fmt/format.h>
 #include <llama.h>
 
-#include <cctype>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <exception>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <string>
-#include <string_view>
-#include <vector>
 
+#include "engines/llama_cpp/decode.h"
+#include "engines/llama_cpp/engine_state.h"
+#include "engines/llama_cpp/gguf_cache.h"
 #include "format/error.h"
 #include "format/gguf.h"
-#include "format/prng.h"
 #include "kvdiff/engine.h"
 
+namespace kvdiff::llama_cpp {
 namespace {
 
-// llama.cpp logs through one global callback: keep the last error line for our messages and drop
-// the chatter (KVDIFF_LLAMACPP_LOG=1 prints everything).
+// llama.cpp logs through one global callback and says why a call failed only there: keep the error
+// lines since the call began for our messages, and drop the chatter (KVDIFF_LLAMACPP_LOG=1 prints
+// everything).
 std::mutex g_log_mutex;
-std::string g_last_log_error;
+std::string g_log_errors;  // "line; line; ..."
 
 void LogCallback(ggml_log_level level, const char* text, void*) {
   static const bool verbose = std::getenv("KVDIFF_LLAMACPP_LOG") != nullptr;
   if (verbose) std::fputs(text, stderr);
   if (level == GGML_LOG_LEVEL_ERROR) {
+    std::string line;  // one line, though some messages span several
+    for (const char* c = text; *c; ++c) {
+      if (*c != '\n')
+        line += *c;
+      else if (c[1] != '\0' && !line.empty() && line.back() != ' ')
+        line += ' ';
+    }
     std::lock_guard<std::mutex> lock(g_log_mutex);
-    g_last_log_error = text;
-    while (!g_last_log_error.empty() && g_last_log_error.back() == '\n')
-      g_last_log_error.pop_back();
+    g_log_errors += (g_log_errors.empty() ? "" : "; ") + line;
   }
-}
-
-std::string LastLogError() {
-  std::lock_guard<std::mutex> lock(g_log_mutex);
-  return g_last_log_error.empty() ? "" : " (" + g_last_log_error + ")";
 }
 
 void InitOnce() {
@@ -69,213 +85,29 @@ void InitOnce() {
   });
 }
 
-struct Options {
-  std::string kv = "f32";
-  bool flash_attn = false;
-  int threads = 1;
-  int64_t max_length = 0;  // 0: from the model
-  int64_t sessions = 8;
-  int64_t ubatch = 0;  // 0: min(max_length, 512)
-  kvdiff::format::DType weights = kvdiff::format::DType::kF32;
-};
-
-int64_t ParseInt(const std::string& key, const std::string& value, int64_t lo, int64_t hi) {
-  char* end = nullptr;
-  const long long v = std::strtoll(value.c_str(), &end, 10);
-  if (value.empty() || *end != '\0' || v < lo || v > hi) {
-    throw kvdiff::InputError(
-        fmt::format("option {}={}: expected an integer in [{}, {}]", key, value, lo, hi));
-  }
-  return v;
-}
-
-Options ParseOptions(const char* text) {
-  Options o;
-  std::string all = text ? text : "";
-  for (char& c : all) {
-    if (c == '\n') c = ',';
-  }
-  size_t start = 0;
-  while (start <= all.size()) {
-    const size_t comma = std::min(all.find(',', start), all.size());
-    const std::string item = all.substr(start, comma - start);
-    start = comma + 1;
-    if (item.empty()) continue;
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos)
-      throw kvdiff::InputError(fmt::format("option '{}': expected key=value", item));
-    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
-    if (key == "kv") {
-      if (value != "f32" && value != "f16" && value != "q8_0") {
-        throw kvdiff::InputError(fmt::format("option kv={}: expected f32, f16 or q8_0", value));
-      }
-      o.kv = value;
-    } else if (key == "flash_attn") {
-      if (value != "on" && value != "off") {
-        throw kvdiff::InputError(fmt::format("option flash_attn={}: expected on or off", value));
-      }
-      o.flash_attn = value == "on";
-    } else if (key == "threads") {
-      o.threads = static_cast<int>(ParseInt(key, value, 1, 512));
-    } else if (key == "weights") {
-      if (value == "f32") {
-        o.weights = kvdiff::format::DType::kF32;
-      } else if (value == "bf16") {
-        o.weights = kvdiff::format::DType::kBF16;
-      } else if (value == "f16") {
-        o.weights = kvdiff::format::DType::kF16;
-      } else {
-        throw kvdiff::InputError(
-            fmt::format("option weights={}: expected f32, bf16 or f16", value));
-      }
-    } else if (key == "max_length") {
-      o.max_length = ParseInt(key, value, 1, 1 << 20);
-    } else if (key == "sessions") {
-      o.sessions = ParseInt(key, value, 1, 64);
-    } else if (key == "ubatch") {
-      o.ubatch = ParseInt(key, value, 1, 1 << 20);
-    } else {
-      throw kvdiff::InputError(
-          fmt::format("unknown option '{}' (llama.cpp knows: kv, flash_attn, threads, weights, "
-                      "max_length, sessions, ubatch)",
-                      key));
-    }
-  }
-  if (o.kv == "q8_0" && !o.flash_attn) {
-    throw kvdiff::InputError(
-        "option kv=q8_0 needs flash_attn=on (llama.cpp quantizes the V cache only inside flash "
-        "attention)");
-  }
-  return o;
-}
-
-// FNV-1a 64 (format/prng.h) over a file's bytes: the cache key of a converted model (not a
-// security boundary).
-uint64_t HashFile(const std::filesystem::path& path, uint64_t h) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw kvdiff::InputError(fmt::format("cannot read {}", path.string()));
-  std::vector<char> buf(1 << 20);
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    h = kvdiff::format::Fnv1a64(std::string_view(buf.data(), static_cast<size_t>(in.gcount())), h);
-  }
-  return h;
-}
-
-// Beside each cache entry: the FNV-1a 64 hash of its bytes, recorded when kvdiff wrote it.
-std::filesystem::path SumFile(const std::filesystem::path& gguf) {
-  return gguf.string() + ".fnv1a64";
-}
-
-void WriteAtomically(const std::filesystem::path& path, const std::string& text) {
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    if (!f) throw kvdiff::EngineError(fmt::format("cannot write {}", tmp.string()));
-  }
-  std::filesystem::rename(tmp, path);
-}
-
-// A conversion cache entry is used only when its bytes still hash to what was recorded when it
-// was written: llama.cpp aborts the process on some edits (a layer count of 0), and reads others
-// as different weights.
-void CheckCacheEntry(const std::filesystem::path& gguf, const std::filesystem::path& sum) {
-  std::ifstream in(sum);
-  std::string recorded;
-  in >> recorded;
-  const std::string actual = fmt::format("{:016x}", HashFile(gguf, kvdiff::format::kFnv1a64Offset));
-  if (recorded != actual) {
-    throw kvdiff::InputError(fmt::format(
-        "the GGUF conversion cache entry {} was changed after kvdiff wrote it: its FNV-1a 64 hash "
-        "is {}, {} records {}; delete both files to have kvdiff convert the model again",
-        gguf.string(), actual, sum.filename().string(), recorded));
-  }
-}
-
-// model_dir itself when it is a .gguf file; otherwise its GGUF conversion, made once into
-// $KVDIFF_GGUF_CACHE (default ~/.cache/kvdiff/gguf) under a name hashed from its files.
-std::filesystem::path GgufFor(const std::filesystem::path& model, kvdiff::format::DType dtype) {
-  if (std::filesystem::is_regular_file(model)) return model;
-  if (!std::filesystem::is_directory(model)) {
-    throw kvdiff::InputError(
-        fmt::format("model {}: neither a directory nor a .gguf file", model.string()));
-  }
-  uint64_t h = kvdiff::format::kFnv1a64Offset;
-  h = HashFile(model / "config.json", h);
-  h = HashFile(model / "model.safetensors", h);
-  if (std::filesystem::exists(model / "tokenizer.kvdiff.json"))
-    h = HashFile(model / "tokenizer.kvdiff.json", h);
-  const char* env = std::getenv("KVDIFF_GGUF_CACHE");
-  const char* home = std::getenv("HOME");
-  const std::filesystem::path dir =
-      env ? env : std::filesystem::path(home ? home : "/tmp") / ".cache" / "kvdiff" / "gguf";
-  // v1: the converter's version; bump when the writer's output changes.
-  std::string dtype_name = kvdiff::format::DTypeName(dtype);
-  for (char& c : dtype_name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  const std::filesystem::path out = dir / fmt::format("{:016x}-v1-{}.gguf", h, dtype_name);
-  const std::filesystem::path sum = SumFile(out);
-  // An entry without its recorded hash was cut short or predates the record: convert it again.
-  if (!std::filesystem::exists(out) || !std::filesystem::exists(sum)) {
-    std::filesystem::create_directories(dir);
-    kvdiff::format::ConvertHfToGguf(model, out, dtype);
-    WriteAtomically(sum, fmt::format("{:016x}\n", HashFile(out, kvdiff::format::kFnv1a64Offset)));
-  }
-  return out;
-}
-
 }  // namespace
 
-struct kvdiff_engine {
-  llama_model* model = nullptr;
-  llama_context* ctx = nullptr;
-  Options options;
-  int64_t vocab = 0;
-  int64_t max_length = 0;
-  std::vector<bool> seq_used;  // [sessions]
-  std::vector<kvdiff_size> sizes;
-  std::string cache_dtype;
-  std::string error;
-  ~kvdiff_engine() {
-    if (ctx) llama_free(ctx);
-    if (model) llama_model_free(model);
-  }
-};
+void ForgetLogErrors() {
+  std::lock_guard<std::mutex> lock(g_log_mutex);
+  g_log_errors.clear();
+}
 
-struct kvdiff_session {
-  kvdiff_engine* engine = nullptr;
-  llama_seq_id seq = -1;
-  int64_t length = 0;
-  std::string error;
-};
+std::string LastLogError() {
+  std::lock_guard<std::mutex> lock(g_log_mutex);
+  return g_log_errors.empty() ? "" : " (" + g_log_errors + ")";
+}
 
 namespace {
 
-// Runs f; turns an exception into a status and the object's error string.
-template <typename F>
-kvdiff_status Guard(std::string& error, F&& f) {
-  try {
-    f();
-    return KVDIFF_OK;
-  } catch (const kvdiff::InputError& e) {
-    error = e.what();
-    return KVDIFF_INVALID_INPUT;
-  } catch (const std::exception& e) {
-    error = e.what();
-    return KVDIFF_ENGINE_FAILURE;
-  }
-}
-
-llama_memory_t Memory(const kvdiff_engine* e) { return llama_get_memory(e->ctx); }
-
 void Open(kvdiff_engine* e, const char* model_dir) {
   InitOnce();
+  ForgetLogErrors();
   if (!model_dir) throw kvdiff::InputError("model_dir is NULL");
   const std::filesystem::path gguf = GgufFor(model_dir, e->options.weights);
   // llama.cpp aborts the process on some hyperparameters (0 layers, a NaN epsilon): refuse them
   // first, with the key named; then a cache entry must still be the bytes kvdiff wrote.
   kvdiff::format::CheckLlamaGgufHyperparameters(kvdiff::format::ReadGgufHeader(gguf), gguf);
-  if (gguf != std::filesystem::path(model_dir)) CheckCacheEntry(gguf, SumFile(gguf));
+  if (gguf != std::filesystem::path(model_dir)) CheckCacheEntry(gguf);
   llama_model_params mp = llama_model_default_params();
   mp.n_gpu_layers = 0;
   e->model = llama_model_load_from_file(gguf.c_str(), mp);
@@ -290,8 +122,21 @@ void Open(kvdiff_engine* e, const char* model_dir) {
         fmt::format("option max_length={} is more than the model's context_length {}",
                     e->max_length, n_ctx_train));
   }
-  const int64_t ubatch =
-      o.ubatch ? std::min(o.ubatch, e->max_length) : std::min<int64_t>(e->max_length, 512);
+  // One call carries at most n_batch tokens (llama.cpp aborts the process beyond it, so append and
+  // append_batch refuse more first). By default every session's whole length fits one call.
+  const int64_t cells = e->max_length * o.sessions;
+  const int64_t n_batch = o.batch ? o.batch : cells;
+  if (n_batch < e->max_length || n_batch > cells) {
+    throw kvdiff::InputError(fmt::format(
+        "option batch={}: expected max_length {} <= batch <= max_length x sessions {} (a session's "
+        "longest append is one call, and a call holds no more tokens than the context has cells)",
+        n_batch, e->max_length, cells));
+  }
+  if (o.ubatch > n_batch) {
+    throw kvdiff::InputError(
+        fmt::format("option ubatch={} is more than n_batch {} (option batch)", o.ubatch, n_batch));
+  }
+  const int64_t ubatch = o.ubatch ? o.ubatch : std::min<int64_t>(e->max_length, 512);
 
   if (o.kv == "q8_0") {
     // q8_0 packs rows in blocks of 32: llama.cpp refuses a cache whose head_dim it does not
@@ -309,8 +154,8 @@ void Open(kvdiff_engine* e, const char* model_dir) {
   }
 
   llama_context_params cp = llama_context_default_params();
-  cp.n_ctx = static_cast<uint32_t>(e->max_length * o.sessions);  // cells, shared by the sequences
-  cp.n_batch = static_cast<uint32_t>(e->max_length);             // the longest append
+  cp.n_ctx = static_cast<uint32_t>(cells);  // shared by the sequences
+  cp.n_batch = static_cast<uint32_t>(n_batch);
   cp.n_ubatch = static_cast<uint32_t>(ubatch);
   cp.n_seq_max = static_cast<uint32_t>(o.sessions);
   cp.n_threads = cp.n_threads_batch = o.threads;
@@ -345,50 +190,6 @@ llama_seq_id TakeSeq(kvdiff_engine* e) {
       "all {} sequences are in use (sessions and forks alive at once); open the engine with a "
       "larger sessions=N",
       e->seq_used.size()));
-}
-
-void Append(kvdiff_session* s, const int32_t* tokens, int64_t n, float* logits, int64_t capacity) {
-  kvdiff_engine* e = s->engine;
-  if (n < 1 || !tokens) throw kvdiff::InputError("tokens is empty (expected at least one token)");
-  for (int64_t i = 0; i < n; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= e->vocab) {
-      throw kvdiff::InputError(fmt::format(
-          "token id {} at index {} is out of range for vocab_size {}", tokens[i], i, e->vocab));
-    }
-  }
-  if (!logits || capacity < n * e->vocab) {
-    throw kvdiff::InputError(
-        fmt::format("logits buffer holds {} floats, {} tokens x vocab {} need {}", capacity, n,
-                    e->vocab, n * e->vocab));
-  }
-  if (s->length + n > e->max_length) {
-    throw kvdiff::InputError(
-        fmt::format("session holds {} positions of max_length {}: {} more tokens do not fit",
-                    s->length, e->max_length, n));
-  }
-  llama_batch batch = llama_batch_init(static_cast<int32_t>(n), 0, 1);
-  for (int64_t i = 0; i < n; ++i) {
-    batch.token[i] = tokens[i];
-    batch.pos[i] = static_cast<llama_pos>(s->length + i);
-    batch.n_seq_id[i] = 1;
-    batch.seq_id[i][0] = s->seq;
-    batch.logits[i] = 1;  // logits for every new position
-  }
-  batch.n_tokens = static_cast<int32_t>(n);
-  const int32_t status = llama_decode(e->ctx, batch);
-  llama_batch_free(batch);
-  if (status != 0) {
-    // Whatever ubatches were processed stay in memory on some failures: drop them.
-    llama_memory_seq_rm(Memory(e), s->seq, static_cast<llama_pos>(s->length), -1);
-    throw kvdiff::EngineError(fmt::format("llama_decode of {} tokens at position {} returned {}{}",
-                                          n, s->length, status, LastLogError()));
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    const float* row = llama_get_logits_ith(e->ctx, static_cast<int32_t>(i));
-    if (!row) throw kvdiff::EngineError(fmt::format("llama.cpp returned no logits for row {}", i));
-    std::memcpy(logits + i * e->vocab, row, static_cast<size_t>(e->vocab) * sizeof(float));
-  }
-  s->length += n;
 }
 
 // ---- the C ABI ----
@@ -430,6 +231,11 @@ kvdiff_status SessionNew(kvdiff_engine* e, kvdiff_session** out) {
 kvdiff_status SessionAppend(kvdiff_session* s, const int32_t* tokens, int64_t n, float* logits,
                             int64_t capacity) {
   return Guard(s->error, [&] { Append(s, tokens, n, logits, capacity); });
+}
+
+kvdiff_status EngineAppendBatch(kvdiff_engine* e, const kvdiff_batch_item* items, int64_t n_items,
+                                float* logits, int64_t capacity) {
+  return Guard(e->error, [&] { AppendBatch(e, items, n_items, logits, capacity); });
 }
 
 int64_t SessionLength(const kvdiff_session* s) { return s->length; }
@@ -480,12 +286,27 @@ const std::string kVersion = fmt::format("llama.cpp {} (node-llama-cpp {})", KVD
                                          KVDIFF_LLAMACPP_VERSION);
 
 const kvdiff_engine_api kApi = {
-    1u, /* ABI 2 (append_batch) to come */
-    "llama.cpp", kVersion.c_str(), EngineOpen,       EngineErrorText, EngineInfo,
-    EngineClose, SessionNew,       SessionAppend,    SessionLength,   SessionTruncate,
-    SessionFork, SessionReset,     SessionErrorText, SessionFree,
+    KVDIFF_ENGINE_ABI_VERSION,  // 2: append_batch is the last member
+    "llama.cpp",
+    kVersion.c_str(),
+    EngineOpen,
+    EngineErrorText,
+    EngineInfo,
+    EngineClose,
+    SessionNew,
+    SessionAppend,
+    SessionLength,
+    SessionTruncate,
+    SessionFork,
+    SessionReset,
+    SessionErrorText,
+    SessionFree,
+    EngineAppendBatch,
 };
 
 }  // namespace
+}  // namespace kvdiff::llama_cpp
 
-extern "C" KVDIFF_ENGINE_EXPORT const kvdiff_engine_api* kvdiff_engine_entry(void) { return &kApi; }
+extern "C" KVDIFF_ENGINE_EXPORT const kvdiff_engine_api* kvdiff_engine_entry(void) {
+  return &kvdiff::llama_cpp::kApi;
+}

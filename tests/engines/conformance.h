@@ -1,6 +1,7 @@
 // A seeded random walk over a plugin's sessions (append, truncate, fork, reset, free), every
-// Append compared with impl's uncached ForwardFull of that session's history. Shared by the
-// engine tests; a failure names the seed and the step so `--gtest_filter` reruns it.
+// Append compared with impl's uncached ForwardFull of that session's history; and a batched call
+// (ABI 2's append_batch) held to the same items appended alone and to impl. Shared by the engine
+// tests; a failure names the seed and the step so `--gtest_filter` reruns it.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -9,10 +10,12 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "impl/model.h"
 #include "plugin_host/plugin_loader.h"
+#include "tests/test_support.h"
 
 namespace kvdiff::engines::conformance {
 
@@ -76,6 +79,62 @@ inline float RandomWalkMaxDiff(const Engine& engine, const impl::Model& model, u
     }
   }
   return worst;
+}
+
+// One conversation's part of a batch under test; `output` empty: every row.
+struct BatchTestItem {
+  Conversation* conv;
+  Tokens tokens;
+  std::vector<bool> output;
+};
+
+struct BatchRun {
+  std::vector<Logits> rows;  // the batch's flagged rows, per item
+  float vs_alone = 0;        // max |batch - the same item appended alone|
+  float vs_impl = 0;         // max |batch - impl's uncached forward|
+};
+
+// The rows of `all` that `output` flags (all of them when it is empty), in order.
+inline Logits FlaggedRows(const Logits& all, const std::vector<bool>& output) {
+  if (output.empty()) return all;
+  Logits kept(std::count(output.begin(), output.end(), true), all.cols());
+  for (int64_t r = 0, k = 0; r < all.rows(); ++r)
+    if (output[r]) kept.row(k++) = all.row(r);
+  return kept;
+}
+
+// MaxAbsDiff of a batch's rows, which also takes two empty matrices (an item with no row flagged).
+inline float RowsDiff(const Logits& batch, const Logits& other, const char* other_name) {
+  if (batch.rows() == 0 && other.rows() == 0) return 0;
+  return testing::MaxAbsDiff(batch, other, "the batch's", other_name);
+}
+
+// Runs every item alone (Append, then Truncate back: the same engine and sessions), then all in
+// ONE Engine::AppendBatch, and measures the batch's rows against both the rows alone and impl's
+// uncached ForwardFull; the histories advance. Throws what AppendBatch throws.
+inline BatchRun BatchVsAlone(const Engine& engine, const impl::Model& model,
+                             std::vector<BatchTestItem> items) {
+  std::vector<Logits> alone;
+  std::vector<BatchItem> batch;
+  for (BatchTestItem& it : items) {
+    const int64_t before = it.conv->session.Length();
+    alone.push_back(FlaggedRows(it.conv->session.Append(it.tokens), it.output));
+    it.conv->session.Truncate(before);
+    batch.push_back({&it.conv->session, it.tokens, it.output});
+  }
+  BatchRun run;
+  run.rows = engine.AppendBatch(batch);
+  EXPECT_EQ(run.rows.size(), items.size());
+  for (size_t i = 0; i < items.size() && i < run.rows.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(items[i].tokens.size());
+    Tokens& h = items[i].conv->history;
+    h.insert(h.end(), items[i].tokens.begin(), items[i].tokens.end());
+    EXPECT_EQ(items[i].conv->session.Length(), static_cast<int64_t>(h.size())) << "item " << i;
+    const Logits oracle = FlaggedRows(model.ForwardFull(h).bottomRows(n), items[i].output);
+    run.vs_alone = std::max(run.vs_alone, RowsDiff(run.rows[i], alone[i], "alone"));
+    run.vs_impl = std::max(run.vs_impl, RowsDiff(run.rows[i], oracle, "impl's"));
+  }
+  return run;
 }
 
 }  // namespace kvdiff::engines::conformance

@@ -3,18 +3,24 @@
 // in chunks, after truncate, after fork; the other cache types are measured and printed.
 // Self-consistency is not enough here: a GGUF with unpermuted q/k rows agrees with itself cached
 // and uncached while missing impl by 8-19, so every check compares against impl.
+// append_batch (ABI 2) is held both to the same items appended alone through the same engine and
+// to impl; its test-only faults (fault=NAME) prove the comparison catches batching bugs.
+#include <dlfcn.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "format/gguf.h"
 #include "format/llama2c.h"
 #include "format/model_files.h"
 #include "impl/model.h"
+#include "kvdiff/engine.h"
 #include "plugin_host/plugin_loader.h"
 #include "tests/engines/conformance.h"
 #include "tests/test_support.h"
@@ -22,6 +28,10 @@
 namespace kvdiff::engines {
 namespace {
 
+using ::kvdiff::engines::conformance::BatchRun;
+using ::kvdiff::engines::conformance::BatchTestItem;
+using ::kvdiff::engines::conformance::Conversation;
+using ::kvdiff::engines::conformance::RowsDiff;
 using ::kvdiff::testing::MaxAbsDiff;
 using ::testing::HasSubstr;
 
@@ -82,6 +92,46 @@ class LlamaCppEngineTest : public ::testing::Test {
     return worst;
   }
 
+  // ---- append_batch ----
+
+  static void Prefill(Conversation& c, const Tokens& tokens) {
+    c.session.Append(tokens);
+    c.history.insert(c.history.end(), tokens.begin(), tokens.end());
+  }
+  static BatchRun BatchVsAlone(const Engine& engine, std::vector<BatchTestItem> items) {
+    return conformance::BatchVsAlone(engine, *model_, std::move(items));
+  }
+  // Six conversations at lengths 10, 3, 0, 6, 6 (twins: a fork) and 5, in one batch of prefill and
+  // decode items with all, last-only and no output rows, then one decode step for each.
+  static BatchRun MixedBatch(const std::string& options) {
+    const Engine engine = Open(options);
+    std::vector<Conversation> c;
+    c.reserve(6);
+    for (int i = 0; i < 4; ++i) c.push_back({engine.NewSession(), {}});
+    Prefill(c[0], Range(1, 10));
+    Prefill(c[1], Range(2, 3));
+    Prefill(c[3], Range(4, 6));                        // c[2] stays empty
+    c.push_back({c[3].session.Fork(), c[3].history});  // c[4]: c[3]'s twin
+    c.push_back({engine.NewSession(), {}});
+    Prefill(c[5], Range(5, 5));
+    const Tokens twin_tokens = Range(50, 4);
+    BatchRun run = BatchVsAlone(engine, {{&c[0], {99}, {}},
+                                         {&c[1], Range(7, 7), {0, 0, 0, 0, 0, 0, 1}},
+                                         {&c[2], Range(8, 12), {}},
+                                         {&c[3], twin_tokens, {}},
+                                         {&c[4], twin_tokens, {}},
+                                         {&c[5], Range(9, 5), std::vector<bool>(5, false)}});
+    const float twins = RowsDiff(run.rows[3], run.rows[4], "its twin's");
+    std::cout << "figure: llama.cpp batch " << options << ": twins differ by " << twins << "\n";
+    EXPECT_LE(twins, kTolerance);
+    std::vector<BatchTestItem> step;
+    for (size_t i = 0; i < c.size(); ++i) step.push_back({&c[i], {static_cast<Token>(i * 31)}, {}});
+    const BatchRun decode = BatchVsAlone(engine, step);
+    run.vs_alone = std::max(run.vs_alone, decode.vs_alone);
+    run.vs_impl = std::max(run.vs_impl, decode.vs_impl);
+    return run;
+  }
+
   static testing::TempDir* dir_;
   static impl::Model* model_;
   static impl::Model* model_hd32_;
@@ -102,6 +152,11 @@ TEST_F(LlamaCppEngineTest, InfoReportsCacheDtypeAndSizes) {
   EXPECT_EQ(info.cache_dtype, "f16");
   ASSERT_FALSE(info.sizes.empty());
   EXPECT_EQ(info.sizes[0], (std::pair<std::string, int64_t>("n_ubatch", 16)));
+  // n_batch defaults to max_length x sessions: every session's whole room fits one batched call.
+  EXPECT_EQ(info.sizes[1], (std::pair<std::string, int64_t>("n_batch", 128)));
+  const EngineInfo small = Open("ubatch=1,batch=70,max_length=64,sessions=2").Info();
+  EXPECT_EQ(small.sizes[0], (std::pair<std::string, int64_t>("n_ubatch", 1)));
+  EXPECT_EQ(small.sizes[1], (std::pair<std::string, int64_t>("n_batch", 70)));
 }
 
 TEST_F(LlamaCppEngineTest, PrefillN24F32MatchesImpl) {
@@ -204,6 +259,172 @@ TEST_F(LlamaCppEngineTest, RandomWalkSeeds1To3Steps150MaxLength64MatchesImpl) {
   for (uint64_t seed : {1, 2, 3}) {
     const float worst = conformance::RandomWalkMaxDiff(engine, *model_, seed, 150, 64);
     std::cout << "figure: llama.cpp random walk seed " << seed << ": max|diff| " << worst << "\n";
+  }
+}
+
+// ---- append_batch (ABI 2) ----
+
+TEST_F(LlamaCppEngineTest, BatchOfPrefillsDecodesAndTwinsEqualsEachItemAlone) {
+  EXPECT_EQ(Open().Info().abi_version, 2u);
+  const BatchRun run = MixedBatch(kExact);
+  std::cout << "figure: llama.cpp batch " << kExact << ": vs alone " << run.vs_alone << ", vs impl "
+            << run.vs_impl << "\n";
+  EXPECT_LE(run.vs_alone, kTolerance);
+  EXPECT_LE(run.vs_impl, kTolerance);
+}
+
+// n_ubatch 1, 2 and 7: llama.cpp splits the 33-token call into micro-batches, some across items.
+TEST_F(LlamaCppEngineTest, BatchSplitIntoMicroBatchesOfUbatch1To7EqualsEachItemAlone) {
+  for (const char* ubatch : {",ubatch=1", ",ubatch=2", ",ubatch=7"}) {
+    const std::string options = std::string(kExact) + ubatch;
+    const BatchRun run = MixedBatch(options);
+    std::cout << "figure: llama.cpp batch " << options << ": vs alone " << run.vs_alone
+              << ", vs impl " << run.vs_impl << "\n";
+    EXPECT_LE(run.vs_alone, kTolerance) << ubatch;
+    EXPECT_LE(run.vs_impl, kTolerance) << ubatch;
+  }
+}
+
+// Forks share cells and truncates free some: the batch's tokens land in scattered free cells.
+TEST_F(LlamaCppEngineTest, BatchAfterForksAndTruncatesEqualsEachItemAlone) {
+  const Engine engine = Open(std::string(kExact) + ",max_length=48,sessions=4,ubatch=3");
+  std::vector<Conversation> c;
+  c.reserve(4);
+  c.push_back({engine.NewSession(), {}});
+  Prefill(c[0], Range(3, 20));
+  c.push_back({c[0].session.Fork(), c[0].history});
+  c[0].session.Truncate(5);
+  c[0].history.resize(5);
+  c[1].session.Truncate(12);  // positions 12..19 were the fork's alone: freed
+  c[1].history.resize(12);
+  Prefill(c[0], Range(60, 3));
+  c.push_back({engine.NewSession(), {}});
+  Prefill(c[2], Range(70, 9));
+  c[2].session.Truncate(2);
+  c[2].history.resize(2);
+  c.push_back({engine.NewSession(), {}});
+  BatchRun run = BatchVsAlone(engine, {{&c[0], Range(80, 4), {}},
+                                       {&c[1], {7}, {}},
+                                       {&c[2], Range(90, 6), {0, 0, 0, 0, 0, 1}},
+                                       {&c[3], Range(100, 5), {}}});
+  // No row flagged in the whole call: the cache is still written, as the next call shows.
+  const std::vector<bool> none(3, false);
+  BatchVsAlone(engine, {{&c[3], Range(110, 3), none}, {&c[1], Range(120, 3), none}});
+  const BatchRun again = BatchVsAlone(engine, {{&c[3], {1, 2}, {}}, {&c[1], Range(5, 9), {}}});
+  std::cout << "figure: llama.cpp batch after forks and truncates: vs alone "
+            << std::max(run.vs_alone, again.vs_alone) << ", vs impl "
+            << std::max(run.vs_impl, again.vs_impl) << "\n";
+  EXPECT_LE(std::max(run.vs_alone, again.vs_alone), kTolerance);
+  EXPECT_LE(std::max(run.vs_impl, again.vs_impl), kTolerance);
+}
+
+// Refused calls change nothing: neither the lengths nor the cells (the next batch still matches).
+TEST_F(LlamaCppEngineTest, BatchRefusalsAreInputErrorsAndChangeNothing) {
+  const Engine engine = Open(std::string(kExact) + ",max_length=16,sessions=2,batch=20,ubatch=1");
+  std::vector<Conversation> c;
+  c.reserve(2);
+  c.push_back({engine.NewSession(), {}});
+  c.push_back({engine.NewSession(), {}});
+  Prefill(c[0], Range(1, 4));
+  Prefill(c[1], Range(2, 6));
+  const std::pair<std::vector<BatchItem>, const char*> refused[] = {
+      {{{&c[0].session, {1, 2}, {}}, {&c[0].session, {3}, {}}}, "name the same session"},
+      {{{&c[0].session, {1, 2}, {}}, {&c[1].session, Range(3, 11), {}}},
+       "batch item 1: session holds 6 positions of max_length 16: 11 more tokens do not fit"},
+      {{{&c[0].session, Range(4, 12), {}}, {&c[1].session, Range(5, 10), {}}},
+       "append_batch of 22 tokens in 2 items: more than n_batch 20"},
+      {{{&c[0].session, {1}, {}}, {&c[1].session, {2, 256}, {}}},
+       "batch item 1: token id 256 at index 1 is out of range for vocab_size 256"},
+  };
+  for (const auto& [items, message] : refused) {
+    try {
+      engine.AppendBatch(items);
+      ADD_FAILURE() << "expected InputError: " << message;
+    } catch (const InputError& e) {
+      EXPECT_THAT(e.what(), HasSubstr(message));
+    }
+    EXPECT_EQ(c[0].session.Length(), 4) << message;
+    EXPECT_EQ(c[1].session.Length(), 6) << message;
+  }
+  const BatchRun run = BatchVsAlone(engine, {{&c[0], Range(6, 3), {}}, {&c[1], Range(7, 2), {}}});
+  EXPECT_LE(run.vs_alone, kTolerance);
+  EXPECT_LE(run.vs_impl, kTolerance);
+  for (const char* bad : {"max_length=16,sessions=2,batch=8", "max_length=16,sessions=2,batch=33",
+                          "max_length=16,sessions=2,ubatch=33", "fault=bogus"}) {
+    EXPECT_THROW(Open(bad), InputError) << bad;
+  }
+}
+
+// The loader refuses a duplicate session or a short buffer before the plugin is called; the
+// plugin's own refusals are reached through its raw table.
+TEST_F(LlamaCppEngineTest, RawAppendBatchRefusesDuplicatesAndShortBuffersChangingNothing) {
+  void* lib = dlopen(KVDIFF_LLAMACPP_ENGINE, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(lib, nullptr) << dlerror();
+  const auto entry =
+      reinterpret_cast<kvdiff_engine_entry_fn>(dlsym(lib, KVDIFF_ENGINE_ENTRY_SYMBOL));
+  const kvdiff_engine_api* api = entry();
+  ASSERT_EQ(api->abi_version, 2u);
+  kvdiff_engine* e = nullptr;
+  ASSERT_EQ(api->open((dir_->path() / "tiny").c_str(), kExact, &e), KVDIFF_OK);
+  kvdiff_session *a = nullptr, *b = nullptr;
+  ASSERT_EQ(api->session_new(e, &a), KVDIFF_OK);
+  ASSERT_EQ(api->session_new(e, &b), KVDIFF_OK);
+  const int32_t tokens[3] = {1, 2, 3};
+  const uint8_t last[3] = {0, 0, 1};
+  std::vector<float> out(4 * 256);
+  const kvdiff_batch_item twice[2] = {{a, tokens, 3, nullptr}, {a, tokens, 1, nullptr}};
+  EXPECT_EQ(api->append_batch(e, twice, 2, out.data(), 4 * 256), KVDIFF_INVALID_INPUT);
+  EXPECT_THAT(api->engine_error(e), HasSubstr("batch items 0 and 1 name the same session"));
+  const kvdiff_batch_item two[2] = {{a, tokens, 3, nullptr}, {b, tokens, 3, last}};
+  EXPECT_EQ(api->append_batch(e, two, 2, out.data(), 4 * 256 - 1), KVDIFF_INVALID_INPUT);
+  EXPECT_THAT(api->engine_error(e), HasSubstr("logits buffer holds 1023 floats, 4 flagged rows"));
+  EXPECT_EQ(api->append_batch(e, two, 0, out.data(), 4 * 256), KVDIFF_INVALID_INPUT);
+  EXPECT_EQ(api->length(a), 0);
+  EXPECT_EQ(api->length(b), 0);
+  EXPECT_EQ(api->append_batch(e, two, 2, out.data(), 4 * 256), KVDIFF_OK) << api->engine_error(e);
+  EXPECT_EQ(api->length(b), 3);
+  api->session_free(a);
+  api->session_free(b);
+  api->close(e);
+  dlclose(lib);
+}
+
+// Proof of power: every fault of the batched path moves the logits far beyond the tolerance on
+// one of two batches over three conversations of length 6 (items of 1, 5 and 2 tokens; a decode
+// step of one token each), while the healthy engine agrees with the items appended alone on both.
+// A batch llama.cpp itself refuses (its positions checks) is printed, not counted.
+TEST_F(LlamaCppEngineTest, BatchFaultsAreCaughtByComparingWithItemsAlone) {
+  const std::pair<const char*, std::vector<int>> batches[] = {{"items of 1+5+2", {1, 5, 2}},
+                                                              {"a decode step", {1, 1, 1}}};
+  for (const char* fault :
+       {"none", "batch-shared-positions", "batch-rows-swapped", "batch-one-seq"}) {
+    float worst = 0;
+    for (const auto& [name, sizes] : batches) {
+      const Engine engine = Open(std::string(kExact) + ",ubatch=4,fault=" + fault);
+      std::vector<Conversation> c;
+      std::vector<BatchTestItem> items;
+      c.reserve(sizes.size());
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        c.push_back({engine.NewSession(), {}});
+        Prefill(c[i], Range(10 * i + 1, 6));
+        items.push_back({&c[i], Range(40 * i + 3, sizes[i]), {}});
+      }
+      try {
+        const BatchRun run = BatchVsAlone(engine, items);
+        std::cout << "figure: llama.cpp batch fault=" << fault << ", " << name << ": vs alone "
+                  << run.vs_alone << ", vs impl " << run.vs_impl << "\n";
+        worst = std::max(worst, run.vs_alone);
+      } catch (const EngineError& e) {
+        std::cout << "figure: llama.cpp batch fault=" << fault << ", " << name
+                  << ": refused by llama.cpp: " << e.what() << "\n";
+        EXPECT_NE(std::string(fault), "none") << e.what();
+      }
+    }
+    if (std::string(fault) == "none") {
+      EXPECT_LE(worst, kTolerance);
+    } else {
+      EXPECT_GT(worst, 1e-3f) << fault << " was not caught";
+    }
   }
 }
 
