@@ -15,7 +15,9 @@ namespace {
 
 using Rng = CaseRng;
 
-constexpr int64_t kMaxConversations = 4;
+// Conversations alive at once: enough for batches of up to kMaxBatch items.
+constexpr int64_t kMaxConversations = 8;
+constexpr int64_t kMaxBatch = 8;
 
 // How a case draws its sizes. A short case: uniform, small (today's generator, unchanged). A long
 // case: half the draws land on a boundary or a neighbour of one, the rest are uniform.
@@ -156,13 +158,68 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
     return convs.Names()[rng.Below(static_cast<int64_t>(convs.Names().size()))];
   };
 
+  auto new_name = [&] { return fmt::format("c{}", next_name++); };
+  auto live = [&] { return static_cast<int64_t>(convs.Names().size()); };
+
+  // A serving engine's call: 2..8 conversations in one batch step, some of them joining just
+  // before (a new request, or a fork: a twin whose history equals its source's), each fed a
+  // prompt chunk or one greedy token, with logits for all, the last or none of its rows; then
+  // now and then a few decode rounds of the same conversations (continuous batching) and one of
+  // them ending (its cells freed for the next).
+  auto batch = [&] {
+    const int64_t size = rng.Between(2, kMaxBatch);
+    while (live() < size && live() < kMaxConversations) {
+      const std::string name = new_name();
+      if (rng.Chance(50)) {
+        emit(Step::Fork(any(), name));
+      } else {
+        emit(Step::NewConversation(name));
+      }
+    }
+    std::vector<std::string> names;
+    for (const std::string& name : convs.Names())
+      if (convs.At(name).length < max_len) names.push_back(name);
+    for (size_t i = names.size(); i > 1; --i)
+      std::swap(names[i - 1], names[rng.Below(static_cast<int64_t>(i))]);
+    if (static_cast<int64_t>(names.size()) > size) names.resize(size);
+    if (names.empty()) return;
+    std::vector<BatchEntry> items;
+    for (const std::string& name : names) {
+      const ConversationState& c = convs.At(name);
+      BatchEntry item;
+      item.conversation = name;
+      item.decode = c.has_last_row && rng.Chance(50);
+      if (!item.decode) item.tokens = random_tokens(sizes.Pick(max_len - c.length, 12));
+      const int64_t roll = rng.Below(100);
+      item.logits = roll < 60
+                        ? BatchLogits::kAll
+                        : (roll < 90 || item.decode ? BatchLogits::kLast : BatchLogits::kNone);
+      items.push_back(std::move(item));
+    }
+    emit(Step::Batch(std::move(items)));
+    const int64_t rounds = rng.Chance(50) ? rng.Between(1, 4) : 0;
+    for (int64_t r = 0; r < rounds; ++r) {
+      std::vector<BatchEntry> decodes;
+      for (const std::string& name : names) {
+        if (!convs.Exists(name)) continue;
+        const ConversationState& c = convs.At(name);
+        if (c.has_last_row && c.length < max_len) decodes.push_back({name, {}, true});
+      }
+      if (decodes.empty()) break;
+      emit(Step::Batch(std::move(decodes)));
+    }
+    if (live() > 1 && rng.Chance(30)) emit(Step::End(any()));
+  };
+
   prefill("main");
   const int64_t n_steps = long_case ? rng.Between(2, 6) : rng.Between(2, 10);
   for (int64_t i = 0; i < n_steps; ++i) {
     const int64_t roll = rng.Below(100);
-    const bool can_add = static_cast<int64_t>(convs.Names().size()) < kMaxConversations;
+    const bool can_add = live() < kMaxConversations;
     Step s;
-    if (roll < 30) {  // prefill
+    if (rng.Chance(options.batch_percent)) {
+      batch();
+    } else if (roll < 30) {  // prefill
       const std::string c = pick([&](const ConversationState& c) { return c.length < max_len; });
       if (!c.empty()) prefill(c);
     } else if (roll < 60) {  // decode
@@ -191,13 +248,13 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
       if (can_add) {
         s.op = Op::kFork;
         s.from = any();
-        s.to = s.conversation = fmt::format("c{}", next_name++);
+        s.to = s.conversation = new_name();
         emit(s);
       }
     } else if (roll < 92) {  // new conversation, started with a prefill
       if (can_add) {
         s.op = Op::kNewConversation;
-        s.name = s.conversation = fmt::format("c{}", next_name++);
+        s.name = s.conversation = new_name();
         emit(s);
         prefill(s.name);
       }

@@ -32,11 +32,16 @@ struct Boundary {
   std::string declared_by;  // "impl", "impl,llama.cpp"; empty: a power of two nobody declared
 };
 
+inline constexpr int64_t kDefaultBatchPercent = 20;
+
 struct GenerationOptions {
   // The longest history a case may reach (capped by the context); 0: max_position_embeddings.
   int64_t max_length = kDefaultMaxLength;
   double long_fraction = kDefaultLongFraction;  // the share of cases that go long
   std::vector<Boundary> boundaries;             // from CampaignBoundaries
+  // The chance, in percent, that a step of a case is a batch (a serving engine's call, with the
+  // conversations joining and leaving around it); 0 draws none.
+  int64_t batch_percent = kDefaultBatchPercent;
 };
 
 // The longest history of the campaign: options.max_length (InputError naming --max-length when

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <set>
 
 #include "format/error.h"
 #include "harness/scenario/conversations.h"
@@ -87,6 +88,8 @@ Coverage Coverage::FromJson(const nlohmann::json& j, const std::string& where) {
   c.ops = CountsFromJson<std::string>(j, "ops", where, as_text);
   c.bigrams = CountsFromJson<std::string>(j, "bigrams", where, as_text);
   c.shapes = CountsFromJson<std::string>(j, "shapes", where, as_text);
+  if (j.contains("batches"))  // reports written before batch steps have none
+    c.batches = CountsFromJson<std::string>(j, "batches", where, as_text);
   KVDIFF_CHECK(j.contains("boundaries") && j.at("boundaries").is_array(),
                "{}.boundaries: expected an array", where);
   for (size_t i = 0; i < j.at("boundaries").size(); ++i) {
@@ -116,22 +119,36 @@ void Coverage::Add(const Scenario& sc, const std::string& shape, bool long_case,
   Conversations convs;
   int64_t case_longest = 0;
   std::string prev;
+  std::set<std::string> in_last_batch;
+  auto count_call = [&](int64_t n) {
+    ++call_sizes[Bucket(n)];
+    for (BoundaryCoverage& b : boundaries) {
+      if (n == b.size - 1 || n == b.size) ++b.calls_at;
+      if (n > b.size) ++b.calls_over;
+    }
+  };
   for (const Step& s : sc.steps) {
     const std::string op = OpName(s.op);
     ++ops[op];
     if (!prev.empty()) ++bigrams[prev + ">" + op];
     prev = op;
+    int64_t batch_tokens = 0;
     for (const ForwardCall& call : convs.CallsOf(s)) {
       const int64_t from = call.first_position, n = call.size;
-      ++call_sizes[Bucket(n)];
+      if (s.op == Op::kBatch)
+        batch_tokens += n;
+      else
+        count_call(n);
       for (BoundaryCoverage& b : boundaries) {
-        if (n == b.size - 1 || n == b.size) ++b.calls_at;
-        if (n > b.size) ++b.calls_over;
         // Rows from..from+n-1: position b-1 among them, and any at b or beyond.
         if (from <= b.size - 1 && b.size - 1 < from + n) ++b.rows_at;
         if (from + n - 1 >= b.size) b.rows_over += from + n - std::max(from, b.size);
       }
       case_longest = std::max(case_longest, from + n);
+    }
+    if (s.op == Op::kBatch) {
+      count_call(batch_tokens);
+      AddBatch(s, in_last_batch);
     }
     convs.Apply(s);
   }
@@ -140,6 +157,24 @@ void Coverage::Add(const Scenario& sc, const std::string& shape, bool long_case,
   longest = std::max(longest, case_longest);
   const int64_t reachable = case_context > 0 ? case_context : context;
   cases_at_context += case_longest >= reachable && reachable > 0 ? 1 : 0;
+}
+
+void Coverage::AddBatch(const Step& s, std::set<std::string>& in_last_batch) {
+  ++batches["calls"];
+  ++batches[fmt::format("items {}", s.items.size())];
+  int64_t decodes = 0;
+  std::set<std::string> now;
+  for (const BatchEntry& item : s.items) {
+    decodes += item.decode ? 1 : 0;
+    ++batches["rows " + BatchLogitsName(item.logits)];
+    now.insert(item.conversation);
+    if (in_last_batch.count(item.conversation) == 0) ++batches["joined"];
+  }
+  for (const std::string& name : in_last_batch)
+    if (now.count(name) == 0) ++batches["left"];
+  const auto n = static_cast<int64_t>(s.items.size());
+  ++batches[decodes == 0 ? "mix prefill" : decodes == n ? "mix decode" : "mix mixed"];
+  in_last_batch = std::move(now);
 }
 
 void Coverage::Merge(const Coverage& o) {
@@ -154,6 +189,7 @@ void Coverage::Merge(const Coverage& o) {
   AddAll(ops, o.ops);
   AddAll(bigrams, o.bigrams);
   AddAll(shapes, o.shapes);
+  AddAll(batches, o.batches);
   for (const BoundaryCoverage& ob : o.boundaries) {
     auto it = std::find_if(boundaries.begin(), boundaries.end(),
                            [&](const BoundaryCoverage& b) { return b.size == ob.size; });
@@ -201,8 +237,8 @@ std::string Coverage::Text() const {
   for (const auto& [op, n] : ops)
     ops_text += fmt::format("{}{} {}", ops_text.empty() ? "" : ", ", op, n);
   out += fmt::format("  ops:           {}\n", ops_text);
-  // The bigrams a campaign can make: every op after every op (6 x 6).
-  constexpr int64_t kOpKinds = 6;
+  // The bigrams a campaign can make: every op after every op (8 x 8).
+  constexpr int64_t kOpKinds = 8;
   std::vector<std::pair<int64_t, std::string>> seen;
   for (const auto& [bigram, n] : bigrams) seen.push_back({-n, bigram});
   std::sort(seen.begin(), seen.end());
@@ -215,6 +251,7 @@ std::string Coverage::Text() const {
   for (const auto& [n, count] : conversations)
     convs += fmt::format("{}{}: {}", convs.empty() ? "" : ", ", n, count);
   out += fmt::format("  conversations: {}\n", convs);
+  if (!batches.empty()) out += BatchText();
   // Every shape while there are few (a fixed campaign has one); with a shape per case
   // (--shapes random) the commonest kShapeLines and a count, the rest being in --json.
   constexpr size_t kShapeLines = 10;
@@ -243,6 +280,24 @@ std::string Coverage::Text() const {
   return out;
 }
 
+// "  batches:       510 calls; items 2: 90, 3: 80, ...; mix prefill 40, decode 300, mixed 170;
+//  rows all 900, last 400, none 60; joined 700, left 500"
+std::string Coverage::BatchText() const {
+  auto get = [&](const std::string& key) {
+    auto it = batches.find(key);
+    return it == batches.end() ? int64_t{0} : it->second;
+  };
+  std::string items;
+  for (const auto& [key, n] : batches)
+    if (key.rfind("items ", 0) == 0)
+      items += fmt::format("{}{}: {}", items.empty() ? "" : ", ", key.substr(6), n);
+  return fmt::format(
+      "  batches:       {} calls; items {}; mix prefill {}, decode {}, mixed {}; rows all {}, "
+      "last {}, none {}; joined {}, left {}\n",
+      get("calls"), items, get("mix prefill"), get("mix decode"), get("mix mixed"), get("rows all"),
+      get("rows last"), get("rows none"), get("joined"), get("left"));
+}
+
 nlohmann::json Coverage::ToJson() const {
   nlohmann::json bounds = nlohmann::json::array();
   for (const BoundaryCoverage& b : boundaries) {
@@ -266,6 +321,7 @@ nlohmann::json Coverage::ToJson() const {
           {"ops", ops},
           {"bigrams", bigrams},
           {"shapes", shapes},
+          {"batches", batches},
           {"boundaries", bounds},
           {"warnings", Warnings()}};
 }

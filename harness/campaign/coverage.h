@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,7 +21,8 @@
 namespace kvdiff::harness {
 
 // For one boundary b: forward calls of b-1 or b tokens ("at") and of more than b ("over"), and
-// rows written at positions b-1 ("at") and b or beyond ("over") — a history that crossed it.
+// rows written at positions b-1 ("at") and b or beyond ("over") — a history that crossed it. A
+// batch step is one call of all its items' tokens (what a micro-batch size n_ubatch splits).
 struct BoundaryCoverage {
   int64_t size = 0;
   std::string declared_by;  // empty: a power of two
@@ -40,6 +42,11 @@ struct Coverage {
   std::map<std::string, int64_t> ops;        // "prefill", "decode", ... per step
   std::map<std::string, int64_t> bigrams;    // "fork>truncate": consecutive steps
   std::map<std::string, int64_t> shapes;     // DescribeModel of the case's model -> cases
+  // Batch steps (a serving engine's calls): "calls"; "items N" per call of N items; "mix prefill",
+  // "mix decode", "mix mixed" per call; "rows all|last|none" per item; "joined" per item whose
+  // conversation was in no earlier batch of the case, or left it since; "left" per conversation
+  // of a batch absent from the next one.
+  std::map<std::string, int64_t> batches;
   std::vector<BoundaryCoverage> boundaries;  // ascending by size
 
   // Counts the scenario's steps (it must be valid for its model). case_context: the longest
@@ -54,6 +61,10 @@ struct Coverage {
   // The inverse of ToJson (a shard report's "coverage", for `kvdiff merge`); InputError naming
   // `where` and the field when it is not of that form.
   static Coverage FromJson(const nlohmann::json& j, const std::string& where);
+
+ private:
+  void AddBatch(const Step& step, std::set<std::string>& in_last_batch);
+  std::string BatchText() const;
 };
 
 Coverage NewCoverage(const std::vector<Boundary>& boundaries, int64_t context);
