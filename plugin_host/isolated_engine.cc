@@ -1,8 +1,10 @@
+// The parent's side of an isolated engine: starts the child (`kvdiff engine-host`, whose side is
+// engine_host.cc), sends it requests over the socket (engine_wire.h) and turns its death, its
+// silence or its errors into exceptions.
 #include "plugin_host/isolated_engine.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -13,7 +15,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -21,96 +22,17 @@
 #include <vector>
 
 #include "format/error.h"
+#include "plugin_host/engine_wire.h"
 
 extern char** environ;
 
 namespace kvdiff::engines {
 namespace {
 
-// ---- The wire: one request, one reply, in this machine's byte order (parent and child are the
-// same binary on the same machine). A request is a header and `count` tokens; a reply is a
-// header and `bytes` of payload: the logits (float32, row-major), the error message, or the info.
-
-enum class Op : uint32_t { kInfo, kNewSession, kFree, kAppend, kLength, kTruncate, kFork, kReset };
-enum class Status : uint32_t { kOk, kInputError, kEngineError };
-
-struct Request {
-  Op op;
-  uint32_t unused = 0;
-  int64_t session = -1;
-  int64_t arg = 0;    // truncate: the length
-  int64_t count = 0;  // append: how many tokens follow
-};
-
-struct Reply {
-  Status status;
-  uint32_t unused = 0;
-  int64_t value = 0;  // a session id, a length, the number of rows
-  int64_t bytes = 0;  // payload that follows
-};
-
-const char* OpName(Op op) {
-  switch (op) {
-    case Op::kInfo:
-      return "loading the plugin and opening the engine";
-    case Op::kNewSession:
-      return "session_new";
-    case Op::kFree:
-      return "session_free";
-    case Op::kAppend:
-      return "append";
-    case Op::kLength:
-      return "length";
-    case Op::kTruncate:
-      return "truncate";
-    case Op::kFork:
-      return "fork";
-    case Op::kReset:
-      return "reset";
-  }
-  return "?";
-}
-
-// Whole writes; false when the other side is gone. MSG_NOSIGNAL: a dead child is an error to
-// report, not a SIGPIPE that kills kvdiff.
-bool SendAll(int fd, const void* data, size_t size) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    const ssize_t n = send(fd, p, size, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-  return true;
-}
-
-// Whole reads; false at end of file or an error. With a deadline, also false when it passes
-// (`timed_out` says which).
-bool ReadAll(int fd, void* data, size_t size,
-             std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt,
-             bool* timed_out = nullptr) {
-  char* p = static_cast<char*>(data);
-  while (size > 0) {
-    if (deadline) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          *deadline - std::chrono::steady_clock::now());
-      pollfd pfd{fd, POLLIN, 0};
-      const int ready = left.count() > 0 ? poll(&pfd, 1, static_cast<int>(left.count())) : 0;
-      if (ready < 0 && errno == EINTR) continue;
-      if (ready == 0) {
-        if (timed_out) *timed_out = true;
-        return false;
-      }
-    }
-    const ssize_t n = read(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-  return true;
-}
+using wire::Op;
+using wire::Reply;
+using wire::Request;
+using wire::Status;
 
 std::string DescribeExit(int status) {
   if (WIFSIGNALED(status)) {
@@ -121,37 +43,6 @@ std::string DescribeExit(int status) {
   }
   if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
   return "stopped";
-}
-
-// The info as a small text: name, version, then one "key value" per line.
-std::string EncodeInfo(const EngineInfo& info) {
-  std::string s = fmt::format("{}\n{}\n{}\n{}\n{}\n{}\n", info.name, info.version, info.abi_version,
-                              info.vocab_size, info.max_length, info.cache_dtype);
-  for (const auto& [what, size] : info.sizes) s += fmt::format("{} {}\n", what, size);
-  return s;
-}
-
-EngineInfo DecodeInfo(const std::string& text) {
-  std::vector<std::string> lines;
-  for (size_t begin = 0; begin < text.size();) {
-    const size_t end = text.find('\n', begin);
-    lines.push_back(text.substr(begin, end - begin));
-    begin = end == std::string::npos ? text.size() : end + 1;
-  }
-  if (lines.size() < 6) throw EngineError("engine host: a malformed info reply");
-  EngineInfo info;
-  info.name = lines[0];
-  info.version = lines[1];
-  info.abi_version = static_cast<uint32_t>(std::stoul(lines[2]));
-  info.vocab_size = std::stoll(lines[3]);
-  info.max_length = std::stoll(lines[4]);
-  info.cache_dtype = lines[5];
-  for (size_t i = 6; i < lines.size(); ++i) {
-    const size_t space = lines[i].rfind(' ');
-    if (space == std::string::npos) continue;
-    info.sizes.emplace_back(lines[i].substr(0, space), std::stoll(lines[i].substr(space + 1)));
-  }
-  return info;
 }
 
 // Waits for `pid` at most `seconds`, then kills it. "" when it exited with code 0, else what
@@ -215,16 +106,16 @@ struct HostProcess {
   // timed out during the call (and the child is then gone for good).
   Reply Call(const Request& request, const Tokens* tokens, std::string& payload) {
     if (dead) throw EngineError(fmt::format("{}: {}", name, *dead));
-    bool sent = SendAll(fd, &request, sizeof request);
-    if (sent && tokens) sent = SendAll(fd, tokens->data(), tokens->size() * sizeof(Token));
+    bool sent = wire::SendAll(fd, &request, sizeof request);
+    if (sent && tokens) sent = wire::SendAll(fd, tokens->data(), tokens->size() * sizeof(Token));
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
     Reply reply{};
     bool timed_out = false;
-    bool read = sent && ReadAll(fd, &reply, sizeof reply, deadline, &timed_out);
+    bool read = sent && wire::ReadAll(fd, &reply, sizeof reply, deadline, &timed_out);
     if (read) {
       payload.resize(static_cast<size_t>(reply.bytes));
-      read = ReadAll(fd, payload.data(), payload.size(), deadline, &timed_out);
+      read = wire::ReadAll(fd, payload.data(), payload.size(), deadline, &timed_out);
     }
     if (!read) Bury(request, timed_out);
     if (reply.status == Status::kInputError) throw InputError(payload);
@@ -241,7 +132,7 @@ struct HostProcess {
     const std::string what =
         timed_out ? fmt::format("did not answer within {} s (killed)", timeout_seconds)
                   : DescribeExit(status);
-    std::string call = OpName(request.op);
+    std::string call = wire::OpName(request.op);
     if (request.op == Op::kAppend) {
       call += fmt::format(" of {} token{}", request.count, request.count == 1 ? "" : "s");
     }
@@ -295,7 +186,7 @@ std::shared_ptr<HostProcess> Spawn(const IsolatedEngineSpec& spec) {
 EngineInfo OpenIn(HostProcess& host) {
   std::string payload;
   host.Call(Request{Op::kInfo}, nullptr, payload);
-  EngineInfo info = DecodeInfo(payload);
+  EngineInfo info = wire::DecodeInfo(payload);
   host.name = info.name;
   return info;
 }
@@ -376,105 +267,6 @@ IsolatedSession IsolatedSession::Fork() const {
 void IsolatedSession::Reset() {
   std::string payload;
   host_->Call(Request{Op::kReset, 0, id_}, nullptr, payload);
-}
-
-// ---- The child's side ----
-
-namespace {
-
-class Server {
- public:
-  explicit Server(int fd) : fd_(fd) {}
-
-  // Runs `body` and sends its reply; the plugin's exceptions become error replies.
-  template <class Body>
-  bool Answer(Body&& body) {
-    Reply reply{Status::kOk};
-    std::string payload;
-    try {
-      body(reply, payload);
-    } catch (const InputError& e) {
-      reply.status = Status::kInputError;
-      payload = e.what();
-    } catch (const std::exception& e) {
-      reply.status = Status::kEngineError;
-      payload = e.what();
-    }
-    reply.bytes = static_cast<int64_t>(payload.size());
-    return SendAll(fd_, &reply, sizeof reply) && SendAll(fd_, payload.data(), payload.size());
-  }
-
-  Session& Find(int64_t id) {
-    auto it = sessions_.find(id);
-    if (it == sessions_.end()) throw EngineError(fmt::format("engine host: no session {}", id));
-    return it->second;
-  }
-  int64_t Keep(Session session) {
-    sessions_.emplace(next_id_, std::move(session));
-    return next_id_++;
-  }
-  void Free(int64_t id) { sessions_.erase(id); }
-
- private:
-  int fd_;
-  std::map<int64_t, Session> sessions_;
-  int64_t next_id_ = 0;
-};
-
-}  // namespace
-
-int ServeIsolatedEngine(int fd, const std::filesystem::path& plugin_path,
-                        const std::filesystem::path& model_dir, const std::string& options) {
-  Server server(fd);
-  std::optional<Engine> engine;
-  Request request{};
-  while (ReadAll(fd, &request, sizeof request)) {
-    Tokens tokens;
-    if (request.op == Op::kAppend) {
-      if (request.count <= 0 || request.count > (int64_t{1} << 30)) return 3;
-      tokens.resize(static_cast<size_t>(request.count));
-      if (!ReadAll(fd, tokens.data(), tokens.size() * sizeof(Token))) return 0;
-    }
-    const bool sent = server.Answer([&](Reply& reply, std::string& payload) {
-      if (request.op == Op::kInfo) {
-        engine.emplace(Plugin::Load(plugin_path).Open(model_dir, options));
-        payload = EncodeInfo(engine->Info());
-        return;
-      }
-      if (!engine) throw EngineError("engine host: the engine is not open");
-      switch (request.op) {
-        case Op::kNewSession:
-          reply.value = server.Keep(engine->NewSession());
-          break;
-        case Op::kFree:
-          server.Free(request.session);
-          break;
-        case Op::kAppend: {
-          const Logits logits = server.Find(request.session).Append(tokens);
-          reply.value = logits.rows();
-          payload.assign(reinterpret_cast<const char*>(logits.data()),
-                         static_cast<size_t>(logits.size()) * sizeof(float));
-          break;
-        }
-        case Op::kLength:
-          reply.value = server.Find(request.session).Length();
-          break;
-        case Op::kTruncate:
-          server.Find(request.session).Truncate(request.arg);
-          break;
-        case Op::kFork:
-          reply.value = server.Keep(server.Find(request.session).Fork());
-          break;
-        case Op::kReset:
-          server.Find(request.session).Reset();
-          break;
-        case Op::kInfo:
-          break;
-      }
-    });
-    if (!sent) return 0;
-  }
-  return 0;
 }
 
 }  // namespace kvdiff::engines
