@@ -3,9 +3,11 @@
 // Everything that runs plugin code runs here, so a crash or a hang in it ends this process only.
 #include <fmt/format.h>
 
+#include <cstring>
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "format/error.h"
 #include "plugin_host/engine_wire.h"
@@ -59,6 +61,57 @@ class Server {
   int64_t next_id_ = 0;
 };
 
+// append_batch's body (wire::BatchItemHeader), read back.
+struct BatchBody {
+  std::vector<wire::BatchItemHeader> heads;
+  Tokens tokens;               // every item's, in item order
+  std::vector<uint8_t> flags;  // one per token
+};
+
+// nullopt when the items' lengths do not add up to the request's tokens: the parent is then not
+// speaking this protocol. (RequestBodyBytes has bounded the counts and sized `body`.)
+std::optional<BatchBody> ParseBatch(const Request& request, const std::string& body) {
+  BatchBody batch;
+  batch.heads.resize(static_cast<size_t>(request.arg));
+  batch.tokens.resize(static_cast<size_t>(request.count));
+  batch.flags.resize(static_cast<size_t>(request.count));
+  const size_t head_bytes = batch.heads.size() * sizeof(wire::BatchItemHeader);
+  const size_t token_bytes = batch.tokens.size() * sizeof(Token);
+  std::memcpy(batch.heads.data(), body.data(), head_bytes);
+  std::memcpy(batch.tokens.data(), body.data() + head_bytes, token_bytes);
+  std::memcpy(batch.flags.data(), body.data() + head_bytes + token_bytes, batch.flags.size());
+  int64_t left = request.count;
+  for (const wire::BatchItemHeader& head : batch.heads) {
+    if (head.n < 1 || head.n > left) return std::nullopt;
+    left -= head.n;
+  }
+  if (left != 0) return std::nullopt;
+  return batch;
+}
+
+// One engines::Engine::AppendBatch call on the sessions `batch` names; the logits of every
+// item's flagged rows, item after item, into `payload`. Returns how many rows that is.
+int64_t RunBatch(const Engine& engine, Server& server, const BatchBody& batch,
+                 std::string& payload) {
+  std::vector<BatchItem> items;
+  size_t begin = 0;
+  for (const wire::BatchItemHeader& head : batch.heads) {
+    const size_t end = begin + static_cast<size_t>(head.n);
+    BatchItem& item = items.emplace_back();
+    item.session = &server.Find(head.session);
+    item.tokens.assign(batch.tokens.begin() + begin, batch.tokens.begin() + end);
+    item.output.assign(batch.flags.begin() + begin, batch.flags.begin() + end);
+    begin = end;
+  }
+  int64_t rows = 0;
+  for (const Logits& logits : engine.AppendBatch(items)) {
+    payload.append(reinterpret_cast<const char*>(logits.data()),
+                   static_cast<size_t>(logits.size()) * sizeof(float));
+    rows += logits.rows();
+  }
+  return rows;
+}
+
 }  // namespace
 
 int ServeIsolatedEngine(int fd, const std::filesystem::path& plugin_path,
@@ -69,10 +122,17 @@ int ServeIsolatedEngine(int fd, const std::filesystem::path& plugin_path,
   while (wire::ReadAll(fd, &request, sizeof request)) {
     const int64_t body_bytes = wire::RequestBodyBytes(request);
     if (body_bytes < 0) return 3;  // not our protocol: nothing sensible to answer
+    std::string body(static_cast<size_t>(body_bytes), '\0');
+    if (!wire::ReadAll(fd, body.data(), body.size())) return 0;
     Tokens tokens;
     if (request.op == Op::kAppend) {
       tokens.resize(static_cast<size_t>(request.count));
-      if (!wire::ReadAll(fd, tokens.data(), static_cast<size_t>(body_bytes))) return 0;
+      std::memcpy(tokens.data(), body.data(), body.size());
+    }
+    std::optional<BatchBody> batch;
+    if (request.op == Op::kAppendBatch) {
+      batch = ParseBatch(request, body);
+      if (!batch) return 3;
     }
     const bool sent = server.Answer([&](Reply& reply, std::string& payload) {
       if (request.op == Op::kInfo) {
@@ -106,6 +166,9 @@ int ServeIsolatedEngine(int fd, const std::filesystem::path& plugin_path,
           break;
         case Op::kReset:
           server.Find(request.session).Reset();
+          break;
+        case Op::kAppendBatch:
+          reply.value = RunBatch(*engine, server, *batch, payload);
           break;
         case Op::kInfo:
           break;

@@ -30,14 +30,28 @@ const char* OpName(Op op) {
       return "fork";
     case Op::kReset:
       return "reset";
+    case Op::kAppendBatch:
+      return "append_batch";
   }
   return "?";
 }
 
 int64_t RequestBodyBytes(const Request& request) {
-  if (request.op != Op::kAppend) return 0;
-  if (request.count <= 0 || request.count > kMaxRequestTokens) return -1;
-  return request.count * static_cast<int64_t>(sizeof(Token));
+  const int64_t tokens = request.count;
+  if (request.op == Op::kAppend) {
+    if (tokens <= 0 || tokens > kMaxRequestTokens) return -1;
+    return tokens * static_cast<int64_t>(sizeof(Token));
+  }
+  if (request.op == Op::kAppendBatch) {
+    const int64_t items = request.arg;
+    // Every item has a token at least, so there are no more items than tokens.
+    if (items <= 0 || items > kMaxBatchItems || tokens < items || tokens > kMaxRequestTokens) {
+      return -1;
+    }
+    return items * static_cast<int64_t>(sizeof(BatchItemHeader)) +
+           tokens * static_cast<int64_t>(sizeof(Token) + sizeof(uint8_t));
+  }
+  return 0;
 }
 
 bool SendAll(int fd, const void* data, size_t size) {
@@ -98,6 +112,11 @@ EngineInfo DecodeInfo(const std::string& text) {
   info.vocab_size = std::stoll(lines[3]);
   info.max_length = std::stoll(lines[4]);
   info.cache_dtype = lines[5];
+  if (info.vocab_size <= 0 || info.vocab_size > kMaxVocab) {
+    throw EngineError(
+        fmt::format("engine host: an info reply with vocab_size {} (expected 1 to {})",
+                    info.vocab_size, kMaxVocab));
+  }
   for (size_t i = 6; i < lines.size(); ++i) {
     const size_t space = lines[i].rfind(' ');
     if (space == std::string::npos) continue;

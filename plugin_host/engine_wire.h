@@ -29,6 +29,7 @@ enum class Op : uint32_t {
   kTruncate,
   kFork,
   kReset,
+  kAppendBatch,
 };
 enum class Status : uint32_t { kOk, kInputError, kEngineError };
 
@@ -36,8 +37,15 @@ struct Request {
   Op op;
   uint32_t unused = 0;
   int64_t session = -1;
-  int64_t arg = 0;    // truncate: the length
-  int64_t count = 0;  // append: how many tokens follow
+  int64_t arg = 0;    // truncate: the length; append_batch: how many items
+  int64_t count = 0;  // append, append_batch: how many tokens follow
+};
+
+// append_batch's body: `arg` of these, then every item's tokens in item order (`count` in all),
+// then one output flag byte per token (1: its row comes back).
+struct BatchItemHeader {
+  int64_t session;  // the child's session id
+  int64_t n;        // the item's tokens, >= 1
 };
 
 struct Reply {
@@ -47,8 +55,15 @@ struct Reply {
   int64_t bytes = 0;  // payload that follows
 };
 
-// The most tokens one request may carry: a bound on what the child allocates for a request.
+// The most tokens and batch items one request may carry: bounds on what the child allocates.
 inline constexpr int64_t kMaxRequestTokens = int64_t{1} << 30;
+inline constexpr int64_t kMaxBatchItems = int64_t{1} << 20;
+// The largest reply of text (an error message, the info) the parent reads: a few hundred bytes
+// in practice. A reply of logits may be as large as its rows and the vocab make it.
+inline constexpr int64_t kMaxTextReplyBytes = int64_t{1} << 20;
+// The vocab sizes the parent accepts from the child's info: beyond them a row would not fit the
+// arithmetic of the bounds above.
+inline constexpr int64_t kMaxVocab = int64_t{1} << 31;
 
 // What a call is, for messages: "append", "truncate".
 const char* OpName(Op op);

@@ -16,12 +16,15 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <numeric>
 #include <optional>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "format/error.h"
+#include "plugin_host/batch_items.h"
 #include "plugin_host/engine_wire.h"
 
 extern char** environ;
@@ -74,6 +77,21 @@ void RecordCloseFault(std::string message) {
   close_faults.push_back(std::move(message));
 }
 
+// What a request was, for messages: "append of 8 tokens", "append_batch of 2 items (9 tokens)".
+std::string DescribeCall(const Request& request) {
+  std::string call = wire::OpName(request.op);
+  const auto plural = [](int64_t n) { return n == 1 ? "" : "s"; };
+  if (request.op == Op::kAppend) {
+    call += fmt::format(" of {} token{}", request.count, plural(request.count));
+  }
+  if (request.op == Op::kAppendBatch) {
+    call += fmt::format(" of {} item{} ({} token{})", request.arg, plural(request.arg),
+                        request.count, plural(request.count));
+  }
+  if (request.op == Op::kTruncate) call += fmt::format("({})", request.arg);
+  return call;
+}
+
 }  // namespace
 
 std::vector<std::string> TakeCloseFaults() {
@@ -88,6 +106,7 @@ struct HostProcess {
   pid_t pid = -1;
   int fd = -1;
   double timeout_seconds = 600;
+  int64_t vocab_size = 0;           // as the info said, once the engine is open
   std::optional<std::string> dead;  // why the child is gone
 
   // Closing the socket tells the child to free its sessions, close the engine and exit 0; a child
@@ -102,42 +121,52 @@ struct HostProcess {
     }
   }
 
-  // One request and its reply. Throws what the engine threw; EngineError when the child died or
-  // timed out during the call (and the child is then gone for good).
-  Reply Call(const Request& request, const Tokens* tokens, std::string& payload) {
+  // One request (its header, then `body`) and its reply, whose payload may be at most
+  // `max_payload` bytes (or wire::kMaxTextReplyBytes, for an error message). Throws what the
+  // engine threw; EngineError when the child died, timed out or announced a larger reply during
+  // the call (and the child is then gone for good).
+  Reply Call(const Request& request, std::string_view body, std::string& payload,
+             int64_t max_payload = 0) {
     if (dead) throw EngineError(fmt::format("{}: {}", name, *dead));
     bool sent = wire::SendAll(fd, &request, sizeof request);
-    if (sent && tokens) sent = wire::SendAll(fd, tokens->data(), tokens->size() * sizeof(Token));
+    if (sent && !body.empty()) sent = wire::SendAll(fd, body.data(), body.size());
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
     Reply reply{};
     bool timed_out = false;
-    bool read = sent && wire::ReadAll(fd, &reply, sizeof reply, deadline, &timed_out);
-    if (read) {
-      payload.resize(static_cast<size_t>(reply.bytes));
-      read = wire::ReadAll(fd, payload.data(), payload.size(), deadline, &timed_out);
+    if (!sent || !wire::ReadAll(fd, &reply, sizeof reply, deadline, &timed_out)) {
+      Bury(request, timed_out);
     }
-    if (!read) Bury(request, timed_out);
+    // Never trust the child's numbers: a size beyond what this call can take is refused before
+    // anything is allocated for it, and the stream is then out of step, so the child goes.
+    const int64_t limit = std::max(max_payload, wire::kMaxTextReplyBytes);
+    if (reply.bytes < 0 || reply.bytes > limit) {
+      Bury(request, false,
+           fmt::format("announced a reply of {} bytes, where this call takes at most {} (killed)",
+                       reply.bytes, limit));
+    }
+    payload.resize(static_cast<size_t>(reply.bytes));
+    if (!wire::ReadAll(fd, payload.data(), payload.size(), deadline, &timed_out)) {
+      Bury(request, timed_out);
+    }
     if (reply.status == Status::kInputError) throw InputError(payload);
     if (reply.status == Status::kEngineError) throw EngineError(payload);
     return reply;
   }
+  Reply Call(const Request& request, std::string& payload) { return Call(request, {}, payload); }
 
-  // The child failed during `request`: kill it if it still runs, reap it, and throw.
-  [[noreturn]] void Bury(const Request& request, bool timed_out) {
-    if (timed_out) kill(pid, SIGKILL);
+  // The child failed during `request` (it died, fell silent, or `broke` the protocol as this
+  // says): kill it if it still runs, reap it, and throw.
+  [[noreturn]] void Bury(const Request& request, bool timed_out, const std::string& broke = "") {
+    if (timed_out || !broke.empty()) kill(pid, SIGKILL);
     int status = 0;
     waitpid(pid, &status, 0);
     pid = -1;
     const std::string what =
-        timed_out ? fmt::format("did not answer within {} s (killed)", timeout_seconds)
-                  : DescribeExit(status);
-    std::string call = wire::OpName(request.op);
-    if (request.op == Op::kAppend) {
-      call += fmt::format(" of {} token{}", request.count, request.count == 1 ? "" : "s");
-    }
-    if (request.op == Op::kTruncate) call += fmt::format("({})", request.arg);
-    dead = fmt::format("the isolated engine process {} during {}", what, call);
+        !broke.empty() ? broke
+        : timed_out    ? fmt::format("did not answer within {} s (killed)", timeout_seconds)
+                       : DescribeExit(status);
+    dead = fmt::format("the isolated engine process {} during {}", what, DescribeCall(request));
     throw EngineError(
         fmt::format("{}: {}; its sessions are gone, a new session starts a new "
                     "process",
@@ -185,9 +214,10 @@ std::shared_ptr<HostProcess> Spawn(const IsolatedEngineSpec& spec) {
 
 EngineInfo OpenIn(HostProcess& host) {
   std::string payload;
-  host.Call(Request{Op::kInfo}, nullptr, payload);
+  host.Call(Request{Op::kInfo}, payload);
   EngineInfo info = wire::DecodeInfo(payload);
   host.name = info.name;
+  host.vocab_size = info.vocab_size;
   return info;
 }
 
@@ -205,8 +235,68 @@ IsolatedSession IsolatedEngine::NewSession() const {
     OpenIn(*host_);
   }
   std::string payload;
-  const Reply reply = host_->Call(Request{Op::kNewSession}, nullptr, payload);
+  const Reply reply = host_->Call(Request{Op::kNewSession}, payload);
   return IsolatedSession(host_, reply.value);
+}
+
+namespace {
+
+// Appends the bytes of `values` to `body`.
+template <class T>
+void AppendBytes(std::string& body, const T* values, size_t count) {
+  body.append(reinterpret_cast<const char*>(values), count * sizeof(T));
+}
+
+}  // namespace
+
+std::vector<Logits> IsolatedEngine::AppendBatch(const std::vector<IsolatedBatchItem>& items) const {
+  KVDIFF_CHECK(HasBatch(), "{}: a version-{} plugin has no append_batch", info_.name,
+               info_.abi_version);
+  // A session of a child that died and was replaced is not this engine's any more.
+  CheckBatchItems(info_.name, items, [&](const IsolatedSession* s) {
+    return s != nullptr && s->host_ == host_ && s->id_ >= 0;
+  });
+  // The body (wire::BatchItemHeader): the items, then every token, then every output flag.
+  std::vector<wire::BatchItemHeader> heads;
+  std::string tokens, flags;
+  std::vector<int64_t> rows;  // per item, its flagged rows
+  for (const IsolatedBatchItem& item : items) {
+    const std::vector<uint8_t> item_flags = OutputFlags(item);
+    heads.push_back({item.session->id_, static_cast<int64_t>(item.tokens.size())});
+    AppendBytes(tokens, item.tokens.data(), item.tokens.size());
+    AppendBytes(flags, item_flags.data(), item_flags.size());
+    rows.push_back(FlaggedRows(item_flags));
+  }
+  std::string body;
+  AppendBytes(body, heads.data(), heads.size());
+  body += tokens;
+  body += flags;
+
+  const int64_t n_tokens = static_cast<int64_t>(tokens.size() / sizeof(Token));
+  const int64_t total = std::accumulate(rows.begin(), rows.end(), int64_t{0});
+  const int64_t vocab = info_.vocab_size;
+  const int64_t bytes = total * vocab * static_cast<int64_t>(sizeof(float));
+  std::string payload;
+  const Reply reply =
+      host_->Call(Request{Op::kAppendBatch, 0, -1, static_cast<int64_t>(items.size()), n_tokens},
+                  body, payload, bytes);
+  // The child is kvdiff's own code, but it shares its process with the plugin under test.
+  if (reply.value != total || static_cast<int64_t>(payload.size()) != bytes) {
+    throw EngineError(fmt::format(
+        "{}: the engine host sent {} rows ({} bytes) for a batch of {} items whose output flags "
+        "ask for {} rows of vocab {} ({} bytes)",
+        info_.name, reply.value, payload.size(), items.size(), total, vocab, bytes));
+  }
+  std::vector<Logits> out;
+  size_t offset = 0;
+  for (int64_t n : rows) {
+    Logits logits(n, vocab);
+    const size_t size = static_cast<size_t>(logits.size()) * sizeof(float);
+    if (size > 0) std::memcpy(logits.data(), payload.data() + offset, size);
+    offset += size;
+    out.push_back(std::move(logits));
+  }
+  return out;
 }
 
 IsolatedSession::IsolatedSession(IsolatedSession&& other) noexcept
@@ -225,7 +315,7 @@ IsolatedSession::~IsolatedSession() {
   if (!host_ || id_ < 0 || host_->dead) return;
   std::string payload;
   try {
-    host_->Call(Request{Op::kFree, 0, id_}, nullptr, payload);
+    host_->Call(Request{Op::kFree, 0, id_}, payload);
   } catch (const std::exception&) {
     // A child that dies while freeing is reported by the next call that needs it.
   }
@@ -233,40 +323,43 @@ IsolatedSession::~IsolatedSession() {
 
 Logits IsolatedSession::Append(const Tokens& tokens) {
   KVDIFF_CHECK(!tokens.empty(), "{}: tokens is empty (expected at least one token)", host_->name);
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t vocab = host_->vocab_size;
+  const int64_t bytes = n * vocab * static_cast<int64_t>(sizeof(float));
   std::string payload;
-  const Reply reply = host_->Call(
-      Request{Op::kAppend, 0, id_, 0, static_cast<int64_t>(tokens.size())}, &tokens, payload);
-  const int64_t rows = reply.value;
-  const int64_t vocab = rows > 0 ? static_cast<int64_t>(payload.size() / sizeof(float)) / rows : 0;
-  if (rows != static_cast<int64_t>(tokens.size()) ||
-      static_cast<size_t>(rows * vocab) * sizeof(float) != payload.size()) {
-    throw EngineError(fmt::format("{}: the engine host sent {} rows ({} bytes) for {} tokens",
-                                  host_->name, rows, payload.size(), tokens.size()));
+  const Reply reply =
+      host_->Call(Request{Op::kAppend, 0, id_, 0, n},
+                  std::string_view(reinterpret_cast<const char*>(tokens.data()), n * sizeof(Token)),
+                  payload, bytes);
+  if (reply.value != n || static_cast<int64_t>(payload.size()) != bytes) {
+    throw EngineError(
+        fmt::format("{}: the engine host sent {} rows ({} bytes) for {} tokens of vocab {}",
+                    host_->name, reply.value, payload.size(), n, vocab));
   }
-  Logits logits(rows, vocab);
+  Logits logits(n, vocab);
   std::memcpy(logits.data(), payload.data(), payload.size());
   return logits;
 }
 
 int64_t IsolatedSession::Length() const {
   std::string payload;
-  return host_->Call(Request{Op::kLength, 0, id_}, nullptr, payload).value;
+  return host_->Call(Request{Op::kLength, 0, id_}, payload).value;
 }
 
 void IsolatedSession::Truncate(int64_t length) {
   std::string payload;
-  host_->Call(Request{Op::kTruncate, 0, id_, length}, nullptr, payload);
+  host_->Call(Request{Op::kTruncate, 0, id_, length}, payload);
 }
 
 IsolatedSession IsolatedSession::Fork() const {
   std::string payload;
-  const Reply reply = host_->Call(Request{Op::kFork, 0, id_}, nullptr, payload);
+  const Reply reply = host_->Call(Request{Op::kFork, 0, id_}, payload);
   return IsolatedSession(host_, reply.value);
 }
 
 void IsolatedSession::Reset() {
   std::string payload;
-  host_->Call(Request{Op::kReset, 0, id_}, nullptr, payload);
+  host_->Call(Request{Op::kReset, 0, id_}, payload);
 }
 
 }  // namespace kvdiff::engines
