@@ -273,6 +273,12 @@ std::vector<Logits> IsolatedEngine::AppendBatch(const std::vector<IsolatedBatchI
   body += flags;
 
   const int64_t n_tokens = static_cast<int64_t>(tokens.size() / sizeof(Token));
+  // The child would refuse more by exiting; say so here instead, as bad input.
+  KVDIFF_CHECK(static_cast<int64_t>(items.size()) <= wire::kMaxBatchItems &&
+                   n_tokens <= wire::kMaxRequestTokens,
+               "{}: a batch of {} items and {} tokens; an isolated engine takes at most {} items "
+               "and {} tokens per call",
+               info_.name, items.size(), n_tokens, wire::kMaxBatchItems, wire::kMaxRequestTokens);
   const int64_t total = std::accumulate(rows.begin(), rows.end(), int64_t{0});
   const int64_t vocab = info_.vocab_size;
   const int64_t bytes = total * vocab * static_cast<int64_t>(sizeof(float));
