@@ -1,8 +1,10 @@
+// The parent's side of an isolated engine: starts the child (`kvdiff engine-host`, whose side is
+// engine_host.cc), sends it requests over the socket (engine_wire.h) and turns its death, its
+// silence or its errors into exceptions.
 #include "plugin_host/isolated_engine.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -13,104 +15,27 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <map>
 #include <mutex>
+#include <numeric>
 #include <optional>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "format/error.h"
+#include "plugin_host/batch_items.h"
+#include "plugin_host/engine_wire.h"
 
 extern char** environ;
 
 namespace kvdiff::engines {
 namespace {
 
-// ---- The wire: one request, one reply, in this machine's byte order (parent and child are the
-// same binary on the same machine). A request is a header and `count` tokens; a reply is a
-// header and `bytes` of payload: the logits (float32, row-major), the error message, or the info.
-
-enum class Op : uint32_t { kInfo, kNewSession, kFree, kAppend, kLength, kTruncate, kFork, kReset };
-enum class Status : uint32_t { kOk, kInputError, kEngineError };
-
-struct Request {
-  Op op;
-  uint32_t unused = 0;
-  int64_t session = -1;
-  int64_t arg = 0;    // truncate: the length
-  int64_t count = 0;  // append: how many tokens follow
-};
-
-struct Reply {
-  Status status;
-  uint32_t unused = 0;
-  int64_t value = 0;  // a session id, a length, the number of rows
-  int64_t bytes = 0;  // payload that follows
-};
-
-const char* OpName(Op op) {
-  switch (op) {
-    case Op::kInfo:
-      return "loading the plugin and opening the engine";
-    case Op::kNewSession:
-      return "session_new";
-    case Op::kFree:
-      return "session_free";
-    case Op::kAppend:
-      return "append";
-    case Op::kLength:
-      return "length";
-    case Op::kTruncate:
-      return "truncate";
-    case Op::kFork:
-      return "fork";
-    case Op::kReset:
-      return "reset";
-  }
-  return "?";
-}
-
-// Whole writes; false when the other side is gone. MSG_NOSIGNAL: a dead child is an error to
-// report, not a SIGPIPE that kills kvdiff.
-bool SendAll(int fd, const void* data, size_t size) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    const ssize_t n = send(fd, p, size, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-  return true;
-}
-
-// Whole reads; false at end of file or an error. With a deadline, also false when it passes
-// (`timed_out` says which).
-bool ReadAll(int fd, void* data, size_t size,
-             std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt,
-             bool* timed_out = nullptr) {
-  char* p = static_cast<char*>(data);
-  while (size > 0) {
-    if (deadline) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          *deadline - std::chrono::steady_clock::now());
-      pollfd pfd{fd, POLLIN, 0};
-      const int ready = left.count() > 0 ? poll(&pfd, 1, static_cast<int>(left.count())) : 0;
-      if (ready < 0 && errno == EINTR) continue;
-      if (ready == 0) {
-        if (timed_out) *timed_out = true;
-        return false;
-      }
-    }
-    const ssize_t n = read(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-  return true;
-}
+using wire::Op;
+using wire::Reply;
+using wire::Request;
+using wire::Status;
 
 std::string DescribeExit(int status) {
   if (WIFSIGNALED(status)) {
@@ -121,37 +46,6 @@ std::string DescribeExit(int status) {
   }
   if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
   return "stopped";
-}
-
-// The info as a small text: name, version, then one "key value" per line.
-std::string EncodeInfo(const EngineInfo& info) {
-  std::string s = fmt::format("{}\n{}\n{}\n{}\n{}\n{}\n", info.name, info.version, info.abi_version,
-                              info.vocab_size, info.max_length, info.cache_dtype);
-  for (const auto& [what, size] : info.sizes) s += fmt::format("{} {}\n", what, size);
-  return s;
-}
-
-EngineInfo DecodeInfo(const std::string& text) {
-  std::vector<std::string> lines;
-  for (size_t begin = 0; begin < text.size();) {
-    const size_t end = text.find('\n', begin);
-    lines.push_back(text.substr(begin, end - begin));
-    begin = end == std::string::npos ? text.size() : end + 1;
-  }
-  if (lines.size() < 6) throw EngineError("engine host: a malformed info reply");
-  EngineInfo info;
-  info.name = lines[0];
-  info.version = lines[1];
-  info.abi_version = static_cast<uint32_t>(std::stoul(lines[2]));
-  info.vocab_size = std::stoll(lines[3]);
-  info.max_length = std::stoll(lines[4]);
-  info.cache_dtype = lines[5];
-  for (size_t i = 6; i < lines.size(); ++i) {
-    const size_t space = lines[i].rfind(' ');
-    if (space == std::string::npos) continue;
-    info.sizes.emplace_back(lines[i].substr(0, space), std::stoll(lines[i].substr(space + 1)));
-  }
-  return info;
 }
 
 // Waits for `pid` at most `seconds`, then kills it. "" when it exited with code 0, else what
@@ -183,6 +77,21 @@ void RecordCloseFault(std::string message) {
   close_faults.push_back(std::move(message));
 }
 
+// What a request was, for messages: "append of 8 tokens", "append_batch of 2 items (9 tokens)".
+std::string DescribeCall(const Request& request) {
+  std::string call = wire::OpName(request.op);
+  const auto plural = [](int64_t n) { return n == 1 ? "" : "s"; };
+  if (request.op == Op::kAppend) {
+    call += fmt::format(" of {} token{}", request.count, plural(request.count));
+  }
+  if (request.op == Op::kAppendBatch) {
+    call += fmt::format(" of {} item{} ({} token{})", request.arg, plural(request.arg),
+                        request.count, plural(request.count));
+  }
+  if (request.op == Op::kTruncate) call += fmt::format("({})", request.arg);
+  return call;
+}
+
 }  // namespace
 
 std::vector<std::string> TakeCloseFaults() {
@@ -197,6 +106,7 @@ struct HostProcess {
   pid_t pid = -1;
   int fd = -1;
   double timeout_seconds = 600;
+  int64_t vocab_size = 0;           // as the info said, once the engine is open
   std::optional<std::string> dead;  // why the child is gone
 
   // Closing the socket tells the child to free its sessions, close the engine and exit 0; a child
@@ -211,42 +121,52 @@ struct HostProcess {
     }
   }
 
-  // One request and its reply. Throws what the engine threw; EngineError when the child died or
-  // timed out during the call (and the child is then gone for good).
-  Reply Call(const Request& request, const Tokens* tokens, std::string& payload) {
+  // One request (its header, then `body`) and its reply, whose payload may be at most
+  // `max_payload` bytes (or wire::kMaxTextReplyBytes, for an error message). Throws what the
+  // engine threw; EngineError when the child died, timed out or announced a larger reply during
+  // the call (and the child is then gone for good).
+  Reply Call(const Request& request, std::string_view body, std::string& payload,
+             int64_t max_payload = 0) {
     if (dead) throw EngineError(fmt::format("{}: {}", name, *dead));
-    bool sent = SendAll(fd, &request, sizeof request);
-    if (sent && tokens) sent = SendAll(fd, tokens->data(), tokens->size() * sizeof(Token));
+    bool sent = wire::SendAll(fd, &request, sizeof request);
+    if (sent && !body.empty()) sent = wire::SendAll(fd, body.data(), body.size());
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
     Reply reply{};
     bool timed_out = false;
-    bool read = sent && ReadAll(fd, &reply, sizeof reply, deadline, &timed_out);
-    if (read) {
-      payload.resize(static_cast<size_t>(reply.bytes));
-      read = ReadAll(fd, payload.data(), payload.size(), deadline, &timed_out);
+    if (!sent || !wire::ReadAll(fd, &reply, sizeof reply, deadline, &timed_out)) {
+      Bury(request, timed_out);
     }
-    if (!read) Bury(request, timed_out);
+    // Never trust the child's numbers: a size beyond what this call can take is refused before
+    // anything is allocated for it, and the stream is then out of step, so the child goes.
+    const int64_t limit = std::max(max_payload, wire::kMaxTextReplyBytes);
+    if (reply.bytes < 0 || reply.bytes > limit) {
+      Bury(request, false,
+           fmt::format("announced a reply of {} bytes, where this call takes at most {} (killed)",
+                       reply.bytes, limit));
+    }
+    payload.resize(static_cast<size_t>(reply.bytes));
+    if (!wire::ReadAll(fd, payload.data(), payload.size(), deadline, &timed_out)) {
+      Bury(request, timed_out);
+    }
     if (reply.status == Status::kInputError) throw InputError(payload);
     if (reply.status == Status::kEngineError) throw EngineError(payload);
     return reply;
   }
+  Reply Call(const Request& request, std::string& payload) { return Call(request, {}, payload); }
 
-  // The child failed during `request`: kill it if it still runs, reap it, and throw.
-  [[noreturn]] void Bury(const Request& request, bool timed_out) {
-    if (timed_out) kill(pid, SIGKILL);
+  // The child failed during `request` (it died, fell silent, or `broke` the protocol as this
+  // says): kill it if it still runs, reap it, and throw.
+  [[noreturn]] void Bury(const Request& request, bool timed_out, const std::string& broke = "") {
+    if (timed_out || !broke.empty()) kill(pid, SIGKILL);
     int status = 0;
     waitpid(pid, &status, 0);
     pid = -1;
     const std::string what =
-        timed_out ? fmt::format("did not answer within {} s (killed)", timeout_seconds)
-                  : DescribeExit(status);
-    std::string call = OpName(request.op);
-    if (request.op == Op::kAppend) {
-      call += fmt::format(" of {} token{}", request.count, request.count == 1 ? "" : "s");
-    }
-    if (request.op == Op::kTruncate) call += fmt::format("({})", request.arg);
-    dead = fmt::format("the isolated engine process {} during {}", what, call);
+        !broke.empty() ? broke
+        : timed_out    ? fmt::format("did not answer within {} s (killed)", timeout_seconds)
+                       : DescribeExit(status);
+    dead = fmt::format("the isolated engine process {} during {}", what, DescribeCall(request));
     throw EngineError(
         fmt::format("{}: {}; its sessions are gone, a new session starts a new "
                     "process",
@@ -294,9 +214,10 @@ std::shared_ptr<HostProcess> Spawn(const IsolatedEngineSpec& spec) {
 
 EngineInfo OpenIn(HostProcess& host) {
   std::string payload;
-  host.Call(Request{Op::kInfo}, nullptr, payload);
-  EngineInfo info = DecodeInfo(payload);
+  host.Call(Request{Op::kInfo}, payload);
+  EngineInfo info = wire::DecodeInfo(payload);
   host.name = info.name;
+  host.vocab_size = info.vocab_size;
   return info;
 }
 
@@ -314,8 +235,74 @@ IsolatedSession IsolatedEngine::NewSession() const {
     OpenIn(*host_);
   }
   std::string payload;
-  const Reply reply = host_->Call(Request{Op::kNewSession}, nullptr, payload);
+  const Reply reply = host_->Call(Request{Op::kNewSession}, payload);
   return IsolatedSession(host_, reply.value);
+}
+
+namespace {
+
+// Appends the bytes of `values` to `body`.
+template <class T>
+void AppendBytes(std::string& body, const T* values, size_t count) {
+  body.append(reinterpret_cast<const char*>(values), count * sizeof(T));
+}
+
+}  // namespace
+
+std::vector<Logits> IsolatedEngine::AppendBatch(const std::vector<IsolatedBatchItem>& items) const {
+  KVDIFF_CHECK(HasBatch(), "{}: a version-{} plugin has no append_batch", info_.name,
+               info_.abi_version);
+  // A session of a child that died and was replaced is not this engine's any more.
+  CheckBatchItems(info_.name, items, [&](const IsolatedSession* s) {
+    return s != nullptr && s->host_ == host_ && s->id_ >= 0;
+  });
+  // The body (wire::BatchItemHeader): the items, then every token, then every output flag.
+  std::vector<wire::BatchItemHeader> heads;
+  std::string tokens, flags;
+  std::vector<int64_t> rows;  // per item, its flagged rows
+  for (const IsolatedBatchItem& item : items) {
+    const std::vector<uint8_t> item_flags = OutputFlags(item);
+    heads.push_back({item.session->id_, static_cast<int64_t>(item.tokens.size())});
+    AppendBytes(tokens, item.tokens.data(), item.tokens.size());
+    AppendBytes(flags, item_flags.data(), item_flags.size());
+    rows.push_back(FlaggedRows(item_flags));
+  }
+  std::string body;
+  AppendBytes(body, heads.data(), heads.size());
+  body += tokens;
+  body += flags;
+
+  const int64_t n_tokens = static_cast<int64_t>(tokens.size() / sizeof(Token));
+  // The child would refuse more by exiting; say so here instead, as bad input.
+  KVDIFF_CHECK(static_cast<int64_t>(items.size()) <= wire::kMaxBatchItems &&
+                   n_tokens <= wire::kMaxRequestTokens,
+               "{}: a batch of {} items and {} tokens; an isolated engine takes at most {} items "
+               "and {} tokens per call",
+               info_.name, items.size(), n_tokens, wire::kMaxBatchItems, wire::kMaxRequestTokens);
+  const int64_t total = std::accumulate(rows.begin(), rows.end(), int64_t{0});
+  const int64_t vocab = info_.vocab_size;
+  const int64_t bytes = total * vocab * static_cast<int64_t>(sizeof(float));
+  std::string payload;
+  const Reply reply =
+      host_->Call(Request{Op::kAppendBatch, 0, -1, static_cast<int64_t>(items.size()), n_tokens},
+                  body, payload, bytes);
+  // The child is kvdiff's own code, but it shares its process with the plugin under test.
+  if (reply.value != total || static_cast<int64_t>(payload.size()) != bytes) {
+    throw EngineError(fmt::format(
+        "{}: the engine host sent {} rows ({} bytes) for a batch of {} items whose output flags "
+        "ask for {} rows of vocab {} ({} bytes)",
+        info_.name, reply.value, payload.size(), items.size(), total, vocab, bytes));
+  }
+  std::vector<Logits> out;
+  size_t offset = 0;
+  for (int64_t n : rows) {
+    Logits logits(n, vocab);
+    const size_t size = static_cast<size_t>(logits.size()) * sizeof(float);
+    if (size > 0) std::memcpy(logits.data(), payload.data() + offset, size);
+    offset += size;
+    out.push_back(std::move(logits));
+  }
+  return out;
 }
 
 IsolatedSession::IsolatedSession(IsolatedSession&& other) noexcept
@@ -334,7 +321,7 @@ IsolatedSession::~IsolatedSession() {
   if (!host_ || id_ < 0 || host_->dead) return;
   std::string payload;
   try {
-    host_->Call(Request{Op::kFree, 0, id_}, nullptr, payload);
+    host_->Call(Request{Op::kFree, 0, id_}, payload);
   } catch (const std::exception&) {
     // A child that dies while freeing is reported by the next call that needs it.
   }
@@ -342,139 +329,43 @@ IsolatedSession::~IsolatedSession() {
 
 Logits IsolatedSession::Append(const Tokens& tokens) {
   KVDIFF_CHECK(!tokens.empty(), "{}: tokens is empty (expected at least one token)", host_->name);
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t vocab = host_->vocab_size;
+  const int64_t bytes = n * vocab * static_cast<int64_t>(sizeof(float));
   std::string payload;
-  const Reply reply = host_->Call(
-      Request{Op::kAppend, 0, id_, 0, static_cast<int64_t>(tokens.size())}, &tokens, payload);
-  const int64_t rows = reply.value;
-  const int64_t vocab = rows > 0 ? static_cast<int64_t>(payload.size() / sizeof(float)) / rows : 0;
-  if (rows != static_cast<int64_t>(tokens.size()) ||
-      static_cast<size_t>(rows * vocab) * sizeof(float) != payload.size()) {
-    throw EngineError(fmt::format("{}: the engine host sent {} rows ({} bytes) for {} tokens",
-                                  host_->name, rows, payload.size(), tokens.size()));
+  const Reply reply =
+      host_->Call(Request{Op::kAppend, 0, id_, 0, n},
+                  std::string_view(reinterpret_cast<const char*>(tokens.data()), n * sizeof(Token)),
+                  payload, bytes);
+  if (reply.value != n || static_cast<int64_t>(payload.size()) != bytes) {
+    throw EngineError(
+        fmt::format("{}: the engine host sent {} rows ({} bytes) for {} tokens of vocab {}",
+                    host_->name, reply.value, payload.size(), n, vocab));
   }
-  Logits logits(rows, vocab);
+  Logits logits(n, vocab);
   std::memcpy(logits.data(), payload.data(), payload.size());
   return logits;
 }
 
 int64_t IsolatedSession::Length() const {
   std::string payload;
-  return host_->Call(Request{Op::kLength, 0, id_}, nullptr, payload).value;
+  return host_->Call(Request{Op::kLength, 0, id_}, payload).value;
 }
 
 void IsolatedSession::Truncate(int64_t length) {
   std::string payload;
-  host_->Call(Request{Op::kTruncate, 0, id_, length}, nullptr, payload);
+  host_->Call(Request{Op::kTruncate, 0, id_, length}, payload);
 }
 
 IsolatedSession IsolatedSession::Fork() const {
   std::string payload;
-  const Reply reply = host_->Call(Request{Op::kFork, 0, id_}, nullptr, payload);
+  const Reply reply = host_->Call(Request{Op::kFork, 0, id_}, payload);
   return IsolatedSession(host_, reply.value);
 }
 
 void IsolatedSession::Reset() {
   std::string payload;
-  host_->Call(Request{Op::kReset, 0, id_}, nullptr, payload);
-}
-
-// ---- The child's side ----
-
-namespace {
-
-class Server {
- public:
-  explicit Server(int fd) : fd_(fd) {}
-
-  // Runs `body` and sends its reply; the plugin's exceptions become error replies.
-  template <class Body>
-  bool Answer(Body&& body) {
-    Reply reply{Status::kOk};
-    std::string payload;
-    try {
-      body(reply, payload);
-    } catch (const InputError& e) {
-      reply.status = Status::kInputError;
-      payload = e.what();
-    } catch (const std::exception& e) {
-      reply.status = Status::kEngineError;
-      payload = e.what();
-    }
-    reply.bytes = static_cast<int64_t>(payload.size());
-    return SendAll(fd_, &reply, sizeof reply) && SendAll(fd_, payload.data(), payload.size());
-  }
-
-  Session& Find(int64_t id) {
-    auto it = sessions_.find(id);
-    if (it == sessions_.end()) throw EngineError(fmt::format("engine host: no session {}", id));
-    return it->second;
-  }
-  int64_t Keep(Session session) {
-    sessions_.emplace(next_id_, std::move(session));
-    return next_id_++;
-  }
-  void Free(int64_t id) { sessions_.erase(id); }
-
- private:
-  int fd_;
-  std::map<int64_t, Session> sessions_;
-  int64_t next_id_ = 0;
-};
-
-}  // namespace
-
-int ServeIsolatedEngine(int fd, const std::filesystem::path& plugin_path,
-                        const std::filesystem::path& model_dir, const std::string& options) {
-  Server server(fd);
-  std::optional<Engine> engine;
-  Request request{};
-  while (ReadAll(fd, &request, sizeof request)) {
-    Tokens tokens;
-    if (request.op == Op::kAppend) {
-      if (request.count <= 0 || request.count > (int64_t{1} << 30)) return 3;
-      tokens.resize(static_cast<size_t>(request.count));
-      if (!ReadAll(fd, tokens.data(), tokens.size() * sizeof(Token))) return 0;
-    }
-    const bool sent = server.Answer([&](Reply& reply, std::string& payload) {
-      if (request.op == Op::kInfo) {
-        engine.emplace(Plugin::Load(plugin_path).Open(model_dir, options));
-        payload = EncodeInfo(engine->Info());
-        return;
-      }
-      if (!engine) throw EngineError("engine host: the engine is not open");
-      switch (request.op) {
-        case Op::kNewSession:
-          reply.value = server.Keep(engine->NewSession());
-          break;
-        case Op::kFree:
-          server.Free(request.session);
-          break;
-        case Op::kAppend: {
-          const Logits logits = server.Find(request.session).Append(tokens);
-          reply.value = logits.rows();
-          payload.assign(reinterpret_cast<const char*>(logits.data()),
-                         static_cast<size_t>(logits.size()) * sizeof(float));
-          break;
-        }
-        case Op::kLength:
-          reply.value = server.Find(request.session).Length();
-          break;
-        case Op::kTruncate:
-          server.Find(request.session).Truncate(request.arg);
-          break;
-        case Op::kFork:
-          reply.value = server.Keep(server.Find(request.session).Fork());
-          break;
-        case Op::kReset:
-          server.Find(request.session).Reset();
-          break;
-        case Op::kInfo:
-          break;
-      }
-    });
-    if (!sent) return 0;
-  }
-  return 0;
+  host_->Call(Request{Op::kReset, 0, id_}, payload);
 }
 
 }  // namespace kvdiff::engines

@@ -58,6 +58,9 @@ class IsolatedSession {
   int64_t id_ = -1;
 };
 
+// One session's part of IsolatedEngine::AppendBatch.
+using IsolatedBatchItem = BatchItemOf<IsolatedSession>;
+
 class IsolatedEngine {
  public:
   // Starts the child and opens the engine in it; the engine's own errors are rethrown.
@@ -65,6 +68,14 @@ class IsolatedEngine {
   const EngineInfo& Info() const { return info_; }
   // A new session; starts a new child first when the last one died.
   IsolatedSession NewSession() const;
+  // ABI 2: whether the plugin has append_batch.
+  bool HasBatch() const { return info_.abi_version >= 2; }
+  // One append_batch call in the child, as engines::Engine::AppendBatch: per item, the logits of
+  // its flagged rows [rows, vocab]. Its refusals (a version-1 plugin, no items, an empty item, a
+  // session named twice or not of this engine's current child) are InputErrors made here, before
+  // anything is sent. The child dying or hanging throws EngineError as for any call, and every
+  // session of that child throws from then on.
+  std::vector<Logits> AppendBatch(const std::vector<IsolatedBatchItem>& items) const;
 
  private:
   IsolatedEngine(IsolatedEngineSpec spec, std::shared_ptr<HostProcess> host, EngineInfo info)

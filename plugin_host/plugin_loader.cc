@@ -3,7 +3,10 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 
+#include <numeric>
+
 #include "kvdiff/engine.h"
+#include "plugin_host/batch_items.h"
 
 namespace kvdiff::engines {
 
@@ -158,39 +161,26 @@ std::vector<Logits> Engine::AppendBatch(const std::vector<BatchItem>& items) con
   const std::string& name = state_->info.name;
   KVDIFF_CHECK(HasBatch(), "{}: a version-{} plugin has no append_batch", name,
                state_->info.abi_version);
-  KVDIFF_CHECK(!items.empty(), "{}: a batch of no items", name);
+  CheckBatchItems(name, items,
+                  [&](const Session* s) { return s != nullptr && s->engine_ == state_; });
   const int64_t vocab = state_->info.vocab_size;
   std::vector<kvdiff_batch_item> raw(items.size());
   std::vector<std::vector<uint8_t>> flags(items.size());
-  int64_t rows = 0;
+  std::vector<int64_t> rows(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
-    const BatchItem& item = items[i];
-    KVDIFF_CHECK(item.session != nullptr && item.session->engine_ == state_,
-                 "{}: batch item {} is not a session of this engine", name, i);
-    const int64_t n = static_cast<int64_t>(item.tokens.size());
-    KVDIFF_CHECK(n > 0, "{}: batch item {} has no tokens (expected at least one)", name, i);
-    KVDIFF_CHECK(item.output.empty() || static_cast<int64_t>(item.output.size()) == n,
-                 "{}: batch item {} has {} output flags for {} tokens", name, i, item.output.size(),
-                 n);
-    for (size_t j = 0; j < i; ++j) {
-      KVDIFF_CHECK(items[j].session != item.session,
-                   "{}: batch items {} and {} name the same session", name, j, i);
-    }
-    flags[i].assign(n, 1);
-    for (int64_t r = 0; r < static_cast<int64_t>(item.output.size()); ++r)
-      flags[i][r] = item.output[r] ? 1 : 0;
-    for (uint8_t f : flags[i]) rows += f;
-    raw[i] = {item.session->session_, item.tokens.data(), n, flags[i].data()};
+    flags[i] = OutputFlags(items[i]);
+    rows[i] = FlaggedRows(flags[i]);
+    raw[i] = {items[i].session->session_, items[i].tokens.data(),
+              static_cast<int64_t>(items[i].tokens.size()), flags[i].data()};
   }
-  Logits all(rows, vocab);
+  const int64_t total = std::accumulate(rows.begin(), rows.end(), int64_t{0});
+  Logits all(total, vocab);  // [every item's flagged rows, vocab]
   CheckEngine(*state_, Api(*state_).append_batch(state_->engine, raw.data(),
                                                  static_cast<int64_t>(raw.size()), all.data(),
-                                                 rows * vocab));
+                                                 total * vocab));
   std::vector<Logits> out;
   int64_t begin = 0;
-  for (const auto& f : flags) {
-    int64_t n = 0;
-    for (uint8_t x : f) n += x;
+  for (int64_t n : rows) {
     out.push_back(all.middleRows(begin, n));
     begin += n;
   }

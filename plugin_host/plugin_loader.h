@@ -66,12 +66,15 @@ class Session {
   kvdiff_session* session_ = nullptr;
 };
 
-// One session's part of Engine::AppendBatch (engine.h's kvdiff_batch_item).
-struct BatchItem {
-  Session* session = nullptr;
+// One session's part of a batched call (engine.h's kvdiff_batch_item): BatchItem for
+// Engine::AppendBatch, IsolatedBatchItem (isolated_engine.h) for IsolatedEngine::AppendBatch.
+template <class SessionT>
+struct BatchItemOf {
+  SessionT* session = nullptr;
   Tokens tokens;
   std::vector<bool> output;  // per token: its row is returned; empty: every row
 };
+using BatchItem = BatchItemOf<Session>;
 
 class Engine {
  public:

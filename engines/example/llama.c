@@ -141,7 +141,8 @@ static void mlp(kvdiff_engine* e, int64_t l) {
   matmul(r->proj, r->gate, w->down, c->hidden, c->inter);
 }
 
-/* The whole model for one token at position pos; writes its logits (vocab). */
+/* The whole model for one token at position pos: caches its keys and values, and writes its
+ * logits (vocab) unless `logits` is NULL (a row nobody asked for skips the head). */
 static void forward(kvdiff_engine* e, kvdiff_session* s, int32_t token, int64_t pos,
                     float* logits) {
   const Config* c = &e->config;
@@ -158,6 +159,7 @@ static void forward(kvdiff_engine* e, kvdiff_session* s, int32_t token, int64_t 
     mlp(e, l);
     for (int64_t i = 0; i < c->hidden; i++) r->x[i] += r->proj[i];
   }
+  if (!logits) return;
   rmsnorm(r->xn, r->x, e->weights.final_norm, c->hidden, eps); /* 7. final norm, then the head */
   matmul(logits, r->xn, e->weights.lm_head, c->vocab, c->hidden);
 }
@@ -293,33 +295,58 @@ static int reserve(kvdiff_session* s, int64_t need) {
   return 0;
 }
 
+/* Whether n tokens may be appended to s: at least one, every id in the vocab, room left in the
+ * session. The message goes to `error`, after `where` ("" for append, "batch item 2: " for
+ * append_batch). */
+static kvdiff_status check_tokens(const kvdiff_session* s, const int32_t* tokens, int64_t n,
+                                  char* error, const char* where) {
+  const int64_t vocab = s->engine->config.vocab;
+  if (n < 1 || !tokens)
+    return set_error(error, KVDIFF_INVALID_INPUT, "%stokens is empty (expected at least one token)",
+                     where);
+  for (int64_t i = 0; i < n; i++)
+    if (tokens[i] < 0 || tokens[i] >= vocab)
+      return set_error(error, KVDIFF_INVALID_INPUT,
+                       "%stoken id %d at index %lld is out of range for vocab_size %lld", where,
+                       tokens[i], (long long)i, (long long)vocab);
+  if (s->length + n > s->engine->max_length)
+    return set_error(error, KVDIFF_INVALID_INPUT,
+                     "%ssession holds %lld positions of max_length %lld: %lld more tokens do not "
+                     "fit",
+                     where, (long long)s->length, (long long)s->engine->max_length, (long long)n);
+  return KVDIFF_OK;
+}
+
+/* Runs n checked tokens at positions length()..length()+n-1, into a cache with room for them.
+ * The logits of the rows `output` flags (every row when it is NULL) are written one after
+ * another from `logits`; returns where the next written row would go. */
+static float* run_tokens(kvdiff_session* s, const int32_t* tokens, int64_t n, const uint8_t* output,
+                         float* logits) {
+  const int64_t vocab = s->engine->config.vocab;
+  for (int64_t i = 0; i < n; i++) {
+    const int wanted = !output || output[i];
+    forward(s->engine, s, tokens[i], s->length + i, wanted ? logits : NULL);
+    if (wanted) logits += vocab;
+  }
+  s->length += n;
+  return logits;
+}
+
 static kvdiff_status append(kvdiff_session* s, const int32_t* tokens, int64_t n, float* logits,
                             int64_t logits_capacity) {
   const int64_t vocab = s->engine->config.vocab;
-  if (n < 1 || !tokens)
-    return set_error(s->error, KVDIFF_INVALID_INPUT,
-                     "tokens is empty (expected at least one token)");
-  for (int64_t i = 0; i < n; i++)
-    if (tokens[i] < 0 || tokens[i] >= vocab)
-      return set_error(s->error, KVDIFF_INVALID_INPUT,
-                       "token id %d at index %lld is out of range for vocab_size %lld", tokens[i],
-                       (long long)i, (long long)vocab);
+  kvdiff_status st = check_tokens(s, tokens, n, s->error, "");
+  if (st != KVDIFF_OK) return st;
   if (!logits || logits_capacity < n * vocab)
     return set_error(s->error, KVDIFF_INVALID_INPUT,
                      "logits buffer holds %lld floats, %lld tokens x vocab %lld need %lld",
                      (long long)logits_capacity, (long long)n, (long long)vocab,
                      (long long)(n * vocab));
-  if (s->length + n > s->engine->max_length)
-    return set_error(s->error, KVDIFF_INVALID_INPUT,
-                     "session holds %lld positions of max_length %lld: %lld more tokens do not fit",
-                     (long long)s->length, (long long)s->engine->max_length, (long long)n);
   if (reserve(s, s->length + n) != 0)
     return set_error(s->error, KVDIFF_ENGINE_FAILURE,
                      "out of memory growing the KV cache to %lld positions",
                      (long long)(s->length + n));
-  for (int64_t i = 0; i < n; i++)
-    forward(s->engine, s, tokens[i], s->length + i, logits + i * vocab);
-  s->length += n;
+  run_tokens(s, tokens, n, NULL, logits);
   return KVDIFF_OK;
 }
 
@@ -362,8 +389,72 @@ static const char* session_error(const kvdiff_session* s) {
   return s ? s->error : "session is NULL";
 }
 
+/* ---- the batched call (ABI 2) ---- */
+
+/* The rows of `item` whose logits are written. */
+static int64_t flagged_rows(const kvdiff_batch_item* item) {
+  if (!item->output) return item->n;
+  int64_t rows = 0;
+  for (int64_t i = 0; i < item->n; i++) rows += item->output[i] != 0;
+  return rows;
+}
+
+/* Everything append_batch can refuse, before any session changes: the call fails as a whole. */
+static kvdiff_status check_batch(kvdiff_engine* e, const kvdiff_batch_item* items, int64_t n_items,
+                                 const float* logits, int64_t logits_capacity) {
+  if (!items || n_items < 1)
+    return set_error(e->error, KVDIFF_INVALID_INPUT,
+                     "a batch of %lld items (expected at least one)", (long long)n_items);
+  int64_t rows = 0;
+  for (int64_t i = 0; i < n_items; i++) {
+    const kvdiff_session* s = items[i].session;
+    if (!s || s->engine != e)
+      return set_error(e->error, KVDIFF_INVALID_INPUT,
+                       "batch item %lld is not a session of this engine", (long long)i);
+    for (int64_t j = 0; j < i; j++)
+      if (items[j].session == s)
+        return set_error(e->error, KVDIFF_INVALID_INPUT,
+                         "batch items %lld and %lld name the same session", (long long)j,
+                         (long long)i);
+    char where[64];
+    snprintf(where, sizeof where, "batch item %lld: ", (long long)i);
+    kvdiff_status st = check_tokens(s, items[i].tokens, items[i].n, e->error, where);
+    if (st != KVDIFF_OK) return st;
+    rows += flagged_rows(&items[i]);
+  }
+  const int64_t vocab = e->config.vocab;
+  if ((rows > 0 && !logits) || logits_capacity < rows * vocab)
+    return set_error(e->error, KVDIFF_INVALID_INPUT,
+                     "logits buffer holds %lld floats, %lld flagged rows x vocab %lld need %lld",
+                     (long long)logits_capacity, (long long)rows, (long long)vocab,
+                     (long long)(rows * vocab));
+  return KVDIFF_OK;
+}
+
+/* Every item in one call. A serving engine would run all the items' tokens in one forward over a
+ * shared cache; the example runs each item through its session's forward, one after another,
+ * which gives the same logits: it shows the contract (checks first, flagged rows only, in item
+ * order), not batching speed. */
+static kvdiff_status append_batch(kvdiff_engine* e, const kvdiff_batch_item* items, int64_t n_items,
+                                  float* logits, int64_t logits_capacity) {
+  kvdiff_status st = check_batch(e, items, n_items, logits, logits_capacity);
+  if (st != KVDIFF_OK) return st;
+  /* Grow every cache before running any item: a growth that fails then leaves every session as
+   * it was (a larger allocation is not a change anyone can see). */
+  for (int64_t i = 0; i < n_items; i++) {
+    kvdiff_session* s = items[i].session;
+    if (reserve(s, s->length + items[i].n) != 0)
+      return set_error(e->error, KVDIFF_ENGINE_FAILURE,
+                       "batch item %lld: out of memory growing the KV cache to %lld positions",
+                       (long long)i, (long long)(s->length + items[i].n));
+  }
+  for (int64_t i = 0; i < n_items; i++)
+    logits = run_tokens(items[i].session, items[i].tokens, items[i].n, items[i].output, logits);
+  return KVDIFF_OK;
+}
+
 static const kvdiff_engine_api kApi = {
-    .abi_version = 1u, /* always first: the loader checks it */
+    .abi_version = KVDIFF_ENGINE_ABI_VERSION, /* always first: the loader checks it */
     .name = "example",
     .version = "1.0",
     .open = engine_open,
@@ -378,6 +469,7 @@ static const kvdiff_engine_api kApi = {
     .reset = reset,
     .session_error = session_error,
     .session_free = session_free,
+    .append_batch = append_batch, /* ABI 2 */
 };
 
 KVDIFF_ENGINE_EXPORT const kvdiff_engine_api* kvdiff_engine_entry(void) { return &kApi; }

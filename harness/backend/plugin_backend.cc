@@ -8,19 +8,23 @@
 // BackendOptions::isolate (the default) the whole plugin lifecycle — dlopen, its constructors, the
 // entry point, open, info, sessions, close — runs in a child process
 // (plugin_host/isolated_engine.h), the same adapter over the other engine type: kvdiff itself never
-// maps a plugin it runs isolated, so none of its code runs here.
+// maps a plugin it runs isolated, so none of its code runs here. A batch (Backend::AppendBatch) is
+// ONE append_batch call when the plugin has it (ABI 2), else one append per item.
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "format/error.h"
 #include "format/input_file.h"
 #include "format/scratch_dir.h"
 #include "harness/backend/registry.h"
+#include "plugin_host/batch_items.h"
 #include "plugin_host/isolated_engine.h"
 #include "plugin_host/plugin_loader.h"
 
@@ -31,7 +35,9 @@ namespace {
 template <class SessionT>
 class PluginSession : public BackendSession {
  public:
-  explicit PluginSession(SessionT session) : session_(std::move(session)) {}
+  // `backend` made it: a batched call takes only its own backend's sessions.
+  PluginSession(SessionT session, const Backend* backend)
+      : session_(std::move(session)), backend_(backend) {}
   // Plugins record no layer trace: --localize says so.
   Logits Append(const Tokens& tokens, ForwardTrace* /*trace*/) override {
     return session_.Append(tokens);
@@ -39,12 +45,16 @@ class PluginSession : public BackendSession {
   int64_t Length() const override { return session_.Length(); }
   void Truncate(int64_t length) override { session_.Truncate(length); }
   std::unique_ptr<BackendSession> Fork() const override {
-    return std::make_unique<PluginSession>(session_.Fork());
+    return std::make_unique<PluginSession>(session_.Fork(), backend_);
   }
   void Reset() override { session_.Reset(); }
 
+  SessionT& EngineSession() { return session_; }
+  const Backend* Owner() const { return backend_; }
+
  private:
   SessionT session_;
+  const Backend* backend_;
 };
 
 template <class EngineT>
@@ -73,10 +83,57 @@ class PluginBackend : public Backend {
     return engine_->NewSession().Append(tokens);
   }
   std::unique_ptr<BackendSession> NewSession() const override {
-    return std::make_unique<PluginSession<decltype(engine_->NewSession())>>(engine_->NewSession());
+    return std::make_unique<Session>(engine_->NewSession(), this);
+  }
+
+  // A version-2 plugin runs the batch in ONE append_batch call; a version-1 plugin one append per
+  // item (the default). Either way the refusals of engine.h's append_batch come first, so a batch
+  // step means the same whatever the plugin's version, and what comes back is held to the shapes
+  // the flags ask for: an engine under test may lie.
+  std::vector<Logits> AppendBatch(const std::vector<BatchItem>& items) const override {
+    engines::CheckBatchItems(fmt::format("backend {}", Name()), items, [this](BackendSession* s) {
+      const auto* own = dynamic_cast<const Session*>(s);
+      return own != nullptr && own->Owner() == this;
+    });
+    std::vector<Logits> out;
+    if (engine_->HasBatch()) {
+      std::vector<engines::BatchItemOf<EngineSession>> engine_items;
+      for (const BatchItem& item : items) {
+        engine_items.push_back(
+            {&static_cast<Session*>(item.session)->EngineSession(), item.tokens, item.output});
+      }
+      out = engine_->AppendBatch(engine_items);
+    } else {
+      out = Backend::AppendBatch(items);
+    }
+    CheckBatchShapes(items, out);
+    return out;
   }
 
  private:
+  using EngineSession = decltype(std::declval<EngineT>().NewSession());
+  using Session = PluginSession<EngineSession>;
+
+  // EngineError naming the engine, the item and both shapes when `out` is not, per item, its
+  // flagged rows by the vocab.
+  void CheckBatchShapes(const std::vector<BatchItem>& items, const std::vector<Logits>& out) const {
+    const std::string& engine = engine_->Info().name;
+    if (out.size() != items.size()) {
+      throw EngineError(fmt::format("{} (backend {}): a batch of {} items returned {} results",
+                                    engine, Name(), items.size(), out.size()));
+    }
+    const int64_t vocab = weights_->config.vocab_size;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const int64_t rows = items[i].OutputRows();
+      if (out[i].rows() != rows || out[i].cols() != vocab) {
+        throw EngineError(fmt::format(
+            "{} (backend {}): batch item {} returned logits [{}, {}], expected [{}, {}] (its "
+            "flagged rows, vocab)",
+            engine, Name(), i, out[i].rows(), out[i].cols(), rows, vocab));
+      }
+    }
+  }
+
   BackendInfo info_;
   std::shared_ptr<const format::ModelWeights> weights_;
   format::ScratchDir dir_;  // the model as the plugin reads it; lives as long as the engine

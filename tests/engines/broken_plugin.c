@@ -12,6 +12,11 @@
  *   bug=hang      append() never returns once a session would pass 24 positions (--isolate).
  *   bug=none      no bug (the wrapper itself must conform).
  *
+ * Built as it is, it is a version-1 plugin on purpose (kvdiff runs its batch steps one append per
+ * item). Built with KVDIFF_BROKEN_ABI2 (kvdiff_engine_broken_v2) it declares ABI 2 and passes
+ * append_batch to the inner engine (which must have it), where bug=crash and bug=hang strike too,
+ * once any item's session would pass 24 positions.
+ *
  * An engine that misbehaves on purpose, for the bad-input catalogue: fault=WHERE:WHAT strikes in
  * WHERE (open, info, close, or append once a session would pass 24 positions) by WHAT (exit0:
  * exit(0); exit3: exit(3); segv: SIGSEGV; hang: never returns; print: prints a "PASS: ..." line on
@@ -100,10 +105,14 @@ struct kvdiff_session {
 static const kvdiff_engine_api* InnerApi(const char* path, char* error, size_t size) {
   void* library = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!library) {
-    snprintf(error, size, "broken: cannot load the inner engine %s: %s", path, dlerror());
+    snprintf(error, size, "broken: cannot load the inner engine %.300s: %s", path, dlerror());
     return NULL;
   }
-  kvdiff_engine_entry_fn entry = (kvdiff_engine_entry_fn)dlsym(library, KVDIFF_ENGINE_ENTRY_SYMBOL);
+  /* POSIX guarantees dlsym's object pointer can hold a function's address; ISO C has no cast
+   * between the two, so the bits are copied. */
+  void* symbol = dlsym(library, KVDIFF_ENGINE_ENTRY_SYMBOL);
+  kvdiff_engine_entry_fn entry = NULL;
+  memcpy(&entry, &symbol, sizeof entry);
   return entry ? entry() : NULL;
 }
 
@@ -244,16 +253,20 @@ static int64_t Length(const kvdiff_session* s) {
   }
 }
 
+/* bug=crash and bug=hang, once `s` would pass kBugLength positions with n more tokens. */
+static void StrikeTheBug(const kvdiff_session* s, int64_t n) {
+  if (Held(s) + n <= kBugLength) return;
+  if (s->engine->bug == BUG_CRASH) raise(SIGSEGV); /* THE BUG */
+  if (s->engine->bug == BUG_HANG)
+    for (;;) pause(); /* THE BUG */
+}
+
 static kvdiff_status Append(kvdiff_session* s, const int32_t* tokens, int64_t n, float* logits,
                             int64_t capacity) {
   if (s->engine->fault_at == AT_APPEND &&
       (Held(s) + n > kBugLength || s->engine->fault == DO_PRINT))
     Strike(s->engine->fault);
-  if (Held(s) + n > kBugLength) {
-    if (s->engine->bug == BUG_CRASH) raise(SIGSEGV); /* THE BUG */
-    if (s->engine->bug == BUG_HANG)
-      for (;;) pause(); /* THE BUG */
-  }
+  StrikeTheBug(s, n);
   const kvdiff_status status = s->engine->api->append(s->inner, tokens, n, logits, capacity);
   if (status != KVDIFF_OK) {
     snprintf(s->error, sizeof s->error, "%s", s->engine->api->session_error(s->inner));
@@ -308,23 +321,66 @@ static void SessionFree(kvdiff_session* s) {
   free(s);
 }
 
-static const kvdiff_engine_api kApi = {
-    1u, /* a version-1 plugin: batch steps run one session at a time */
-    "broken-example",
-    "1",
-    Open,
-    EngineError,
-    EngineInfo,
-    Close,
-    SessionNew,
-    Append,
-    Length,
-    Truncate,
-    Fork,
-    Reset,
-    SessionError,
-    SessionFree,
-    NULL}; /* append_batch: ABI 2, never read from a version-1 table */
+#ifdef KVDIFF_BROKEN_ABI2
+/* The inner engine's append_batch on the inner sessions; the bugs above strike first. */
+static kvdiff_status AppendBatch(kvdiff_engine* e, const kvdiff_batch_item* items, int64_t n_items,
+                                 float* logits, int64_t capacity) {
+  if (e->api->abi_version < 2) {
+    snprintf(e->error, sizeof e->error, "broken: the inner engine is version %u: no append_batch",
+             e->api->abi_version);
+    return KVDIFF_ENGINE_FAILURE;
+  }
+  if (!items || n_items < 1) {
+    snprintf(e->error, sizeof e->error, "a batch of %lld items (expected at least one)",
+             (long long)n_items);
+    return KVDIFF_INVALID_INPUT;
+  }
+  kvdiff_batch_item* inner = calloc((size_t)n_items, sizeof *inner);
+  if (!inner) return KVDIFF_ENGINE_FAILURE;
+  for (int64_t i = 0; i < n_items; i++) {
+    if (!items[i].session || items[i].session->engine != e) {
+      free(inner);
+      snprintf(e->error, sizeof e->error, "batch item %lld is not a session of this engine",
+               (long long)i);
+      return KVDIFF_INVALID_INPUT;
+    }
+    StrikeTheBug(items[i].session, items[i].n);
+    inner[i] = items[i];
+    inner[i].session = items[i].session->inner;
+  }
+  const kvdiff_status status = e->api->append_batch(e->inner, inner, n_items, logits, capacity);
+  free(inner);
+  if (status != KVDIFF_OK) {
+    snprintf(e->error, sizeof e->error, "%s", e->api->engine_error(e->inner));
+    return status;
+  }
+  for (int64_t i = 0; i < n_items; i++)
+    if (items[i].session->claimed >= 0) items[i].session->claimed += items[i].n;
+  return KVDIFF_OK;
+}
+#define KVDIFF_BROKEN_VERSION 2u
+#define KVDIFF_BROKEN_APPEND_BATCH AppendBatch
+#else
+#define KVDIFF_BROKEN_VERSION 1u /* a version-1 plugin: batch steps run one append per item */
+#define KVDIFF_BROKEN_APPEND_BATCH NULL
+#endif
+
+static const kvdiff_engine_api kApi = {KVDIFF_BROKEN_VERSION,
+                                       "broken-example",
+                                       "1",
+                                       Open,
+                                       EngineError,
+                                       EngineInfo,
+                                       Close,
+                                       SessionNew,
+                                       Append,
+                                       Length,
+                                       Truncate,
+                                       Fork,
+                                       Reset,
+                                       SessionError,
+                                       SessionFree,
+                                       KVDIFF_BROKEN_APPEND_BATCH};
 
 #ifdef KVDIFF_GARBAGE_ENTRY
 KVDIFF_ENGINE_EXPORT const kvdiff_engine_api* kvdiff_engine_entry(void) {

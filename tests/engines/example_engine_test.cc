@@ -63,7 +63,7 @@ TEST_F(ExampleEngineTest, InfoNamesTheEngineAndItsCache) {
   const Engine engine = OpenExample();
   const EngineInfo& info = engine.Info();
   EXPECT_EQ(info.name, "example");
-  EXPECT_EQ(info.abi_version, 1u);
+  EXPECT_EQ(info.abi_version, KVDIFF_ENGINE_ABI_VERSION);
   EXPECT_EQ(info.vocab_size, 256);
   EXPECT_EQ(info.max_length, 512);
   EXPECT_EQ(info.cache_dtype, "f32");

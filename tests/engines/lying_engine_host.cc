@@ -1,0 +1,118 @@
+// A stand-in for `kvdiff engine-host` that lies, for batch_test: kvdiff's own engine host
+// (engines::ServeIsolatedEngine, on a thread) behind a proxy that passes every request through and
+// rewrites the reply to append_batch as the engine option host_lie=WHAT says (the other options go
+// to the engine):
+//
+//   host_lie=rows   claims one row more than it sends (the payload is the real one)
+//   host_lie=short  drops the last row: a consistent reply of one row too few
+//   host_lie=huge   announces a reply of 2^50 bytes and sends nothing more
+//
+// The parent must refuse each with an EngineError and never allocate what `huge` announces. The
+// child's code is kvdiff's, but it shares its process with the plugin under test: a wild write
+// there could do any of these.
+//
+// Usage, as IsolatedEngine::Start spawns a host: HOST engine-host --fd=3 [--options=O] PLUGIN DIR
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "plugin_host/engine_wire.h"
+#include "plugin_host/isolated_engine.h"
+
+namespace {
+
+using kvdiff::engines::wire::Op;
+using kvdiff::engines::wire::Reply;
+using kvdiff::engines::wire::Request;
+using kvdiff::engines::wire::Status;
+namespace wire = kvdiff::engines::wire;
+
+constexpr int kParentFd = 3;
+
+// Splits host_lie=WHAT out of `options`; the rest, in order, is the engine's.
+std::string TakeLie(std::string& options) {
+  std::string lie, rest;
+  size_t begin = 0;
+  while (begin <= options.size()) {
+    size_t end = options.find(',', begin);
+    if (end == std::string::npos) end = options.size();
+    const std::string item = options.substr(begin, end - begin);
+    if (item.rfind("host_lie=", 0) == 0) {
+      lie = item.substr(9);
+    } else if (!item.empty()) {
+      rest += (rest.empty() ? "" : ",") + item;
+    }
+    begin = end + 1;
+  }
+  options = rest;
+  return lie;
+}
+
+// Rewrites a successful append_batch reply; false when the lie ends the conversation.
+bool Lie(const std::string& lie, Reply& reply, std::string& payload) {
+  if (lie == "rows") {
+    reply.value += 1;
+  } else if (lie == "short" && reply.value > 0) {
+    payload.resize(payload.size() - payload.size() / static_cast<size_t>(reply.value));
+    reply.value -= 1;
+    reply.bytes = static_cast<int64_t>(payload.size());
+  } else if (lie == "huge") {
+    reply.bytes = int64_t{1} << 50;
+    wire::SendAll(kParentFd, &reply, sizeof reply);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 4 || std::string(argv[1]) != "engine-host") {
+    std::fprintf(stderr, "usage: %s engine-host --fd=3 [--options=O] PLUGIN DIR\n", argv[0]);
+    return 2;
+  }
+  std::string options;
+  for (int i = 2; i < argc - 2; ++i) {
+    if (std::strncmp(argv[i], "--options=", 10) == 0) options = argv[i] + 10;
+  }
+  const std::string lie = TakeLie(options);
+  const std::string plugin = argv[argc - 2], model_dir = argv[argc - 1];
+
+  int inner[2];  // the proxy's end, the real host's end
+  if (socketpair(AF_UNIX, SOCK_STREAM, 0, inner) != 0) return 2;
+  std::thread host([&] {
+    kvdiff::engines::ServeIsolatedEngine(inner[1], plugin, model_dir, options);
+    close(inner[1]);
+  });
+
+  Request request{};
+  while (wire::ReadAll(kParentFd, &request, sizeof request)) {
+    const int64_t body_bytes = wire::RequestBodyBytes(request);
+    if (body_bytes < 0) break;
+    std::string body(static_cast<size_t>(body_bytes), '\0');
+    Reply reply{};
+    if (!wire::ReadAll(kParentFd, body.data(), body.size()) ||
+        !wire::SendAll(inner[0], &request, sizeof request) ||
+        !wire::SendAll(inner[0], body.data(), body.size()) ||
+        !wire::ReadAll(inner[0], &reply, sizeof reply)) {
+      break;
+    }
+    std::string payload(static_cast<size_t>(reply.bytes), '\0');
+    if (!wire::ReadAll(inner[0], payload.data(), payload.size())) break;
+    if (request.op == Op::kAppendBatch && reply.status == Status::kOk &&
+        !Lie(lie, reply, payload)) {
+      break;
+    }
+    if (!wire::SendAll(kParentFd, &reply, sizeof reply) ||
+        !wire::SendAll(kParentFd, payload.data(), payload.size())) {
+      break;
+    }
+  }
+  close(inner[0]);  // the real host closes its engine and returns
+  host.join();
+  return 0;
+}
