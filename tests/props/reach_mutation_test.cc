@@ -131,6 +131,39 @@ TEST_F(ReachTest, EveryReachMutantIsCaughtByTheDefaultCampaign) {
   std::cout.flush();
 }
 
+// The faults of serving engines' batched calls (scalar_llama.h's kBatch*: a mask broadcast from
+// item 0, one position vector for all items, output rows mis-mapped after a micro-batch split, a
+// cell of another sequence visible) must be caught by the default campaign's batch steps, beside
+// impl, each with its shrunk failing case printed; and the same model without a fault passes
+// those cases (so the batch steps, not the model, are what fails).
+TEST_F(ReachTest, EveryBatchMutantIsCaughtByTheDefaultCampaign) {
+  const std::vector<Fault> mutants = {Fault::kBatchMaskOfItemZero, Fault::kBatchSharedPositions,
+                                      Fault::kBatchRowsAfterSplit, Fault::kBatchSeesOtherSequence};
+  std::cout << fmt::format("{:<28} {:>6}  {}\n", "mutant", "case", "shrunk failure");
+  for (Fault fault : mutants) {
+    const auto mutant = MakeScalarBackend(weights_, fault);
+    const Caught caught = RunDefaultCampaign(*mutant);
+    if (caught.case_index < 0) {
+      ADD_FAILURE() << FaultName(fault) << ": not caught by the " << kDefaultCampaignCases
+                    << " cases of the default campaign";
+      continue;
+    }
+    std::cout << fmt::format("{:<28} {:>6}  {}\n    steps: {}\n", FaultName(fault),
+                             caught.case_index, caught.failure, StepsText(caught.scenario));
+    EXPECT_FALSE(caught.failure.empty());
+    const auto has_batch = [](const harness::Scenario& sc) {
+      for (const harness::Step& s : sc.steps)
+        if (s.op == harness::Op::kBatch) return true;
+      return false;
+    };
+    EXPECT_TRUE(has_batch(caught.scenario)) << FaultName(fault) << ": shrunk to no batch step";
+  }
+  const auto healthy = MakeScalarBackend(weights_, Fault::kNone);
+  EXPECT_LT(RunDefaultCampaign(*healthy, 60).case_index, 0)
+      << "the scalar model without a fault fails a case of the default campaign";
+  std::cout.flush();
+}
+
 // Faults right only for O(1) numbers (a softmax without the row max, a float32 sum of squares in
 // RMSNorm) through the DEFAULT `kvdiff check` campaign as RunCampaign runs it: the ordinary cases
 // with the mutant beside impl, and the demanding part (harness/campaign/demanding_part.h, its

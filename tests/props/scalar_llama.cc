@@ -48,6 +48,14 @@ std::string FaultName(Fault fault) {
       return "softmax-without-max";
     case Fault::kNaiveFloat32RmsNorm:
       return "naive-float32-rmsnorm";
+    case Fault::kBatchMaskOfItemZero:
+      return "batch-mask-of-item-0";
+    case Fault::kBatchSharedPositions:
+      return "batch-shared-positions";
+    case Fault::kBatchRowsAfterSplit:
+      return "batch-rows-after-split";
+    case Fault::kBatchSeesOtherSequence:
+      return "batch-sees-other-sequence";
   }
   return "?";
 }
@@ -140,8 +148,8 @@ void ScalarLlama::Rope(float* x, int64_t position) const {
 }
 
 std::vector<ScalarLlama::Vec> ScalarLlama::Attention(const LayerWeights& w, int64_t layer,
-                                                     const std::vector<Vec>& x,
-                                                     ScalarCache& cache) const {
+                                                     const std::vector<Vec>& x, ScalarCache& cache,
+                                                     const BatchContext* batch) const {
   const auto& c = config();
   const int64_t s = static_cast<int64_t>(x.size());
   const int64_t d = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
@@ -153,9 +161,11 @@ std::vector<ScalarLlama::Vec> ScalarLlama::Attention(const LayerWeights& w, int6
   std::vector<Vec> q(s);            // (s, nh*d)
   std::vector<int64_t> own_row(s);  // the key row of token i itself (the last one it may see)
   const bool refed_single = s == 1 && cache.position > 0;
+  const bool later_item = batch != nullptr && batch->item > 0;
   for (int64_t i = 0; i < s; ++i) {
     int64_t position = fault_ == Fault::kRopeAtCacheLength ? cache.position : cache.position + i;
     if (fault_ == Fault::kRopeWrapsAtP) position %= at_;
+    if (fault_ == Fault::kBatchSharedPositions && later_item) position = batch->first_position + i;
     q[i] = Linear(w.wq, nh * d, hidden, x[i].data());
     Vec k = Linear(w.wk, kv_dim, hidden, x[i].data());
     const Vec v = Linear(w.wv, kv_dim, hidden, x[i].data());
@@ -182,8 +192,22 @@ std::vector<ScalarLlama::Vec> ScalarLlama::Attention(const LayerWeights& w, int6
       if (fault_ == Fault::kMaskSeesNextKey)
         last_visible = std::min(own_row[i] + 1, total_rows - 1);
       if (fault_ == Fault::kMaskSecondTile && i >= at_) last_visible = own_row[i % at_];
+      if (fault_ == Fault::kBatchMaskOfItemZero && later_item) {
+        // Item 0's mask (s0 rows over its keys): row i gets item 0's row min(i, s0-1).
+        last_visible =
+            std::min(last_visible, batch->first_position + std::min(i, batch->first_size - 1));
+      }
       std::vector<double> scores;
-      std::vector<int64_t> visible;
+      std::vector<const float*> visible_values;
+      // A key and value row from another sequence's cells, attended as if it were ours.
+      if (fault_ == Fault::kBatchSeesOtherSequence && later_item && batch->previous->rows > 0) {
+        const int64_t j = batch->previous->rows - 1;
+        const float* kj = batch->previous->keys[layer].data() + j * kv_dim + kv_head * d;
+        double dot = 0;
+        for (int64_t e = 0; e < d; ++e) dot += static_cast<double>(qh[e]) * kj[e];
+        scores.push_back(dot * scale);
+        visible_values.push_back(batch->previous->values[layer].data() + j * kv_dim + kv_head * d);
+      }
       for (int64_t j = 0; j <= last_visible; ++j) {
         if (fault_ == Fault::kMaskHidesLastCached && j == rows_before - 1) continue;
         if (fault_ == Fault::kDecodeDropsKeysPastP && refed_single && j >= at_ && j < own_row[i])
@@ -192,7 +216,7 @@ std::vector<ScalarLlama::Vec> ScalarLlama::Attention(const LayerWeights& w, int6
         double dot = 0;
         for (int64_t e = 0; e < d; ++e) dot += static_cast<double>(qh[e]) * kj[e];
         scores.push_back(dot * scale);
-        visible.push_back(j);
+        visible_values.push_back(values.data() + j * kv_dim + kv_head * d);
       }
       const double max_score = *std::max_element(scores.begin(), scores.end());
       double denom = 0;
@@ -203,8 +227,8 @@ std::vector<ScalarLlama::Vec> ScalarLlama::Attention(const LayerWeights& w, int6
       } else {
         for (double& sc : scores) denom += (sc = std::exp(sc - max_score));
       }
-      for (size_t n = 0; n < visible.size(); ++n) {
-        const float* vj = values.data() + visible[n] * kv_dim + kv_head * d;
+      for (size_t n = 0; n < visible_values.size(); ++n) {
+        const float* vj = visible_values[n];
         for (int64_t e = 0; e < d; ++e)
           heads[h * d + e] += static_cast<float>(scores[n] / denom * vj[e]);
       }
@@ -235,7 +259,8 @@ ScalarLlama::Vec ScalarLlama::Mlp(const LayerWeights& w, const Vec& x) const {
   return Linear(w.w_down, hidden, ffn, gate.data());
 }
 
-Logits ScalarLlama::Forward(const Tokens& tokens, ScalarCache& cache) const {
+Logits ScalarLlama::Forward(const Tokens& tokens, ScalarCache& cache,
+                            const BatchContext* batch) const {
   const auto& c = config();
   const int64_t s = static_cast<int64_t>(tokens.size()), hidden = c.hidden_size;
   if (fault_ == Fault::kReallocLosesRows) Grow(cache, cache.rows + s);
@@ -247,7 +272,7 @@ Logits ScalarLlama::Forward(const Tokens& tokens, ScalarCache& cache) const {
     const LayerWeights& w = layers_[l];
     std::vector<Vec> normed(s);
     for (int64_t i = 0; i < s; ++i) normed[i] = RmsNorm(x[i], w.input_norm);
-    const std::vector<Vec> attn = Attention(w, l, normed, cache);
+    const std::vector<Vec> attn = Attention(w, l, normed, cache, batch);
     for (int64_t i = 0; i < s; ++i) {
       for (int64_t e = 0; e < hidden; ++e) x[i][e] += attn[i][e];
       const Vec mlp = Mlp(w, RmsNorm(x[i], w.post_norm));
@@ -273,6 +298,10 @@ class ScalarSession : public harness::BackendSession {
   explicit ScalarSession(const ScalarLlama* model) : model_(model), cache_(model->NewCache()) {}
 
   Logits Append(const Tokens& tokens, ForwardTrace* /*trace*/) override {
+    return AppendInBatch(tokens, nullptr);
+  }
+  // One item of a batched call (batch: how it sees the call), or a single append (nullptr).
+  Logits AppendInBatch(const Tokens& tokens, const BatchContext* batch) {
     const auto& c = model_->config();
     KVDIFF_CHECK(!tokens.empty(), "Append: tokens must not be empty");
     for (Token t : tokens) {
@@ -282,8 +311,9 @@ class ScalarSession : public harness::BackendSession {
     const int64_t end = cache_.position + static_cast<int64_t>(tokens.size());
     KVDIFF_CHECK(end <= c.max_position_embeddings, "Append: length {} would exceed the capacity {}",
                  end, c.max_position_embeddings);
-    return model_->Forward(tokens, cache_);
+    return model_->Forward(tokens, cache_, batch);
   }
+  const ScalarCache& cache() const { return cache_; }
   int64_t Length() const override { return cache_.position; }
   void Truncate(int64_t length) override {
     KVDIFF_CHECK(length >= 0 && length <= cache_.position, "Truncate: length {} outside [0, {}]",
@@ -324,8 +354,50 @@ class ScalarBackend : public harness::Backend {
   std::unique_ptr<harness::BackendSession> NewSession() const override {
     return std::make_unique<ScalarSession>(&model_);
   }
+  // The items one after another, each told where it sits in the call, as a batched engine's
+  // item would be: the batch faults strike here; without one it is the default's arithmetic.
+  std::vector<Logits> AppendBatch(const std::vector<harness::BatchItem>& items) const override {
+    std::vector<ScalarSession*> sessions;
+    for (size_t i = 0; i < items.size(); ++i) {
+      sessions.push_back(dynamic_cast<ScalarSession*>(items[i].session));
+      KVDIFF_CHECK(sessions.back() != nullptr, "batch item {} is not a scalar session", i);
+    }
+    const int64_t first_position = sessions.front()->Length();
+    const auto first_size = static_cast<int64_t>(items.front().tokens.size());
+    std::vector<Logits> out;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const BatchContext batch{static_cast<int64_t>(i), first_position, first_size,
+                               i > 0 ? &sessions[i - 1]->cache() : nullptr};
+      out.push_back(harness::KeepOutputRows(sessions[i]->AppendInBatch(items[i].tokens, &batch),
+                                            items[i].output));
+    }
+    if (model_.fault() == Fault::kBatchRowsAfterSplit) SwapRowsAcrossSplit(items, out);
+    return out;
+  }
 
  private:
+  // kBatchRowsAfterSplit: the last row returned from the first micro-batch of kUbatch tokens and
+  // the first returned after it change places.
+  static void SwapRowsAcrossSplit(const std::vector<harness::BatchItem>& items,
+                                  std::vector<Logits>& out) {
+    constexpr int64_t kUbatch = 4;
+    std::pair<size_t, int64_t> before{0, -1}, after{0, -1};  // (item, row in its output)
+    int64_t token = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
+      int64_t row = 0;
+      for (size_t t = 0; t < items[i].tokens.size(); ++t, ++token) {
+        if (!items[i].Outputs(t)) continue;
+        if (token < kUbatch) before = {i, row};
+        if (token >= kUbatch && after.second < 0) after = {i, row};
+        ++row;
+      }
+    }
+    if (before.second < 0 || after.second < 0) return;
+    Eigen::RowVectorXf kept = out[before.first].row(before.second);
+    out[before.first].row(before.second) = out[after.first].row(after.second);
+    out[after.first].row(after.second) = kept;
+  }
+
   ScalarLlama model_;
   harness::BackendInfo info_;
 };

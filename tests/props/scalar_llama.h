@@ -35,6 +35,13 @@ enum class Fault {
                           // row max: right while scores are small, inf/NaN once one passes ~88
   kNaiveFloat32RmsNorm,   // RMSNorm's sum of squares in float32: right while hidden states are
                           // O(1), inf (a row of zeros) once the sum passes 3.4e38
+  // Faults of a serving engine's batched call (Backend::AppendBatch); a single append is right:
+  kBatchMaskOfItemZero,     // every item's causal mask is item 0's, broadcast (candle#3582)
+  kBatchSharedPositions,    // every item is rotated at item 0's positions (one position vector)
+  kBatchRowsAfterSplit,     // past a micro-batch of 4 tokens, two output rows change places
+                            // (llama.cpp#14853: logits mis-mapped after a ubatch split)
+  kBatchSeesOtherSequence,  // an item also attends to the newest key of the item before it (a
+                            // cell of another sequence left visible in a unified cache)
 };
 std::string FaultName(Fault fault);
 
@@ -47,6 +54,14 @@ struct ScalarCache {
   int64_t capacity = 0;                    // kReallocLosesRows: the rows allocated
 };
 
+// How one item of a batched call sees the call (the batch faults read it).
+struct BatchContext {
+  int64_t item = 0;                       // this item's index in the call
+  int64_t first_position = 0;             // item 0's position before the call
+  int64_t first_size = 0;                 // item 0's number of tokens
+  const ScalarCache* previous = nullptr;  // the cache of the item before this one (run already)
+};
+
 class ScalarLlama {
  public:
   ScalarLlama(std::shared_ptr<const format::ModelWeights> weights, Fault fault = Fault::kNone,
@@ -55,7 +70,9 @@ class ScalarLlama {
   const format::LlamaConfig& config() const { return weights_->config; }
   ScalarCache NewCache() const;
   // Tokens at positions cache.position.., appended to the cache; logits (n, vocab).
-  Logits Forward(const Tokens& tokens, ScalarCache& cache) const;
+  Logits Forward(const Tokens& tokens, ScalarCache& cache,
+                 const BatchContext* batch = nullptr) const;
+  Fault fault() const { return fault_; }
   Logits ForwardFull(const Tokens& tokens) const {
     ScalarCache cache = NewCache();
     return Forward(tokens, cache);
@@ -79,7 +96,7 @@ class ScalarLlama {
   void Rope(float* x, int64_t position) const;  // one head of head_dim values, in place
   // The attention block of one layer for the new rows x (s, hidden); appends to the cache.
   std::vector<Vec> Attention(const LayerWeights& w, int64_t layer, const std::vector<Vec>& x,
-                             ScalarCache& cache) const;
+                             ScalarCache& cache, const BatchContext* batch) const;
   Vec Mlp(const LayerWeights& w, const Vec& x) const;
   // kReallocLosesRows: grows the cache's capacity to hold `rows`, faultily.
   void Grow(ScalarCache& cache, int64_t rows) const;
