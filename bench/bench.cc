@@ -29,6 +29,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using harness::Backend;
 using harness::BackendSession;
+using harness::BatchItem;
 using harness::MakeBackend;
 using harness::Number;
 using harness::XmlEscape;
@@ -158,6 +159,9 @@ json BackendFigures::ToJson() const {
               {"prefill_tok_s", Number(prefill_tok_s)},
               {"decode_tok_s_ctx64", Number(decode_tok_s_ctx64)},
               {"decode_tok_s_ctx512", Number(decode_tok_s_ctx512)},
+              {"batch_decode_tok_s_1", Number(batch_decode_tok_s_1)},
+              {"batch_decode_tok_s_4", Number(batch_decode_tok_s_4)},
+              {"batch_decode_tok_s_16", Number(batch_decode_tok_s_16)},
               {"full_forward_s_128", Number(full_forward_s_128)},
               {"full_forward_s_512", Number(full_forward_s_512)},
               {"peak_rss_mb", Number(peak_rss_mb)},
@@ -180,6 +184,13 @@ BackendFigures BackendFigures::FromJson(const json& j) {
   f.prefill_tok_s = FromNumber(j.at("prefill_tok_s"));
   f.decode_tok_s_ctx64 = FromNumber(j.at("decode_tok_s_ctx64"));
   f.decode_tok_s_ctx512 = FromNumber(j.at("decode_tok_s_ctx512"));
+  // Reports written before batched decode was measured have none.
+  f.batch_decode_tok_s_1 =
+      j.contains("batch_decode_tok_s_1") ? FromNumber(j.at("batch_decode_tok_s_1")) : 0;
+  f.batch_decode_tok_s_4 =
+      j.contains("batch_decode_tok_s_4") ? FromNumber(j.at("batch_decode_tok_s_4")) : 0;
+  f.batch_decode_tok_s_16 =
+      j.contains("batch_decode_tok_s_16") ? FromNumber(j.at("batch_decode_tok_s_16")) : 0;
   f.full_forward_s_128 = FromNumber(j.at("full_forward_s_128"));
   f.full_forward_s_512 = FromNumber(j.at("full_forward_s_512"));
   f.peak_rss_mb = FromNumber(j.at("peak_rss_mb"));
@@ -275,6 +286,41 @@ BackendFigures MeasureBackend(const std::string& backend, const ModelSource& sou
   double bandwidth_512 = 0;
   f.decode_tok_s_ctx512 = decode(512, bandwidth_512, f.decode_fraction_ctx512);
   f.peak_rss_mb = ReadMemoryUsage().peak_mb;
+
+  // Batched decode: n conversations at context 64, one token each in ONE call, cropped back
+  // between calls. The backend's own batched forward where it has one (impl, ABI-2 plugins,
+  // llama.cpp), else the default's items one after another: the ratio to n = 1 shows which.
+  auto batch_decode = [&](int64_t n) {
+    std::vector<std::unique_ptr<BackendSession>> sessions;
+    std::vector<BatchItem> items;
+    for (int64_t i = 0; i < n; ++i) {
+      sessions.push_back(model->NewSession());
+      GrowTo(*sessions.back(), history, 64);
+      items.push_back({sessions.back().get(), {history[64]}, {}});
+    }
+    return n / median(Repeat(
+                   3 * options.reps, options.max_seconds, true,
+                   [&] {
+                     for (auto& s : sessions) s->Truncate(64);
+                   },
+                   [&] { model->AppendBatch(items); },
+                   Progress(label, fmt::format("batched decode of {} conversations", n),
+                            3 * options.reps)));
+  };
+  // An engine may hold fewer conversations at once (llama.cpp's sessions=N): its refusal is
+  // that figure missing (NaN, printed "-"), said on stderr, not the end of the benchmark.
+  auto batch_figure = [&](int64_t n) {
+    try {
+      return batch_decode(n);
+    } catch (const InputError& e) {
+      fmt::print(stderr, "bench: {}: batched decode of {} conversations refused: {}\n", backend, n,
+                 e.what());
+      return std::numeric_limits<double>::quiet_NaN();
+    }
+  };
+  f.batch_decode_tok_s_1 = batch_figure(1);
+  f.batch_decode_tok_s_4 = batch_figure(4);
+  f.batch_decode_tok_s_16 = batch_figure(16);
 
   auto full = [&](int64_t n) {
     const Tokens tokens = Slice(history, 0, n);

@@ -94,8 +94,11 @@ struct BackendFigures {
   double prefill_tok_s = 0;        // one Append of a 128-token prompt to an empty session
   double decode_tok_s_ctx64 = 0;   // one Append of 1 token to a session holding 64 positions
   double decode_tok_s_ctx512 = 0;  // ... holding 512 positions
-  double full_forward_s_128 = 0;   // ForwardFull of 128 tokens (no cache)
-  double full_forward_s_512 = 0;   // ForwardFull of 512 tokens
+  // Batched decode (a serving engine's step): ONE AppendBatch of one token for each of 1, 4 and
+  // 16 conversations holding 64 positions each; tokens/s = conversations / the call's time.
+  double batch_decode_tok_s_1 = 0, batch_decode_tok_s_4 = 0, batch_decode_tok_s_16 = 0;
+  double full_forward_s_128 = 0;  // ForwardFull of 128 tokens (no cache)
+  double full_forward_s_512 = 0;  // ForwardFull of 512 tokens
   // Peak RSS while loading, prefilling 128 tokens and decoding at contexts 64 and 512 (the
   // 512-position context built in chunks of 128): what serving costs.
   double peak_rss_mb = 0;

@@ -186,6 +186,9 @@ void RunFigures(const BenchArgs& args, const bench::ModelSource& source,
       {"prefill 128 (tok/s)", &bench::BackendFigures::prefill_tok_s, "{:.1f}", true},
       {"decode @ ctx 64 (tok/s)", &bench::BackendFigures::decode_tok_s_ctx64, "{:.1f}", true},
       {"decode @ ctx 512 (tok/s)", &bench::BackendFigures::decode_tok_s_ctx512, "{:.1f}", true},
+      {"batch decode x1 (tok/s)", &bench::BackendFigures::batch_decode_tok_s_1, "{:.1f}", true},
+      {"batch decode x4 (tok/s)", &bench::BackendFigures::batch_decode_tok_s_4, "{:.1f}", true},
+      {"batch decode x16 (tok/s)", &bench::BackendFigures::batch_decode_tok_s_16, "{:.1f}", true},
       {"ForwardFull 128 (s)", &bench::BackendFigures::full_forward_s_128, "{:.3f}", false},
       {"ForwardFull 512 (s)", &bench::BackendFigures::full_forward_s_512, "{:.3f}", false},
       {"peak RSS (MB)", &bench::BackendFigures::peak_rss_mb, "{:.0f}", false},
@@ -272,6 +275,7 @@ void RunFigures(const BenchArgs& args, const bench::ModelSource& source,
   for (const auto& b : others) {
     json ratios;
     for (const char* key : {"prefill_tok_s", "decode_tok_s_ctx64", "decode_tok_s_ctx512",
+                            "batch_decode_tok_s_1", "batch_decode_tok_s_4", "batch_decode_tok_s_16",
                             "full_forward_s_128", "full_forward_s_512", "peak_rss_mb"}) {
       const json& a = out[first][key];
       const json& o = out[b][key];
@@ -285,6 +289,7 @@ void RunFigures(const BenchArgs& args, const bench::ModelSource& source,
   if (has_impl && has_ref) {
     json ratios;
     for (const char* key : {"prefill_tok_s", "decode_tok_s_ctx64", "decode_tok_s_ctx512",
+                            "batch_decode_tok_s_1", "batch_decode_tok_s_4", "batch_decode_tok_s_16",
                             "full_forward_s_128", "full_forward_s_512", "peak_rss_mb"}) {
       const json& a = out["impl"][key];
       const json& b = out["ref"][key];
@@ -413,7 +418,8 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand(
       "bench",
-      "Measure the backends side by side on one model: prefill and decode throughput, uncached "
+      "Measure the backends side by side on one model: prefill and decode throughput, batched "
+      "decode of 1, 4 and 16 conversations in one call, uncached "
       "ForwardFull time, peak memory (each backend in its own child process), and the machine's "
       "memory read bandwidth. With --curve: the cost of one decode step against context length, "
       "cached vs uncached (CSV, and an SVG with --plot). Times are medians; nothing is asserted.");

@@ -41,6 +41,7 @@ TEST(BenchCli, JsonHasEveryAgreedKeyForImpl) {
   EXPECT_GT(j.at("bandwidth_gb_s").get<double>(), 0);
   EXPECT_EQ(j.at("threads"), 2);
   for (const char* key : {"prefill_tok_s", "decode_tok_s_ctx64", "decode_tok_s_ctx512",
+                          "batch_decode_tok_s_1", "batch_decode_tok_s_4", "batch_decode_tok_s_16",
                           "full_forward_s_128", "full_forward_s_512", "peak_rss_mb"}) {
     EXPECT_GT(j.at("impl").at(key).get<double>(), 0) << key;
   }

@@ -75,8 +75,8 @@ TEST_F(BatchStepTest, RecordsTheRowsAskedForUnderTheirConversationAndPosition) {
   std::vector<std::string> rows;
   for (size_t r = rec.steps[1].rows_begin; r < rec.steps[1].rows_end; ++r)
     rows.push_back(rec.rows[r].conversation + "@" + std::to_string(rec.rows[r].position));
-  EXPECT_EQ(rows, (std::vector<std::string>{"main@0", "main@1", "main@2", "main@3", "main@4",
-                                            "b@2"}));
+  EXPECT_EQ(rows,
+            (std::vector<std::string>{"main@0", "main@1", "main@2", "main@3", "main@4", "b@2"}));
   rows.clear();
   for (size_t r = rec.steps[3].rows_begin; r < rec.steps[3].rows_end; ++r)
     rows.push_back(rec.rows[r].conversation + "@" + std::to_string(rec.rows[r].position));
