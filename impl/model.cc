@@ -27,6 +27,14 @@ struct LayerWeights {
   WeightView gate, up, down;  // (inter, hidden) x2, (hidden, inter)
 };
 
+// A part of a forward call and where its rows are among the call's.
+struct PartRows {
+  ForwardPart part;
+  int64_t first_row = 0;  // its first row among all the call's rows
+  int64_t size = 0;       // its number of rows (tokens)
+  int64_t past = 0;       // its cache's length before the call: its first new row goes there
+};
+
 // Buffers for the rows of one forward call, grown (never shrunk) to the largest call seen, so a
 // decode step allocates nothing. Shapes are per call: s = number of new tokens (of every part of
 // a batched call).
@@ -42,6 +50,8 @@ struct Workspace {
   std::vector<float> up;    // (s, inter)
   std::vector<float> act;   // (s, inter): silu(gate) * up
   AttentionScratch scores;  // per thread: (min(s, query tile), keys)
+  std::vector<PartRows> parts;  // the call's parts
+  Tokens tokens;                // every part's tokens, in order
 
   void Reserve(const format::LlamaConfig& c, int64_t s, int threads, int64_t max_keys) {
     auto grow = [](std::vector<float>& v, int64_t n) {
@@ -105,14 +115,6 @@ std::map<std::string, std::vector<uint16_t>> Narrow(const format::ModelWeights& 
   }
   return out;
 }
-
-// A part of a forward call and where its rows are among the call's.
-struct PartRows {
-  ForwardPart part;
-  int64_t first_row = 0;  // its first row among all the call's rows
-  int64_t size = 0;       // its number of rows (tokens)
-  int64_t past = 0;       // its cache's length before the call: its first new row goes there
-};
 
 }  // namespace
 
@@ -214,13 +216,17 @@ struct Model::State {
   // The whole model for the rows of every part (s in all), given already-validated arguments
   // (see Model::Forward and Model::ForwardBatch); the logits of the rows flagged in `output`
   // (every row when it is empty), in row order.
-  Logits Forward(const std::vector<ForwardPart>& forward_parts, const std::vector<bool>& output,
+  Logits Forward(const ForwardPart* forward_parts, size_t count, const std::vector<bool>& output,
                  ForwardTrace* trace) {
     std::lock_guard<std::mutex> lock(mutex);
-    std::vector<PartRows> parts;
-    Tokens tokens;  // every part's, in order
+    // Kept in the workspace (cleared, never shrunk): a decode step allocates only its logits.
+    std::vector<PartRows>& parts = ws.parts;
+    Tokens& tokens = ws.tokens;  // every part's, in order
+    parts.clear();
+    tokens.clear();
     int64_t max_keys = 0, positions = 0;
-    for (const ForwardPart& part : forward_parts) {
+    for (size_t i = 0; i < count; ++i) {
+      const ForwardPart& part = forward_parts[i];
       parts.push_back({part, static_cast<int64_t>(tokens.size()),
                        static_cast<int64_t>(part.tokens->size()), part.cache->Length()});
       tokens.insert(tokens.end(), part.tokens->begin(), part.tokens->end());
@@ -313,7 +319,8 @@ Logits Model::ForwardFull(const Tokens& tokens, ForwardTrace* trace) const {
   // The oracle keeps no cache: the keys and values of this call live in a scratch cache sized to
   // the call and dropped at the end, so every position attends within the call only.
   KvCache scratch(state_->config, n);
-  return state_->Forward({{&tokens, 0, &scratch}}, {}, trace);
+  const ForwardPart part{&tokens, 0, &scratch};
+  return state_->Forward(&part, 1, {}, trace);
 }
 
 Logits Model::Forward(const Tokens& tokens, int64_t index_pos, KvCache& cache,
@@ -344,7 +351,8 @@ Logits Model::Forward(const Tokens& tokens, int64_t index_pos, KvCache& cache,
   KVDIFF_CHECK(past + s <= cache.Capacity(),
                "cache holds {} positions of capacity {}: {} more tokens do not fit", past,
                cache.Capacity(), s);
-  return state_->Forward({{&tokens, index_pos, &cache}}, {}, trace);
+  const ForwardPart part{&tokens, index_pos, &cache};
+  return state_->Forward(&part, 1, {}, trace);
 }
 
 Logits Model::ForwardBatch(const std::vector<ForwardPart>& parts,
@@ -373,7 +381,7 @@ Logits Model::ForwardBatch(const std::vector<ForwardPart>& parts,
   }
   KVDIFF_CHECK(output.empty() || static_cast<int64_t>(output.size()) == rows,
                "ForwardBatch: {} output flags for {} rows", output.size(), rows);
-  return state_->Forward(parts, output, nullptr);
+  return state_->Forward(parts.data(), parts.size(), output, nullptr);
 }
 
 KvCache Model::NewCache(int64_t capacity) const { return KvCache(state_->config, capacity); }

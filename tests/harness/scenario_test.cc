@@ -409,7 +409,7 @@ TEST(GenerateCase, IsAFunctionOfSeedAndIndexAndAlwaysValid) {
       chunked = chunked || s.chunks.size() > 1;
     }
   }
-  EXPECT_EQ(ops.size(), 6u) << "every op appears somewhere in 300 cases";
+  EXPECT_EQ(ops.size(), 8u) << "every op appears somewhere in 300 cases";
   EXPECT_TRUE(chunked);
 }
 
