@@ -42,6 +42,7 @@ struct CheckArgs {
   std::optional<double> tolerance;
   int64_t max_length = harness::kDefaultMaxLength;
   double long_fraction = harness::kDefaultLongFraction;
+  int64_t batch_percent = harness::kDefaultBatchPercent;
   int threads = 1;
   harness::BackendOptions isolation;    // --isolate, --isolate-timeout
   std::string shapes = "fixed";         // --shapes: fixed (one model) or random (one per case)
@@ -74,6 +75,7 @@ harness::CampaignOptions BaseOptions(const CheckArgs& args, harness::ShardSelect
   options.out_dir = args.out_dir;
   options.generation.max_length = args.max_length;
   options.generation.long_fraction = args.long_fraction;
+  options.generation.batch_percent = args.batch_percent;
   options.progress = ProgressLine();
   return options;
 }
@@ -268,6 +270,12 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
                               "--max-length (default {})",
                               harness::kDefaultLongFraction))
       ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--batch-percent", args->batch_percent,
+                  fmt::format("Chance, in percent, that a step is a batch: several conversations "
+                              "in one engine call, as a serving engine runs them (0: none; "
+                              "default {})",
+                              harness::kDefaultBatchPercent))
+      ->check(CLI::Range(0, 100));
   cmd->add_option("--json", args->json, "Write the campaign report as JSON to this file");
   cmd->add_option("--junit", args->junit, "Write a JUnit XML report (one testcase per case)");
   cmd->add_option("--out-dir", args->out_dir, "Where failing cases are written")

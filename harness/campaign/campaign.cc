@@ -128,7 +128,8 @@ nlohmann::json CampaignReport::ToJson() const {
   if (random_shapes) out["shapes"] = "random";  // absent: fixed (reports of before --shapes)
   // What the cases were drawn with: shards drawn otherwise are another campaign (merge refuses).
   out["generation"] = {{"max_length", generation.max_length},
-                       {"long_fraction", generation.long_fraction}};
+                       {"long_fraction", generation.long_fraction},
+                       {"batch_percent", generation.batch_percent}};
   return out;
 }
 

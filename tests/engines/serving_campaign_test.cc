@@ -48,9 +48,9 @@ TEST(ServingCampaign, LlamaCppWithAMicroBatchOf7PassesAndTheSplitSizeIsCrossed) 
 TEST(ServingCampaign, EachFaultOfLlamaCppsBatchedCallIsCaughtWithABatchReplayFile) {
   for (const char* fault : {"batch-shared-positions", "batch-rows-swapped", "batch-one-seq"}) {
     TempDir dir;
-    const CommandResult r = RunKvdiff(
-        std::string("check --cases 200 --backends 'impl,llama.cpp?fault=") + fault + "'",
-        dir.path());
+    const CommandResult r =
+        RunKvdiff(std::string("check --cases 200 --backends 'impl,llama.cpp?fault=") + fault + "'",
+                  dir.path());
     EXPECT_EQ(r.exit_code, 1) << fault << "\n" << r.out << r.err;
     const size_t first = r.out.find("FAIL case ");
     ASSERT_NE(first, std::string::npos) << fault << "\n" << r.out;
