@@ -1,4 +1,4 @@
-// transformers' attention masks.
+// transformers' attention masks and the position_ids generate() derives from them.
 #include "reference/attention_mask.h"
 
 #include <limits>
@@ -34,6 +34,12 @@ Tensor Prepare4dCausalAttentionMask(const Tensor& attention_mask, int64_t sequen
                                        .to(dtype)) == 0;
   visible.copy_(visible.masked_fill(padding_mask, min_dtype));
   return causal_mask;
+}
+
+Tensor PositionIdsFromAttentionMask(const Tensor& attention_mask, int64_t new_length) {
+  Tensor position_ids = attention_mask.cumsum(-1) - 1;
+  position_ids.masked_fill_(attention_mask == 0, 1);
+  return position_ids.narrow(1, position_ids.size(1) - new_length, new_length);
 }
 
 }  // namespace kvdiff::ref

@@ -2,6 +2,9 @@
 // includes LibTorch. One K and one V tensor per layer, grown by concatenation on the sequence
 // dimension (-2). Nothing here knows about positions: the model derives them from SeqLength(),
 // which is why reusing a cache continues the old conversation.
+//
+// A conversation's cache holds batch 1: [1, nkv, P, d]. A padded batch (padded_batch.h) is a
+// DynamicCache of batch B, [B, nkv, P, d], as transformers' cache of a batched generate() is.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -15,8 +18,8 @@
 namespace kvdiff::ref {
 
 struct DynamicCache::Impl {
-  std::vector<at::Tensor> key_cache;    // per layer [1, nkv, P, d]
-  std::vector<at::Tensor> value_cache;  // per layer [1, nkv, P, d]
+  std::vector<at::Tensor> key_cache;    // per layer [B, nkv, P, d]
+  std::vector<at::Tensor> value_cache;  // per layer [B, nkv, P, d]
 
   // get_seq_length(layer_idx=0)
   int64_t SeqLength() const {

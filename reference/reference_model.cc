@@ -4,12 +4,14 @@
 // LlamaModel, LlamaForCausalLM) and cache_utils.py (DynamicCache), so a reader can check each
 // function against its Python twin. Only ATen ops are used, in the order and dtypes Python uses,
 // including the scalar-on-the-left operators (`1.0 / t` is `t.reciprocal() * 1.0` in PyTorch).
-// Beside it: dynamic_cache_impl.h (cache_utils.py), rope_utils.cc (modeling_rope_utils.py) and
-// attention_mask.cc (the 4-D mask).
+// Beside it: dynamic_cache_impl.h (cache_utils.py), rope_utils.cc (modeling_rope_utils.py),
+// attention_mask.cc (the 4-D mask, position_ids from a 2-D mask) and padded_batch.cc (a batch of
+// conversations as a transformers user pads it).
 //
-// Shapes (B = 1: one conversation; the layers take any batch): hidden [B, s, hidden];
-// q [B, nh, s, d]; k, v [B, nkv, s, d]; cached K/V [B, nkv, P, d]; scores [B, nh, s, P+s];
-// mask [B, 1, s, P+s+1]; logits [1, s, vocab].
+// Shapes (B = 1 for one conversation, the padded batch's rows for ForwardBatch): hidden
+// [B, s, hidden]; q [B, nh, s, d]; k, v [B, nkv, s, d]; cached K/V [B, nkv, P, d]; scores
+// [B, nh, s, P+s]; mask [B, 1, s, P+s+1] (one conversation) or [B, 1, s, P+s] (a padded batch);
+// logits [1, s, vocab] (one conversation) or [1, rows asked for, vocab] (a batch).
 #include "reference/reference_model.h"
 
 #include <ATen/ATen.h>
@@ -30,6 +32,7 @@
 #include "format/error.h"
 #include "reference/attention_mask.h"
 #include "reference/dynamic_cache_impl.h"
+#include "reference/padded_batch.h"
 #include "reference/rope_utils.h"
 
 namespace kvdiff::ref {
@@ -364,6 +367,63 @@ struct ReferenceModel::Impl {
     }
   }
 
+  void CheckBatch(const std::vector<BatchRow>& rows, const std::vector<BatchPart>& parts) const {
+    KVDIFF_CHECK(!parts.empty(), "ForwardBatch: no parts (expected at least one)");
+    for (size_t i = 0; i < parts.size(); ++i) {
+      KVDIFF_CHECK(rows[i].cache != nullptr && rows[i].tokens != nullptr,
+                   "ForwardBatch: part {} has no cache or no tokens", i);
+      for (size_t j = 0; j < i; ++j) {
+        KVDIFF_CHECK(rows[j].cache != rows[i].cache, "ForwardBatch: parts {} and {} share a cache",
+                     j, i);
+      }
+      CheckCacheBelongs(*rows[i].cache);
+      CheckTokens(*rows[i].tokens, rows[i].cache->SeqLength());
+      KVDIFF_CHECK(parts[i].output.empty() || parts[i].output.size() == rows[i].tokens->size(),
+                   "ForwardBatch: part {} has {} output flags for {} tokens", i,
+                   parts[i].output.size(), rows[i].tokens->size());
+    }
+  }
+
+  // The padded batch (padded_batch.h) through LlamaModel; then lm_head on the rows asked for
+  // only (logits_to_keep given as indices: a padded row's logits would be thrown away).
+  std::vector<Logits> ForwardBatch(const std::vector<BatchRow>& rows,
+                                   const std::vector<BatchPart>& parts,
+                                   BatchPositions positions) const {
+    CheckBatch(rows, parts);
+    UseThreads();
+    std::vector<int64_t> lengths;  // each cache's, to roll back to on a failure
+    for (const BatchRow& row : rows) lengths.push_back(row.cache->SeqLength());
+
+    c10::InferenceMode guard;
+    try {
+      PaddedBatch batch = LeftPad(rows);
+      Tensor position_ids =
+          positions == BatchPositions::kFromAttentionMask
+              ? PositionIdsFromAttentionMask(batch.attention_mask, batch.new_length)
+              : Tensor();  // None: LlamaModel falls back to cache_position
+      Tensor hidden_states =
+          LlamaModel(batch.input_ids, position_ids, batch.attention_mask, batch.padded_inputs,
+                     &batch.past, nullptr);  // [B, S, hidden]
+      const std::vector<int64_t> keep = OutputRows(batch, parts);
+      Logits kept(0, config.vocab_size);
+      if (!keep.empty()) {
+        Tensor rows_kept = hidden_states.reshape({-1, config.hidden_size})
+                               .index_select(0, at::tensor(keep, at::kLong))
+                               .unsqueeze(0);            // [1, kept, hidden]
+        kept = ToRowMatrix(Linear(rows_kept, lm_head));  // [kept, vocab]
+      }
+      AppendNewKeyValues(batch.past, batch, rows);
+
+      return SplitByPart(kept, parts);
+    } catch (const c10::Error& e) {
+      for (size_t b = 0; b < rows.size(); ++b) RollBack(*rows[b].cache, lengths[b]);
+      RethrowTorchError(e, "batched forward");
+    } catch (...) {
+      for (size_t b = 0; b < rows.size(); ++b) RollBack(*rows[b].cache, lengths[b]);
+      throw;
+    }
+  }
+
   static void RollBack(DynamicCache::Impl& cache, int64_t length) {
     if (length == 0) {
       cache.key_cache.clear();
@@ -443,6 +503,15 @@ Logits ReferenceModel::ForwardFull(const Tokens& tokens, ForwardTrace* trace) co
 Logits ReferenceModel::Forward(const Tokens& tokens, DynamicCache& cache,
                                ForwardTrace* trace) const {
   return impl_->Forward(tokens, cache.impl_.get(), trace);
+}
+
+std::vector<Logits> ReferenceModel::ForwardBatch(const std::vector<BatchPart>& parts,
+                                                 BatchPositions positions) const {
+  std::vector<BatchRow> rows;
+  for (const BatchPart& part : parts) {
+    rows.push_back({part.cache != nullptr ? part.cache->impl_.get() : nullptr, part.tokens});
+  }
+  return impl_->ForwardBatch(rows, parts, positions);
 }
 
 }  // namespace kvdiff::ref
