@@ -159,14 +159,14 @@ TEST(ReferenceBatch, BatchEqualsEachConversationAlone) {
   }
 }
 
-// Every returned row is finite however much padding its batch holds: the padded queries of part 5
-// of kMixed see only padded keys, whose additive mask is finfo.min (not -inf), and padded inputs
-// are held at zero, so no padded key can bring an overflow into a real row.
+// Every returned row is finite however much padding its batch holds: the 63 padded queries of
+// part 0 see only padded keys, whose additive mask is finfo.min (not -inf: 0/0 would be NaN), and
+// padded inputs are held at zero, so no padded key can bring an overflow into a real row.
 TEST(ReferenceBatch, PaddedRowsNeverYieldNaN) {
   for (Precision precision : {Precision::kFloat32, Precision::kFloat64}) {
     SCOPED_TRACE(Name(precision));
     ReferenceModel model(MakeWeights(TinyConfig(true), 5), precision, kThreads);
-    // One new conversation of one token beside a long chunk: 63 padded queries in its row.
+    // A new conversation of one token beside a chunk of 64.
     const std::vector<Part> parts = {{0, 1, {}}, {30, 64, {}}, {1, 2, {}}};
     const std::vector<Tokens> histories = Histories(parts, model.config().vocab_size);
     std::vector<DynamicCache> caches = Pasts(model, parts, histories);
