@@ -4,9 +4,14 @@
 // LlamaModel, LlamaForCausalLM) and cache_utils.py (DynamicCache), so a reader can check each
 // function against its Python twin. Only ATen ops are used, in the order and dtypes Python uses,
 // including the scalar-on-the-left operators (`1.0 / t` is `t.reciprocal() * 1.0` in PyTorch).
+// Beside it: dynamic_cache_impl.h (cache_utils.py), rope_utils.cc (modeling_rope_utils.py),
+// attention_mask.cc (the 4-D mask, position_ids from a 2-D mask) and padded_batch.cc (a batch of
+// conversations as a transformers user pads it).
 //
-// Shapes (batch is always 1): hidden [1, s, hidden]; q [1, nh, s, d]; k, v [1, nkv, s, d];
-// cached K/V [1, nkv, P, d]; scores [1, nh, s, P+s]; mask [1, 1, s, P+s+1]; logits [1, s, vocab].
+// Shapes (B = 1 for one conversation, the padded batch's rows for ForwardBatch): hidden
+// [B, s, hidden]; q [B, nh, s, d]; k, v [B, nkv, s, d]; cached K/V [B, nkv, P, d]; scores
+// [B, nh, s, P+s]; mask [B, 1, s, P+s+1] (one conversation) or [B, 1, s, P+s] (a padded batch);
+// logits [1, s, vocab] (one conversation) or [1, rows asked for, vocab] (a batch).
 #include "reference/reference_model.h"
 
 #include <ATen/ATen.h>
@@ -17,7 +22,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -26,6 +30,10 @@
 #include <vector>
 
 #include "format/error.h"
+#include "reference/attention_mask.h"
+#include "reference/dynamic_cache_impl.h"
+#include "reference/padded_batch.h"
+#include "reference/rope_utils.h"
 
 namespace kvdiff::ref {
 namespace {
@@ -50,8 +58,6 @@ void HoldBlasThreads(int threads) {
 
 using at::Tensor;
 
-constexpr double kPi = 3.141592653589793;  // math.pi
-
 at::ScalarType ModelDtype(Precision precision) {
   return precision == Precision::kFloat64 ? at::kDouble : at::kFloat;
 }
@@ -64,17 +70,11 @@ const char* PrecisionName(Precision precision) {
   return precision == Precision::kFloat64 ? "float64" : "float32";
 }
 
-// torch.finfo(dtype).min: the additive mask value for hidden keys.
-double MinOf(at::ScalarType dtype) {
-  return dtype == at::kDouble ? std::numeric_limits<double>::lowest()
-                              : static_cast<double>(std::numeric_limits<float>::lowest());
-}
-
 std::string ShapeString(at::IntArrayRef shape) {
   return fmt::format("[{}]", fmt::join(shape.begin(), shape.end(), ", "));
 }
 
-// [1, s, cols] (any float dtype) -> row-major float [s, cols].
+// [B, s, cols] (any float dtype) -> row-major float [B*s, cols].
 RowMatrix ToRowMatrix(const Tensor& t) {
   Tensor rows = t.reshape({-1, t.size(-1)}).to(at::kFloat).contiguous();
   RowMatrix out(rows.size(0), rows.size(1));
@@ -101,81 +101,6 @@ struct LayerWeights {
 };
 
 }  // namespace
-
-// ---------------------------------------------------------------------------------------------
-// DynamicCache (cache_utils.py): one K and one V tensor per layer, grown by concatenation on the
-// sequence dimension (-2). Nothing here knows about positions: the model derives them from
-// GetSeqLength(), which is why reusing a cache continues the old conversation.
-
-struct DynamicCache::Impl {
-  std::vector<Tensor> key_cache;    // per layer [1, nkv, P, d]
-  std::vector<Tensor> value_cache;  // per layer [1, nkv, P, d]
-
-  // get_seq_length(layer_idx=0)
-  int64_t SeqLength() const {
-    if (key_cache.empty() || !key_cache[0].defined() || key_cache[0].numel() == 0) return 0;
-    return key_cache[0].size(-2);
-  }
-
-  // update(key_states, value_states, layer_idx): returns the whole K/V of that layer.
-  std::pair<Tensor, Tensor> Update(const Tensor& key_states, const Tensor& value_states,
-                                   size_t layer_idx) {
-    if (key_cache.size() <= layer_idx) {
-      key_cache.push_back(key_states);
-      value_cache.push_back(value_states);
-    } else if (key_cache[layer_idx].numel() == 0) {
-      key_cache[layer_idx] = key_states;
-      value_cache[layer_idx] = value_states;
-    } else {
-      key_cache[layer_idx] = at::cat({key_cache[layer_idx], key_states}, -2);
-      value_cache[layer_idx] = at::cat({value_cache[layer_idx], value_states}, -2);
-    }
-    return {key_cache[layer_idx], value_cache[layer_idx]};
-  }
-
-  // crop(max_length): views of the first max_length positions, as transformers slices them.
-  void CropTo(int64_t length) {
-    for (size_t l = 0; l < key_cache.size(); ++l) {
-      if (key_cache[l].numel() == 0) continue;
-      key_cache[l] = key_cache[l].narrow(-2, 0, length);
-      value_cache[l] = value_cache[l].narrow(-2, 0, length);
-    }
-  }
-};
-
-DynamicCache::DynamicCache() : impl_(std::make_unique<Impl>()) {}
-DynamicCache::~DynamicCache() = default;
-DynamicCache::DynamicCache(DynamicCache&&) noexcept = default;
-DynamicCache& DynamicCache::operator=(DynamicCache&&) noexcept = default;
-
-int64_t DynamicCache::GetSeqLength() const { return impl_->SeqLength(); }
-
-void DynamicCache::Crop(int64_t length) {
-  const int64_t current = impl_->SeqLength();
-  // transformers accepts a negative length (meaning "drop that many") and ignores a length past
-  // the end; both are misuse in a checked API, so they are refused here.
-  KVDIFF_CHECK(length >= 0, "DynamicCache::Crop: length must be >= 0, got {}", length);
-  KVDIFF_CHECK(length <= current,
-               "DynamicCache::Crop: length {} is beyond the cache length {} (Crop only shortens)",
-               length, current);
-  c10::InferenceMode guard;
-  impl_->CropTo(length);
-}
-
-void DynamicCache::Reset() {
-  impl_->key_cache.clear();
-  impl_->value_cache.clear();
-}
-
-DynamicCache DynamicCache::Fork() const {
-  c10::InferenceMode guard;
-  DynamicCache copy;
-  for (size_t l = 0; l < impl_->key_cache.size(); ++l) {
-    copy.impl_->key_cache.push_back(impl_->key_cache[l].clone());
-    copy.impl_->value_cache.push_back(impl_->value_cache[l].clone());
-  }
-  return copy;
-}
 
 // ---------------------------------------------------------------------------------------------
 // The model.
@@ -218,49 +143,18 @@ struct ReferenceModel::Impl {
     }
   }
 
-  // ---- LlamaRotaryEmbedding.__init__: rope_init_fn(config) -> inv_freq ----
-  // _compute_default_rope_parameters: 1.0 / (base ** (arange(0, dim, 2, int64).float() / dim))
-  Tensor ComputeDefaultInvFreq() const {
-    const int64_t dim = config.head_dim;
-    Tensor exponent = at::arange(0, dim, 2, at::kLong).to(upcast) / dim;
-    return at::pow(config.rope_theta, exponent).reciprocal() * 1.0;
-  }
-
-  // _compute_llama3_parameters: long wavelengths slowed by `factor`, short ones kept, a smooth
-  // blend between; the same tensor expressions as transformers, in the same dtype.
-  Tensor ComputeLlama3InvFreq() const {
-    const format::RopeScaling& s = *config.rope_scaling;
-    Tensor inv_freq = ComputeDefaultInvFreq();
-    const double factor = s.factor;
-    const double low_freq_factor = s.low_freq_factor;
-    const double high_freq_factor = s.high_freq_factor;
-    const double old_context_len = static_cast<double>(s.original_max_position_embeddings);
-    const double low_freq_wavelen = old_context_len / low_freq_factor;
-    const double high_freq_wavelen = old_context_len / high_freq_factor;
-
-    Tensor wavelen = inv_freq.reciprocal() * (2 * kPi);  // 2 * math.pi / inv_freq
-    Tensor inv_freq_llama = at::where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq);
-    Tensor smooth_factor = (wavelen.reciprocal() * old_context_len - low_freq_factor) /
-                           (high_freq_factor - low_freq_factor);
-    Tensor smoothed_inv_freq =
-        at::rsub(smooth_factor, 1) * inv_freq_llama / factor + smooth_factor * inv_freq_llama;
-    Tensor is_medium_freq =
-        (wavelen < high_freq_wavelen).logical_not() * (wavelen > low_freq_wavelen).logical_not();
-    return at::where(is_medium_freq, smoothed_inv_freq, inv_freq_llama);
-  }
-
-  // LlamaRotaryEmbedding.forward(x, position_ids) -> cos, sin [1, s, d] in the model dtype.
-  std::pair<Tensor, Tensor> RotaryEmbedding(const Tensor& position_ids /*[1, s] long*/) const {
+  // LlamaRotaryEmbedding.forward(x, position_ids) -> cos, sin [B, s, d] in the model dtype.
+  std::pair<Tensor, Tensor> RotaryEmbedding(const Tensor& position_ids /*[B, s] long*/) const {
     Tensor inv_freq_expanded =
         inv_freq.index({at::indexing::None, at::indexing::Slice(), at::indexing::None})
             .to(upcast)
-            .expand({position_ids.size(0), -1, 1});  // [1, d/2, 1]
+            .expand({position_ids.size(0), -1, 1});  // [B, d/2, 1]
     Tensor position_ids_expanded =
         position_ids.index({at::indexing::Slice(), at::indexing::None, at::indexing::Slice()})
-            .to(upcast);  // [1, 1, s]
+            .to(upcast);  // [B, 1, s]
     Tensor freqs =
-        at::matmul(inv_freq_expanded, position_ids_expanded).transpose(1, 2);  // [1,s,d/2]
-    Tensor emb = at::cat({freqs, freqs}, -1);                                  // [1, s, d]
+        at::matmul(inv_freq_expanded, position_ids_expanded).transpose(1, 2);  // [B,s,d/2]
+    Tensor emb = at::cat({freqs, freqs}, -1);                                  // [B, s, d]
     // attention_scaling is 1.0 for the default and llama3 rope types: no multiply needed.
     return {emb.cos().to(dtype), emb.sin().to(dtype)};
   }
@@ -281,7 +175,7 @@ struct ReferenceModel::Impl {
     return at::cat({-x2, x1}, -1);
   }
 
-  // apply_rotary_pos_emb with unsqueeze_dim=1: cos/sin [1, s, d] -> [1, 1, s, d].
+  // apply_rotary_pos_emb with unsqueeze_dim=1: cos/sin [B, s, d] -> [B, 1, s, d].
   static std::pair<Tensor, Tensor> ApplyRotaryPosEmb(const Tensor& q, const Tensor& k, Tensor cos,
                                                      Tensor sin) {
     cos = cos.unsqueeze(1);
@@ -291,7 +185,7 @@ struct ReferenceModel::Impl {
     return {q_embed, k_embed};
   }
 
-  // repeat_kv: [1, nkv, L, d] -> [1, nkv*n_rep, L, d]; query head h reads KV head h / n_rep.
+  // repeat_kv: [B, nkv, L, d] -> [B, nkv*n_rep, L, d]; query head h reads KV head h / n_rep.
   static Tensor RepeatKv(const Tensor& hidden_states, int64_t n_rep) {
     if (n_rep == 1) return hidden_states;
     const int64_t batch = hidden_states.size(0), nkv = hidden_states.size(1),
@@ -299,18 +193,6 @@ struct ReferenceModel::Impl {
     return hidden_states.unsqueeze(2)
         .expand({batch, nkv, n_rep, slen, head_dim})
         .reshape({batch, nkv * n_rep, slen, head_dim});
-  }
-
-  // LlamaModel._prepare_4d_causal_attention_mask_with_cache_position (no padding mask).
-  // target_length is past_seen_tokens + s + 1 for a DynamicCache, as transformers sizes it.
-  Tensor CausalMask(int64_t sequence_length, int64_t target_length,
-                    const Tensor& cache_position) const {
-    const double min_dtype = MinOf(dtype);
-    Tensor causal_mask =
-        at::full({sequence_length, target_length}, min_dtype, at::TensorOptions().dtype(dtype));
-    if (sequence_length != 1) causal_mask = at::triu(causal_mask, /*diagonal=*/1);
-    causal_mask *= at::arange(target_length, at::kLong) > cache_position.reshape({-1, 1});
-    return causal_mask.index({at::indexing::None, at::indexing::None}).expand({1, 1, -1, -1});
   }
 
   // eager_attention_forward: scores in the model dtype, softmax in float32, cast back.
@@ -324,8 +206,8 @@ struct ReferenceModel::Impl {
     Tensor causal_mask = attention_mask.narrow(-1, 0, key_states.size(-2));
     attn_weights = attn_weights + causal_mask;
     attn_weights = at::softmax(attn_weights, -1, upcast).to(query.scalar_type());
-    Tensor attn_output = at::matmul(attn_weights, value_states);  // [1, nh, s, d]
-    return attn_output.transpose(1, 2).contiguous();              // [1, s, nh, d]
+    Tensor attn_output = at::matmul(attn_weights, value_states);  // [B, nh, s, d]
+    return attn_output.transpose(1, 2).contiguous();              // [B, s, nh, d]
   }
 
   // at::linear, except that a single row goes through a matrix-vector product. For every call
@@ -345,8 +227,8 @@ struct ReferenceModel::Impl {
                    const std::pair<Tensor, Tensor>& position_embeddings,
                    const Tensor& attention_mask, DynamicCache::Impl* past_key_value,
                    size_t layer_idx) const {
-    const int64_t s = hidden_states.size(1);
-    const std::vector<int64_t> hidden_shape = {1, s, -1, config.head_dim};
+    const int64_t b = hidden_states.size(0), s = hidden_states.size(1);
+    const std::vector<int64_t> hidden_shape = {b, s, -1, config.head_dim};
     Tensor query_states = Linear(hidden_states, w.q_proj).view(hidden_shape).transpose(1, 2);
     Tensor key_states = Linear(hidden_states, w.k_proj).view(hidden_shape).transpose(1, 2);
     Tensor value_states = Linear(hidden_states, w.v_proj).view(hidden_shape).transpose(1, 2);
@@ -357,7 +239,7 @@ struct ReferenceModel::Impl {
     if (past_key_value != nullptr) std::tie(k, v) = past_key_value->Update(k, v, layer_idx);
 
     Tensor attn_output = EagerAttention(q, k, v, attention_mask);
-    attn_output = attn_output.reshape({1, s, -1}).contiguous();
+    attn_output = attn_output.reshape({b, s, -1}).contiguous();
     return Linear(attn_output, w.o_proj);
   }
 
@@ -418,14 +300,51 @@ struct ReferenceModel::Impl {
                  PrecisionName(precision));
   }
 
+  // LibTorch's and OpenBLAS's thread counts are process-wide: each call sets its own.
+  void UseThreads() const {
+    if (at::get_num_threads() != threads) at::set_num_threads(threads);
+    HoldBlasThreads(threads);
+  }
+
+  // LlamaModel.forward, then LlamaForCausalLM's final norm: hidden states [B, s, hidden].
+  // position_ids undefined: LlamaModel's fallback, cache_position for every row. attention_mask
+  // (2-D, [B, P+s]) undefined: nothing is padded. padded_inputs [B, s, 1] (or undefined): the
+  // input columns that are padding.
+  Tensor LlamaModel(const Tensor& input_ids, Tensor position_ids, const Tensor& attention_mask,
+                    const Tensor& padded_inputs, DynamicCache::Impl* past_key_values,
+                    ForwardTrace* trace) const {
+    const int64_t batch_size = input_ids.size(0), s = input_ids.size(1);
+    const int64_t past_seen_tokens = past_key_values ? past_key_values->SeqLength() : 0;
+    Tensor inputs_embeds = at::embedding(embed_tokens, input_ids);  // [B, s, hidden]
+    Tensor cache_position = at::arange(past_seen_tokens, past_seen_tokens + s, at::kLong);
+    if (!position_ids.defined()) position_ids = cache_position.unsqueeze(0);
+    // Without a 2-D mask transformers sizes a DynamicCache's mask one past the keys; the
+    // attention narrows it to the keys.
+    const int64_t target_length =
+        attention_mask.defined() ? attention_mask.size(-1) : past_seen_tokens + s + 1;
+    Tensor causal_mask = Prepare4dCausalAttentionMask(attention_mask, s, target_length, dtype,
+                                                      cache_position, batch_size);
+    Tensor hidden_states = inputs_embeds;
+    const std::pair<Tensor, Tensor> position_embeddings = RotaryEmbedding(position_ids);
+    for (size_t l = 0; l < layers.size(); ++l) {
+      // Padded inputs are held at zero, so their K/V are exactly 0 (RMSNorm and the projections
+      // map 0 to 0). transformers lets them compute freely, which gives a real row the same
+      // result as long as they stay finite; held at zero, a padded key can never bring an
+      // overflow into a real row (its score inf, or its weight 0 times an inf value: NaN).
+      if (padded_inputs.defined()) hidden_states = hidden_states.masked_fill(padded_inputs, 0);
+      hidden_states =
+          DecoderLayer(hidden_states, l, position_embeddings, causal_mask, past_key_values, trace);
+    }
+    return RmsNorm(hidden_states, norm);
+  }
+
   // LlamaForCausalLM.forward(input_ids, past_key_values=cache, use_cache=cache != nullptr).
   Logits Forward(const Tokens& tokens, DynamicCache::Impl* past_key_values,
                  ForwardTrace* trace) const {
     const int64_t past_seen_tokens = past_key_values ? past_key_values->SeqLength() : 0;
     if (past_key_values != nullptr) CheckCacheBelongs(*past_key_values);
     CheckTokens(tokens, past_seen_tokens);
-    if (at::get_num_threads() != threads) at::set_num_threads(threads);
-    HoldBlasThreads(threads);
+    UseThreads();
     if (trace != nullptr) trace->layers.assign(config.num_hidden_layers, LayerTrace{});
 
     c10::InferenceMode guard;
@@ -433,20 +352,8 @@ struct ReferenceModel::Impl {
       const int64_t s = static_cast<int64_t>(tokens.size());
       std::vector<int64_t> ids(tokens.begin(), tokens.end());
       Tensor input_ids = at::tensor(ids, at::kLong).reshape({1, s});
-
-      // LlamaModel.forward
-      Tensor inputs_embeds = at::embedding(embed_tokens, input_ids);  // [1, s, hidden]
-      Tensor cache_position = at::arange(past_seen_tokens, past_seen_tokens + s, at::kLong);
-      Tensor position_ids = cache_position.unsqueeze(0);
-      Tensor causal_mask = CausalMask(s, past_seen_tokens + s + 1, cache_position);
-      Tensor hidden_states = inputs_embeds;
-      const std::pair<Tensor, Tensor> position_embeddings = RotaryEmbedding(position_ids);
-      for (size_t l = 0; l < layers.size(); ++l) {
-        hidden_states = DecoderLayer(hidden_states, l, position_embeddings, causal_mask,
-                                     past_key_values, trace);
-      }
-      hidden_states = RmsNorm(hidden_states, norm);
-
+      Tensor hidden_states =
+          LlamaModel(input_ids, Tensor(), Tensor(), Tensor(), past_key_values, trace);
       // LlamaForCausalLM: logits for every position (logits_to_keep = 0).
       Tensor logits = Linear(hidden_states, lm_head);  // [1, s, vocab]
       return ToRowMatrix(logits);
@@ -456,6 +363,63 @@ struct ReferenceModel::Impl {
       RethrowTorchError(e, "forward");
     } catch (...) {
       if (past_key_values != nullptr) RollBack(*past_key_values, past_seen_tokens);
+      throw;
+    }
+  }
+
+  void CheckBatch(const std::vector<BatchRow>& rows, const std::vector<BatchPart>& parts) const {
+    KVDIFF_CHECK(!parts.empty(), "ForwardBatch: no parts (expected at least one)");
+    for (size_t i = 0; i < parts.size(); ++i) {
+      KVDIFF_CHECK(rows[i].cache != nullptr && rows[i].tokens != nullptr,
+                   "ForwardBatch: part {} has no cache or no tokens", i);
+      for (size_t j = 0; j < i; ++j) {
+        KVDIFF_CHECK(rows[j].cache != rows[i].cache, "ForwardBatch: parts {} and {} share a cache",
+                     j, i);
+      }
+      CheckCacheBelongs(*rows[i].cache);
+      CheckTokens(*rows[i].tokens, rows[i].cache->SeqLength());
+      KVDIFF_CHECK(parts[i].output.empty() || parts[i].output.size() == rows[i].tokens->size(),
+                   "ForwardBatch: part {} has {} output flags for {} tokens", i,
+                   parts[i].output.size(), rows[i].tokens->size());
+    }
+  }
+
+  // The padded batch (padded_batch.h) through LlamaModel; then lm_head on the rows asked for
+  // only (logits_to_keep given as indices: a padded row's logits would be thrown away).
+  std::vector<Logits> ForwardBatch(const std::vector<BatchRow>& rows,
+                                   const std::vector<BatchPart>& parts,
+                                   BatchPositions positions) const {
+    CheckBatch(rows, parts);
+    UseThreads();
+    std::vector<int64_t> lengths;  // each cache's, to roll back to on a failure
+    for (const BatchRow& row : rows) lengths.push_back(row.cache->SeqLength());
+
+    c10::InferenceMode guard;
+    try {
+      PaddedBatch batch = LeftPad(rows);
+      Tensor position_ids =
+          positions == BatchPositions::kFromAttentionMask
+              ? PositionIdsFromAttentionMask(batch.attention_mask, batch.new_length)
+              : Tensor();  // None: LlamaModel falls back to cache_position
+      Tensor hidden_states =
+          LlamaModel(batch.input_ids, position_ids, batch.attention_mask, batch.padded_inputs,
+                     &batch.past, nullptr);  // [B, S, hidden]
+      const std::vector<int64_t> keep = OutputRows(batch, parts);
+      Logits kept(0, config.vocab_size);
+      if (!keep.empty()) {
+        Tensor rows_kept = hidden_states.reshape({-1, config.hidden_size})
+                               .index_select(0, at::tensor(keep, at::kLong))
+                               .unsqueeze(0);            // [1, kept, hidden]
+        kept = ToRowMatrix(Linear(rows_kept, lm_head));  // [kept, vocab]
+      }
+      AppendNewKeyValues(batch.past, batch, rows);
+
+      return SplitByPart(kept, parts);
+    } catch (const c10::Error& e) {
+      for (size_t b = 0; b < rows.size(); ++b) RollBack(*rows[b].cache, lengths[b]);
+      RethrowTorchError(e, "batched forward");
+    } catch (...) {
+      for (size_t b = 0; b < rows.size(); ++b) RollBack(*rows[b].cache, lengths[b]);
       throw;
     }
   }
@@ -518,7 +482,9 @@ ReferenceModel::ReferenceModel(std::shared_ptr<const format::ModelWeights> weigh
     m.norm = m.Weight("model.norm.weight");
     // Tied: lm_head.weight is the embedding Parameter itself, not a copy.
     m.lm_head = m.config.tie_word_embeddings ? m.embed_tokens : m.Weight("lm_head.weight");
-    m.inv_freq = m.config.rope_scaling ? m.ComputeLlama3InvFreq() : m.ComputeDefaultInvFreq();
+    // LlamaRotaryEmbedding.__init__: rope_init_fn(config) -> inv_freq
+    m.inv_freq = m.config.rope_scaling ? ComputeLlama3Parameters(m.config, m.upcast)
+                                       : ComputeDefaultRopeParameters(m.config, m.upcast);
   } catch (const c10::Error& e) {
     RethrowTorchError(e, "construction");
   }
@@ -537,6 +503,15 @@ Logits ReferenceModel::ForwardFull(const Tokens& tokens, ForwardTrace* trace) co
 Logits ReferenceModel::Forward(const Tokens& tokens, DynamicCache& cache,
                                ForwardTrace* trace) const {
   return impl_->Forward(tokens, cache.impl_.get(), trace);
+}
+
+std::vector<Logits> ReferenceModel::ForwardBatch(const std::vector<BatchPart>& parts,
+                                                 BatchPositions positions) const {
+  std::vector<BatchRow> rows;
+  for (const BatchPart& part : parts) {
+    rows.push_back({part.cache != nullptr ? part.cache->impl_.get() : nullptr, part.tokens});
+  }
+  return impl_->ForwardBatch(rows, parts, positions);
 }
 
 }  // namespace kvdiff::ref

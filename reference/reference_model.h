@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "format/model_files.h"
 #include "format/tensor.h"
@@ -31,10 +32,30 @@ class DynamicCache {
   void Reset();               // empties it
   DynamicCache Fork() const;  // explicit deep copy
 
+  struct Impl;  // its tensors: reference/dynamic_cache_impl.h, seen by reference/ only
+
  private:
   friend class ReferenceModel;
-  struct Impl;
   std::unique_ptr<Impl> impl_;
+};
+
+// One conversation's part of a batched forward (ReferenceModel::ForwardBatch): the tokens appended
+// to its cache, and which of their logits rows come back.
+struct BatchPart {
+  DynamicCache* cache = nullptr;
+  const Tokens* tokens = nullptr;
+  std::vector<bool> output;  // one flag per token; empty: every row
+};
+
+// Where a batched forward's position_ids come from.
+enum class BatchPositions {
+  // attention_mask.cumsum(-1) - 1, as generate() passes them: each row at its own positions.
+  kFromAttentionMask,
+  // None passed, a user bug: LlamaModel falls back to cache_position, the padded batch's columns
+  // P..P+S-1, for every row (transformers#18478, unsloth#3699). A row's new tokens then sit
+  // (P - P_b) + (S - S_b) positions past their own: harmless for RoPE's relative angles within
+  // the call, wrong against the row's cached keys, and every later call sees the shifted keys.
+  kCachePosition,
 };
 
 class ReferenceModel {
@@ -51,6 +72,18 @@ class ReferenceModel {
   Logits ForwardFull(const Tokens& tokens, ForwardTrace* trace = nullptr) const;
   // model(input_ids, past_key_values=cache, use_cache=True): positions from the cache length.
   Logits Forward(const Tokens& tokens, DynamicCache& cache, ForwardTrace* trace = nullptr) const;
+
+  // Several conversations in ONE forward, as a transformers user batches them (padded_batch.h):
+  // every part's cached K/V and new tokens left-padded to the longest, an attention mask over the
+  // padding, per-row position_ids, one forward of the padded batch through the same layers; then
+  // each part's new K/V appended to its own cache and its rows un-padded. Returns, per part, the
+  // logits of the rows its `output` flags ask for [rows, vocab], in token order. Checked before
+  // anything runs (InputError: no parts, an empty or out-of-range token, a cache named twice or
+  // of another model, past max_position_embeddings, output flags of the wrong count); a call
+  // that throws changes no cache.
+  std::vector<Logits> ForwardBatch(
+      const std::vector<BatchPart>& parts,
+      BatchPositions positions = BatchPositions::kFromAttentionMask) const;
 
  private:
   struct Impl;

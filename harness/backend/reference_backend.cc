@@ -1,7 +1,12 @@
 // The LibTorch backends ("ref" float32, "ref64" float64): a ReferenceModel behind the Backend
 // interface. A session is what a transformers user holds between calls: the model and one
 // DynamicCache; the raw call is model(input_ids, past_key_values=cache), which reads the position
-// from the cache. Compiled only with KVDIFF_WITH_TORCH; it includes reference/'s torch-free header.
+// from the cache; a batched call is one forward of a left-padded batch with an attention mask and
+// per-row position_ids (ReferenceModel::ForwardBatch). Compiled only with KVDIFF_WITH_TORCH; it
+// includes reference/'s torch-free header.
+#include <fmt/format.h>
+
+#include <string>
 #include <utility>
 
 #include "format/error.h"
@@ -12,16 +17,28 @@
 namespace kvdiff::harness {
 namespace {
 
+// The reference as a transformers user drives it: the model, and how that user's batched calls
+// make position_ids (right, or not at all: `ref?batch=no-position-ids`).
+struct ReferenceUser {
+  ref::ReferenceModel model;
+  ref::BatchPositions batch_positions;
+
+  const format::LlamaConfig& config() const { return model.config(); }
+  Logits ForwardFull(const Tokens& tokens, ForwardTrace* trace) const {
+    return model.ForwardFull(tokens, trace);
+  }
+};
+
 // A transformers user's session is the model and one DynamicCache, which is also the raw call's
 // cache: model(input_ids, past_key_values=cache) reads the position from the cache length.
 struct ReferenceOps {
-  using Model = ref::ReferenceModel;
+  using Model = ReferenceUser;
   using Session = ref::DynamicCache;
   using Cache = ref::DynamicCache;
   static Session NewSession(const Model&) { return ref::DynamicCache(); }
-  static Logits Append(const Model& model, Session& cache, const Tokens& tokens,
+  static Logits Append(const Model& user, Session& cache, const Tokens& tokens,
                        ForwardTrace* trace) {
-    return model.Forward(tokens, cache, trace);
+    return user.model.Forward(tokens, cache, trace);
   }
   static void Truncate(Session& cache, int64_t length) { cache.Crop(length); }
   static void Reset(Session& cache) { cache.Reset(); }
@@ -31,59 +48,89 @@ struct ReferenceOps {
   static void Clear(Cache& cache) { cache.Reset(); }
   static Cache Fork(const Cache& cache) { return cache.Fork(); }
   // transformers takes no position: index_pos is ignored, as RawCall::kPositionFromCache says.
-  static Logits Forward(const Model& model, const Tokens& tokens, int64_t /*index_pos*/,
+  static Logits Forward(const Model& user, const Tokens& tokens, int64_t /*index_pos*/,
                         Cache& cache, ForwardTrace* trace) {
-    return model.Forward(tokens, cache, trace);
+    return user.model.Forward(tokens, cache, trace);
   }
-  // No batched forward yet: Backend::AppendBatch runs the items one after another.
-  static constexpr bool kBatched = false;
-  static std::vector<Logits> AppendBatch(const Model&, const std::vector<Session*>&,
-                                         const std::vector<BatchItem>&) {
-    return {};
+  // transformers' padded batch: the items' caches and tokens left-padded, one forward.
+  static constexpr bool kBatched = true;
+  static std::vector<Logits> AppendBatch(const Model& user, const std::vector<Session*>& caches,
+                                         const std::vector<BatchItem>& items) {
+    std::vector<ref::BatchPart> parts;
+    for (size_t i = 0; i < items.size(); ++i) {
+      parts.push_back({caches[i], &items[i].tokens, items[i].output});
+    }
+    return user.model.ForwardBatch(parts, user.batch_positions);
   }
 };
 using ReferenceBackend = ModelBackend<ReferenceOps>;
 
+struct Variant {
+  const char* name;
+  const char* description;
+  const char* dtype;
+  ref::Precision precision;
+  bool in_default_set;
+  const char* rope_angles;  // transformers' float32 angles in ref; float64 in ref64
+};
+
+constexpr Variant kVariants[] = {
+    {"ref", "LibTorch, float32, transformers' semantics", "float32", ref::Precision::kFloat32, true,
+     "f32"},
+    {"ref64", "LibTorch, float64 throughout: the arbiter", "float64", ref::Precision::kFloat64,
+     false, ""},
+};
+
+// "ref", "ref?batch=position-ids" (the same) and "ref?batch=no-position-ids"; likewise ref64.
+ref::BatchPositions ParseReferenceOptions(const Variant& v, const std::string& name) {
+  const size_t q = name.find('?');
+  if (q == std::string::npos) return ref::BatchPositions::kFromAttentionMask;
+  const std::string option = name.substr(q + 1);
+  if (option == "batch=position-ids") return ref::BatchPositions::kFromAttentionMask;
+  if (option == "batch=no-position-ids") return ref::BatchPositions::kCachePosition;
+  throw InputError(fmt::format(
+      "backend '{}': expected {}?batch=position-ids or {}?batch=no-position-ids, found option '{}'",
+      name, v.name, v.name, option));
+}
+
+std::pair<BackendInfo, BackendFactory> ReferenceEntry(const Variant& v, const std::string& name) {
+  const ref::BatchPositions positions = ParseReferenceOptions(v, name);
+  BackendInfo info;
+  info.name = name;
+  info.description = v.description;
+  if (positions == ref::BatchPositions::kCachePosition) {
+    info.description += "; batched calls pass no position_ids (a user bug, reproduced)";
+  }
+  info.dtype = v.dtype;
+  info.raw_call = RawCall::kPositionFromCache;
+  info.in_default_set = v.in_default_set && name == v.name;
+  info.rope_angles = v.rope_angles;
+  info.gemms_in_blas = true;
+  if (v.precision == ref::Precision::kFloat32) {
+    // Measured: on tiny with --scale demanding, ref's logits are all 0 (ref64's reach 3e3).
+    info.overflows_on_demanding_models =
+        "transformers' LlamaRMSNorm squares the hidden state in float32, which overflows to inf "
+        "for hidden states of ~1e19 and normalizes them to 0, as transformers itself does";
+  }
+  const ref::Precision precision = v.precision;
+  BackendFactory make = [precision, positions](const BackendInfo& info,
+                                               std::shared_ptr<const format::ModelWeights> w,
+                                               const BackendOptions& options) {
+    return std::make_unique<ReferenceBackend>(
+        info, std::make_shared<const ReferenceUser>(ReferenceUser{
+                  ref::ReferenceModel(std::move(w), precision, options.threads), positions}));
+  };
+  return {std::move(info), std::move(make)};
+}
+
 }  // namespace
 
 void RegisterReferenceBackends(BackendRegistry& registry) {
-  struct Variant {
-    const char* name;
-    const char* description;
-    const char* dtype;
-    ref::Precision precision;
-    bool in_default_set;
-    const char* rope_angles;  // transformers' float32 angles in ref; float64 in ref64
-  };
-  const Variant variants[] = {
-      {"ref", "LibTorch, float32, transformers' semantics", "float32", ref::Precision::kFloat32,
-       true, "f32"},
-      {"ref64", "LibTorch, float64 throughout: the arbiter", "float64", ref::Precision::kFloat64,
-       false, ""},
-  };
-  for (const Variant& v : variants) {
-    BackendInfo info;
-    info.name = v.name;
-    info.description = v.description;
-    info.dtype = v.dtype;
-    info.raw_call = RawCall::kPositionFromCache;
-    info.in_default_set = v.in_default_set;
-    info.rope_angles = v.rope_angles;
-    info.gemms_in_blas = true;
-    if (v.precision == ref::Precision::kFloat32) {
-      // Measured: on tiny with --scale demanding, ref's logits are all 0 (ref64's reach 3e3).
-      info.overflows_on_demanding_models =
-          "transformers' LlamaRMSNorm squares the hidden state in float32, which overflows to inf "
-          "for hidden states of ~1e19 and normalizes them to 0, as transformers itself does";
-    }
-    const ref::Precision precision = v.precision;
-    registry.Register(std::move(info), [precision](const BackendInfo& info,
-                                                   std::shared_ptr<const format::ModelWeights> w,
-                                                   const BackendOptions& options) {
-      return std::make_unique<ReferenceBackend>(
-          info,
-          std::make_shared<const ref::ReferenceModel>(std::move(w), precision, options.threads));
-    });
+  for (const Variant& v : kVariants) {
+    auto [info, make] = ReferenceEntry(v, v.name);
+    registry.Register(std::move(info), std::move(make));
+    registry.RegisterFamily(std::string(v.name) + "?",
+                            [&v](const std::string& name) { return ReferenceEntry(v, name); });
   }
 }
 

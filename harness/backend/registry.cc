@@ -35,6 +35,13 @@ BackendRegistry& BackendRegistry::Global() {
       r->RegisterUnavailable(
           name,
           fmt::format("backend '{}' needs a build with LibTorch (KVDIFF_WITH_TORCH=ON)", name));
+      // Their options ("ref?batch=no-position-ids") say the same, not "unknown backend".
+      r->RegisterFamily(
+          std::string(name) + "?",
+          [](const std::string& spec) -> std::pair<BackendInfo, BackendFactory> {
+            throw InputError(fmt::format(
+                "backend '{}' needs a build with LibTorch (KVDIFF_WITH_TORCH=ON)", spec));
+          });
     }
 #endif
     return r;

@@ -92,5 +92,93 @@ TEST(ReferenceBackend, SessionErrorsAreInputErrors) {
   EXPECT_EQ(session->Length(), 2);
 }
 
+// ---- batched calls: transformers' padded batch (ReferenceModel::ForwardBatch) ----
+
+// Sessions of different lengths (0 included), each forked so the same items can run twice.
+struct BatchFixture {
+  std::vector<std::unique_ptr<BackendSession>> sessions;
+  std::vector<BatchItem> items;
+};
+
+BatchFixture MixedBatch(const Backend& backend, const std::vector<int64_t>& pasts) {
+  BatchFixture f;
+  const int64_t vocab = backend.config().vocab_size;
+  const std::vector<Tokens> fresh = {RandomTokens(6, vocab, 1), RandomTokens(1, vocab, 2),
+                                     RandomTokens(9, vocab, 3), RandomTokens(3, vocab, 4)};
+  const std::vector<std::vector<bool>> output = {
+      {},
+      {true},
+      {false, false, false, false, false, false, false, false, true},
+      {false, false, false}};
+  for (size_t i = 0; i < pasts.size(); ++i) {
+    f.sessions.push_back(backend.NewSession());
+    if (pasts[i] > 0) f.sessions.back()->Append(RandomTokens(pasts[i], vocab, 10 + i));
+  }
+  for (size_t i = 0; i < pasts.size(); ++i)
+    f.items.push_back({f.sessions[i].get(), fresh[i], output[i]});
+  return f;
+}
+
+BatchFixture Forked(const BatchFixture& f) {
+  BatchFixture copy;
+  for (size_t i = 0; i < f.items.size(); ++i) {
+    copy.sessions.push_back(f.items[i].session->Fork());
+    copy.items.push_back({copy.sessions.back().get(), f.items[i].tokens, f.items[i].output});
+  }
+  return copy;
+}
+
+// The padded batch against Backend::AppendBatch's default (the items one after another), rows
+// asked for all / last / none, and the sessions' lengths after it.
+TEST(ReferenceBackend, BatchedCallEqualsTheItemsOneAfterAnother) {
+  auto weights = MakeWeights(TinyConfig(false), 5);
+  for (const std::string name : {"ref", "ref64"}) {
+    SCOPED_TRACE(name);
+    auto backend = MakeBackend(name, weights, 2);
+    BatchFixture batched = MixedBatch(*backend, {0, 7, 2, 11});
+    BatchFixture alone = Forked(batched);
+    const std::vector<Logits> rows = backend->AppendBatch(batched.items);
+    const std::vector<Logits> expected = backend->Backend::AppendBatch(alone.items);
+    ASSERT_EQ(rows.size(), expected.size());
+    const std::vector<int64_t> rows_asked = {6, 1, 1, 0};
+    for (size_t i = 0; i < rows.size(); ++i) {
+      EXPECT_EQ(rows[i].rows(), rows_asked[i]) << "item " << i;
+      EXPECT_LE(MaxAbsDiff(rows[i], expected[i], "item " + std::to_string(i)), 2e-5);
+      EXPECT_EQ(batched.sessions[i]->Length(), alone.sessions[i]->Length());
+    }
+  }
+}
+
+TEST(ReferenceBackend, BatchOptionReproducesTheMissingPositionIds) {
+  auto weights = MakeWeights(TinyConfig(false), 5);
+  const BackendInfo& info = BackendRegistry::Global().Info("ref?batch=no-position-ids");
+  EXPECT_FALSE(info.in_default_set) << "a user bug is never run by default";
+  EXPECT_EQ(info.rope_angles, "f32");
+  EXPECT_THAT(info.description, HasSubstr("no position_ids"));
+  EXPECT_EQ(BackendRegistry::Global().Info("ref64?batch=no-position-ids").dtype, "float64");
+  EXPECT_EQ(BackendRegistry::Global().Arbiter(), "ref64");
+
+  for (const std::string name : {"ref", "ref64"}) {
+    SCOPED_TRACE(name);
+    auto right = MakeBackend(name + "?batch=position-ids", weights, 2);
+    auto buggy = MakeBackend(name + "?batch=no-position-ids", weights, 2);
+    BatchFixture a = MixedBatch(*right, {0, 7, 2, 11});
+    BatchFixture b = MixedBatch(*buggy, {0, 7, 2, 11});
+    const std::vector<Logits> good = right->AppendBatch(a.items);
+    const std::vector<Logits> bad = buggy->AppendBatch(b.items);
+    EXPECT_GT(MaxAbsDiff(good[1], bad[1], "item 1"), 1e-2) << "7 cached, 1 new, padded by 8";
+  }
+}
+
+TEST(ReferenceBackend, UnknownBatchOptionNamesTheChoices) {
+  try {
+    MakeBackend("ref?batch=none", MakeWeights(TinyConfig(true), 1), 2);
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("expected ref?batch=position-ids or ref?batch=no-position-ids, "
+                                    "found option 'batch=none'"));
+  }
+}
+
 }  // namespace
 }  // namespace kvdiff::harness
