@@ -21,6 +21,7 @@
 #include "harness/backend/backend.h"
 #include "harness/backend/registry.h"
 #include "harness/report/run_report.h"
+#include "harness/run/model_for.h"
 #include "impl/thread_pool.h"
 
 namespace kvdiff::bench {
@@ -207,7 +208,7 @@ BackendFigures BackendFigures::FromJson(const json& j) {
   return f;
 }
 
-BackendFigures MeasureBackend(const std::string& backend, const ModelSource& source,
+BackendFigures MeasureBackend(const std::string& backend, const harness::ModelSpec& source,
                               const BenchOptions& options) {
   KVDIFF_CHECK(options.reps >= 1, "--reps: expected at least 1, got {}", options.reps);
   BackendFigures f;
@@ -218,7 +219,7 @@ BackendFigures MeasureBackend(const std::string& backend, const ModelSource& sou
   f.baseline_rss_mb = ReadMemoryUsage().rss_mb;
 
   auto start = Clock::now();
-  std::shared_ptr<const format::ModelWeights> weights = source.Load();
+  std::shared_ptr<const format::ModelWeights> weights = harness::LoadModelFor(source);
   std::unique_ptr<Backend> model = MakeBackend(backend, weights, options.threads);
   f.load_s = SecondsSince(start);
   const MemoryUsage loaded = ReadMemoryUsage();
@@ -345,14 +346,14 @@ std::vector<int64_t> PowersOfTwo(int64_t max) {
   return out;
 }
 
-CostSeries MeasureCostSeries(const std::string& backend, const ModelSource& source,
+CostSeries MeasureCostSeries(const std::string& backend, const harness::ModelSpec& source,
                              const BenchOptions& options, const std::vector<int64_t>& contexts) {
   KVDIFF_CHECK(std::is_sorted(contexts.begin(), contexts.end()) && !contexts.empty() &&
                    contexts.front() >= 0,
                "cost curve: contexts must be non-negative and ascending");
   const std::string* label = options.progress ? &backend : nullptr;
   if (label) fmt::print(stderr, "bench: {}: loading the model\n", backend);
-  std::shared_ptr<const format::ModelWeights> weights = source.Load();
+  std::shared_ptr<const format::ModelWeights> weights = harness::LoadModelFor(source);
   std::unique_ptr<Backend> model = MakeBackend(backend, weights, options.threads);
   const format::LlamaConfig& c = model->config();
   KVDIFF_CHECK(contexts.back() + 1 <= c.max_position_embeddings,

@@ -19,6 +19,7 @@
 
 #include "format/config.h"
 #include "format/model_files.h"
+#include "harness/scenario/scenario.h"
 
 namespace kvdiff::impl {
 class ThreadPool;
@@ -26,16 +27,9 @@ class ThreadPool;
 
 namespace kvdiff::bench {
 
-// Where a benchmark gets its weights: a model directory, or a preset with random weights.
-struct ModelSource {
-  std::optional<std::filesystem::path> dir;
-  std::string preset = "smollm2-135m";
-  uint64_t seed = 1;
-
-  std::string Describe() const;                              // "preset smollm2-135m (seed 1)"
-  format::LlamaConfig Config() const;                        // cheap: config.json or the preset
-  std::shared_ptr<const format::ModelWeights> Load() const;  // the float32 weights in memory
-};
+// Where a benchmark gets its weights: a scenario's model spec (a model directory, or a preset with
+// random weights; harness/run/model_for.h loads it), by default the real model's shape.
+harness::ModelSpec DefaultBenchModel();  // preset smollm2-135m, seed 1
 
 // Float32 bytes a decode step must read from memory: every weight matrix once (the head is the
 // embedding matrix when tied; an untied embedding is only looked up, one row, so it is left out).
@@ -125,7 +119,7 @@ struct BackendFigures {
 
 // Loads the model and measures one backend ("impl", "ref", "ref64") in this process, in the order
 // prefill, decode@64, decode@512, [peak RSS], ForwardFull 128, ForwardFull 512.
-BackendFigures MeasureBackend(const std::string& backend, const ModelSource& source,
+BackendFigures MeasureBackend(const std::string& backend, const harness::ModelSpec& source,
                               const BenchOptions& options);
 
 // Cost of one decode step at each context c: "cached" is one Session Append of 1 token to a
@@ -144,7 +138,7 @@ struct CostCurve {
   std::vector<CostSeries> series;
 };
 std::vector<int64_t> PowersOfTwo(int64_t max);  // 1, 2, 4, ..., max
-CostSeries MeasureCostSeries(const std::string& backend, const ModelSource& source,
+CostSeries MeasureCostSeries(const std::string& backend, const harness::ModelSpec& source,
                              const BenchOptions& options, const std::vector<int64_t>& contexts);
 
 // CSV: context,<backend>_cached_ms,<backend>_uncached_ms,... (empty cell where skipped).

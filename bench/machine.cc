@@ -39,20 +39,11 @@ double ReadStatusKb(const std::string& key) {
 // ---------------------------------------------------------------------------------------------
 // The model and its sizes.
 
-std::string ModelSource::Describe() const {
-  if (dir) return fmt::format("model {}", dir->string());
-  return fmt::format("preset {} (random weights, seed {})", preset, seed);
-}
-
-format::LlamaConfig ModelSource::Config() const {
-  if (dir) return format::InspectModel(*dir).config;  // headers only: validates, loads nothing
-  return format::PresetConfig(preset);
-}
-
-std::shared_ptr<const format::ModelWeights> ModelSource::Load() const {
-  if (dir) return std::make_shared<const format::ModelWeights>(format::LoadModel(*dir));
-  return std::make_shared<const format::ModelWeights>(
-      format::MakeRandomModel(format::PresetConfig(preset), seed));
+harness::ModelSpec DefaultBenchModel() {
+  harness::ModelSpec spec;
+  spec.preset = "smollm2-135m";
+  spec.seed = 1;
+  return spec;
 }
 
 int64_t WeightBytes(const format::LlamaConfig& config) {

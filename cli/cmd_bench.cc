@@ -19,6 +19,7 @@
 #include "format/error.h"
 #include "harness/backend/backend.h"
 #include "harness/backend/registry.h"
+#include "harness/run/model_for.h"
 
 namespace kvdiff::cli {
 namespace {
@@ -66,9 +67,9 @@ std::vector<std::string> ParseBackends(const std::string& text) {
 
 // The dtypes of a model directory's tensors ("BF16" -> count), read once; empty for a preset,
 // whose random weights are float32 values.
-std::map<std::string, int64_t> DiskDtypes(const bench::ModelSource& source) {
-  if (!source.dir) return {};
-  return format::InspectModel(*source.dir).tensors_by_dtype;
+std::map<std::string, int64_t> DiskDtypes(const harness::ModelSpec& source) {
+  if (!source.path) return {};
+  return format::InspectModel(*source.path).tensors_by_dtype;
 }
 
 // "BF16 on disk" for a model directory; "float32 weights" for a preset.
@@ -105,7 +106,7 @@ std::string Cell(double v, const char* spec) {
   return std::isnan(v) ? std::string("-") : fmt::format(fmt::runtime(spec), v);
 }
 
-json Figures(const bench::BenchOptions& options, const bench::ModelSource& source,
+json Figures(const bench::BenchOptions& options, const harness::ModelSpec& source,
              const std::string& backend) {
   return bench::MeasureBackend(backend, source, options).ToJson();
 }
@@ -115,9 +116,9 @@ double Bandwidth(int threads) {
       .get<double>();
 }
 
-void RunFigures(const BenchArgs& args, const bench::ModelSource& source,
+void RunFigures(const BenchArgs& args, const harness::ModelSpec& source,
                 const std::vector<std::string>& backends, int threads) {
-  const format::LlamaConfig config = source.Config();
+  const format::LlamaConfig config = harness::ConfigFor(source);
   const double weight_mb = bench::WeightBytes(config) / 1e6;
   const double decode_mb = bench::DecodeWeightBytes(config) / 1e6;
   const double load_before = bench::LoadAverage1();
@@ -308,9 +309,9 @@ void RunFigures(const BenchArgs& args, const bench::ModelSource& source,
   }
 }
 
-void RunCurve(const BenchArgs& args, const bench::ModelSource& source,
+void RunCurve(const BenchArgs& args, const harness::ModelSpec& source,
               const std::vector<std::string>& backends, int threads) {
-  const format::LlamaConfig config = source.Config();
+  const format::LlamaConfig config = harness::ConfigFor(source);
   bench::CostCurve curve;
   double bandwidth = 0;
   double load = bench::LoadAverage1();
@@ -391,9 +392,9 @@ void RunCurve(const BenchArgs& args, const bench::ModelSource& source,
       }
     }
     std::string command = "regenerate: kvdiff bench";
-    if (source.dir) command += " --model " + source.dir->string();
-    if (!source.dir) command += " --preset " + source.preset;
-    if (!source.dir && source.seed != 1) command += fmt::format(" --seed {}", source.seed);
+    if (source.path) command += " --model " + source.path->string();
+    if (!source.path) command += " --preset " + source.preset.value_or("");
+    if (!source.path && source.seed != 1) command += fmt::format(" --seed {}", source.seed);
     command +=
         fmt::format(" --curve {} --plot {} --threads {}", args.curve_path, args.plot_path, threads);
     if (args.reps != 5) command += fmt::format(" --reps {}", args.reps);
@@ -458,11 +459,11 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
   cmd->callback([args, &exit_code] {
     KVDIFF_CHECK(args->curve_path.empty() ? args->plot_path.empty() && !args->replot : true,
                  "--plot and --replot need --curve (the CSV to write or read)");
-    const harness::ModelSpec spec = args->model.Spec();
-    bench::ModelSource source;  // neither flag: the bench's default preset
-    if (spec.path) source.dir = *spec.path;
-    if (spec.preset) source.preset = *spec.preset;
-    source.seed = args->model.seed;
+    harness::ModelSpec source = args->model.Spec();
+    if (!source.path && !source.preset) {  // neither flag: the bench's default preset
+      source.preset = bench::DefaultBenchModel().preset;
+      source.seed = args->model.seed;
+    }
     const int threads = args->threads > 0
                             ? args->threads
                             : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -473,7 +474,7 @@ void AddBenchCommand(CLI::App& app, int& exit_code) {
       backends_text = has_ref ? "impl,ref" : "impl";
     }
     const std::vector<std::string> backends = ParseBackends(backends_text);
-    source.Config();  // bad --model or --preset fails here, before any child starts
+    (void)harness::ConfigFor(source);  // a bad --model or --preset fails here, before any child
     if (args->quick) {
       args->reps = 1;
       args->max_seconds = std::min(args->max_seconds, 5.0);

@@ -101,7 +101,8 @@ Regex::Regex(const std::string& pattern, const std::string& where) {
                                  JsonSnippet(json(pattern)), offset,
                                  reinterpret_cast<const char*>(message)));
   }
-  code_ = std::shared_ptr<void>(code, [](void* c) { pcre2_code_free(static_cast<pcre2_code*>(c)); });
+  code_ =
+      std::shared_ptr<void>(code, [](void* c) { pcre2_code_free(static_cast<pcre2_code*>(c)); });
 }
 
 std::vector<std::pair<size_t, size_t>> Regex::FindAll(const std::string& s) const {
@@ -110,8 +111,8 @@ std::vector<std::pair<size_t, size_t>> Regex::FindAll(const std::string& s) cons
       pcre2_match_data_create_from_pattern(Code(code_), nullptr), pcre2_match_data_free);
   size_t at = 0;
   while (at <= s.size()) {
-    const int rc = pcre2_match(Code(code_), reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), at,
-                               0, data.get(), nullptr);
+    const int rc = pcre2_match(Code(code_), reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), at, 0,
+                               data.get(), nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     KVDIFF_CHECK(rc >= 0, "regex match failed with PCRE2 error {}", rc);
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data.get());
