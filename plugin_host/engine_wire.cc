@@ -91,8 +91,9 @@ bool ReadAll(int fd, void* data, size_t size,
 }
 
 std::string EncodeInfo(const EngineInfo& info) {
-  std::string s = fmt::format("{}\n{}\n{}\n{}\n{}\n{}\n", info.name, info.version, info.abi_version,
-                              info.vocab_size, info.max_length, info.cache_dtype);
+  std::string s = fmt::format("{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n", info.name, info.version,
+                              info.abi_version, info.vocab_size, info.max_length, info.cache_dtype,
+                              info.max_sessions, info.max_batch_tokens);
   for (const auto& [what, size] : info.sizes) s += fmt::format("{} {}\n", what, size);
   return s;
 }
@@ -104,7 +105,7 @@ EngineInfo DecodeInfo(const std::string& text) {
     lines.push_back(text.substr(begin, end - begin));
     begin = end == std::string::npos ? text.size() : end + 1;
   }
-  if (lines.size() < 6) throw EngineError("engine host: a malformed info reply");
+  if (lines.size() < 8) throw EngineError("engine host: a malformed info reply");
   EngineInfo info;
   info.name = lines[0];
   info.version = lines[1];
@@ -112,12 +113,19 @@ EngineInfo DecodeInfo(const std::string& text) {
   info.vocab_size = std::stoll(lines[3]);
   info.max_length = std::stoll(lines[4]);
   info.cache_dtype = lines[5];
+  info.max_sessions = std::stoll(lines[6]);
+  info.max_batch_tokens = std::stoll(lines[7]);
   if (info.vocab_size <= 0 || info.vocab_size > kMaxVocab) {
     throw EngineError(
         fmt::format("engine host: an info reply with vocab_size {} (expected 1 to {})",
                     info.vocab_size, kMaxVocab));
   }
-  for (size_t i = 6; i < lines.size(); ++i) {
+  if (info.max_sessions < 0 || info.max_batch_tokens < 0) {
+    throw EngineError(fmt::format(
+        "engine host: an info reply with max_sessions {} and max_batch_tokens {} (expected >= 0)",
+        info.max_sessions, info.max_batch_tokens));
+  }
+  for (size_t i = 8; i < lines.size(); ++i) {
     const size_t space = lines[i].rfind(' ');
     if (space == std::string::npos) continue;
     info.sizes.emplace_back(lines[i].substr(0, space), std::stoll(lines[i].substr(space + 1)));

@@ -142,6 +142,16 @@ Engine Plugin::Open(const std::filesystem::path& model_dir, const std::string& o
     info.sizes.emplace_back(raw_info.sizes[i].name ? raw_info.sizes[i].name : "",
                             raw_info.sizes[i].value);
   }
+  if (a.abi_version >= 2) {
+    info.max_sessions = raw_info.max_sessions;
+    info.max_batch_tokens = raw_info.max_batch_tokens;
+  }
+  if (info.max_sessions < 0 || info.max_batch_tokens < 0) {
+    throw EngineError(fmt::format(
+        "{}: engine_info reports max_sessions {} and max_batch_tokens {} (0 for no limit, else "
+        "positive)",
+        info.name, info.max_sessions, info.max_batch_tokens));
+  }
   if (info.vocab_size <= 0 || info.max_length <= 0) {
     throw EngineError(
         fmt::format("{}: engine_info reports vocab_size {} and max_length {} (both "

@@ -42,6 +42,8 @@ struct EngineInfo {
   int64_t max_length = 0;                              // positions a session can hold
   std::string cache_dtype;                             // "f32", "f16", "q8_0", ...
   std::vector<std::pair<std::string, int64_t>> sizes;  // "interesting sizes", in engine order
+  int64_t max_sessions = 0;      // ABI 2: sessions alive at once; 0: no limit (and every v1 plugin)
+  int64_t max_batch_tokens = 0;  // ABI 2: tokens one call takes; 0: no limit
 };
 
 struct EngineState;  // the opened kvdiff_engine* and the library that made it

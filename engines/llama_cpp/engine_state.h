@@ -21,6 +21,7 @@ struct kvdiff_engine {
   kvdiff::llama_cpp::Options options;
   int64_t vocab = 0;
   int64_t max_length = 0;
+  int64_t n_batch = 0;         // the most tokens one call takes (all items of a batch together)
   std::vector<bool> seq_used;  // [sessions]: whether a live session owns the sequence id
   std::vector<kvdiff_size> sizes;
   std::string cache_dtype;

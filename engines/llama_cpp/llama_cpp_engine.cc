@@ -156,6 +156,7 @@ void Open(kvdiff_engine* e, const char* model_dir) {
   llama_context_params cp = llama_context_default_params();
   cp.n_ctx = static_cast<uint32_t>(cells);  // shared by the sequences
   cp.n_batch = static_cast<uint32_t>(n_batch);
+  e->n_batch = n_batch;
   cp.n_ubatch = static_cast<uint32_t>(ubatch);
   cp.n_seq_max = static_cast<uint32_t>(o.sessions);
   cp.n_threads = cp.n_threads_batch = o.threads;
@@ -214,6 +215,8 @@ kvdiff_status EngineInfo(kvdiff_engine* e, kvdiff_engine_info* out) {
   out->cache_dtype = e->cache_dtype.c_str();
   out->sizes = e->sizes.data();
   out->num_sizes = e->sizes.size();
+  out->max_sessions = static_cast<int64_t>(e->seq_used.size());
+  out->max_batch_tokens = e->n_batch;
   return KVDIFF_OK;
 }
 

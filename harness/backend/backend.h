@@ -101,6 +101,12 @@ struct BackendInfo {
   // models (make-model --scale demanding), and says why; the campaign's demanding cases leave it
   // out (harness/campaign/demanding_part.h). ref: transformers' float32 LlamaRMSNorm.
   std::string overflows_on_demanding_models;
+  // What one backend instance holds, where it is less than the model allows (an engine plugin's
+  // engine_info; 0: no limit beyond the model): positions a session holds, sessions alive at once
+  // (forks included), and tokens one call takes (every item of a batch together). A scenario
+  // beyond them is refused before anything runs (ValidateScenarioFor), and the campaign draws
+  // within them.
+  int64_t max_length = 0, max_sessions = 0, max_batch_tokens = 0;
   // Its matrix products run in a BLAS library chosen at load time (LibTorch's GEMMs), so its speed
   // depends on which one the loader found: `kvdiff bench` names it and warns of netlib's.
   bool gemms_in_blas = false;

@@ -75,6 +75,9 @@ class PluginBackend : public Backend {
                     std::is_same_v<EngineT, engines::IsolatedEngine> ? ", isolated" : "");
     for (const auto& [what, size] : e.sizes) info_.interesting_sizes.push_back(size);
     if (e.cache_dtype != "f32") info_.cache_dtype = e.cache_dtype;
+    info_.max_length = e.max_length;
+    info_.max_sessions = e.max_sessions;
+    info_.max_batch_tokens = e.max_batch_tokens;
   }
 
   const BackendInfo& Info() const override { return info_; }

@@ -307,6 +307,7 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model,
   GenerationOptions generation = options.generation;
   const int64_t context = CampaignMaxLength(config, generation.max_length);
   generation.boundaries = CampaignBoundaries(backends, context);
+  generation.max_sessions = CampaignMaxSessions(backends);
   report.coverage = NewCoverage(generation.boundaries, context);
   // Results land in case order whichever job ran them; the report (and the coverage) is folded
   // from them after, so it is the same for any number of jobs.

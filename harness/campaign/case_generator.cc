@@ -16,7 +16,7 @@ namespace {
 using Rng = CaseRng;
 
 // Conversations alive at once: enough for batches of up to kMaxBatch items.
-constexpr int64_t kMaxConversations = 8;
+constexpr int64_t kMaxConversations = 8;  // at most; GenerationOptions::max_sessions may lower it
 constexpr int64_t kMaxBatch = 8;
 
 // How a case draws its sizes. A short case: uniform, small (today's generator, unchanged). A long
@@ -70,6 +70,15 @@ std::vector<Boundary> CampaignBoundaries(const std::vector<const Backend*>& back
   }
   std::vector<Boundary> out;
   for (const auto& [size, who] : by_size) out.push_back({size, who});
+  return out;
+}
+
+int64_t CampaignMaxSessions(const std::vector<const Backend*>& backends) {
+  int64_t out = 0;
+  for (const Backend* b : backends) {
+    const int64_t n = b->Info().max_sessions;
+    if (n > 0 && (out == 0 || n < out)) out = n;
+  }
   return out;
 }
 
@@ -158,6 +167,9 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
     return convs.Names()[rng.Below(static_cast<int64_t>(convs.Names().size()))];
   };
 
+  const int64_t max_conversations = options.max_sessions > 0
+                                        ? std::min(kMaxConversations, options.max_sessions)
+                                        : kMaxConversations;
   auto new_name = [&] { return fmt::format("c{}", next_name++); };
   auto live = [&] { return static_cast<int64_t>(convs.Names().size()); };
 
@@ -168,7 +180,7 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
   // them ending (its cells freed for the next).
   auto batch = [&] {
     const int64_t size = rng.Between(2, kMaxBatch);
-    while (live() < size && live() < kMaxConversations) {
+    while (live() < size && live() < max_conversations) {
       const std::string name = new_name();
       if (rng.Chance(50)) {
         emit(Step::Fork(any(), name));
@@ -215,7 +227,7 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
   const int64_t n_steps = long_case ? rng.Between(2, 6) : rng.Between(2, 10);
   for (int64_t i = 0; i < n_steps; ++i) {
     const int64_t roll = rng.Below(100);
-    const bool can_add = live() < kMaxConversations;
+    const bool can_add = live() < max_conversations;
     Step s;
     if (rng.Chance(options.batch_percent)) {
       batch();

@@ -42,7 +42,13 @@ struct GenerationOptions {
   // The chance, in percent, that a step of a case is a batch (a serving engine's call, with the
   // conversations joining and leaving around it); 0 draws none.
   int64_t batch_percent = kDefaultBatchPercent;
+  // The fewest sessions any backend holds at once (BackendInfo::max_sessions; 0: no limit): no
+  // case keeps more conversations alive. CampaignMaxSessions gives it.
+  int64_t max_sessions = 0;
 };
+
+// The smallest max_sessions the backends declare (0 when none declares one).
+int64_t CampaignMaxSessions(const std::vector<const Backend*>& backends);
 
 // The longest history of the campaign: options.max_length (InputError naming --max-length when
 // it is < 1), capped by the model's context.

@@ -71,6 +71,7 @@ ShapeCase RunShapeCase(const std::vector<std::string>& names, const BackendOptio
     }
   }
   generation.boundaries = out.boundaries = CampaignBoundaries(backends, out.context);
+  generation.max_sessions = CampaignMaxSessions(backends);
   out.scenario = new_case();
   const std::string shape = std::move(out.result.shape);
   out.result = campaign_detail::RunCase(out.scenario, backends, options, k);

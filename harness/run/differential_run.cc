@@ -331,6 +331,8 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
                       const RunOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   KVDIFF_CHECK(!backends.empty(), "RunScenario: no backend to run");
+  // What a backend cannot hold is bad input, refused before any backend runs a step.
+  for (const Backend* b : backends) ValidateScenarioFor(sc, b->Info());
   RunReport report;
   report.scenario = sc.name;
   report.model_source = sc.model.Describe();

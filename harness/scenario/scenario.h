@@ -13,6 +13,7 @@
 #include "format/config.h"
 #include "format/model_files.h"
 #include "format/tensor.h"
+#include "harness/backend/backend.h"
 #include "harness/compare/compare.h"
 #include "harness/scenario/driver_kind.h"
 
@@ -157,6 +158,12 @@ Scenario LoadScenario(const std::filesystem::path& file);
 // max_position_embeddings, a token id outside the vocabulary. Text prompts must have been
 // tokenized before (tokens filled).
 void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& config);
+
+// The scenario against what one backend holds (BackendInfo's max_length, max_sessions and
+// max_batch_tokens; 0: no limit): a conversation past its positions, more conversations alive at
+// once than its sessions, a call (a prefill chunk, a batch's items together) past its tokens per
+// call. InputError naming the step, the backend and both numbers, before anything runs.
+void ValidateScenarioFor(const Scenario& scenario, const BackendInfo& backend);
 
 // Splits "impl,ref" into names; refuses empty names, duplicates and names the backend registry
 // does not know.

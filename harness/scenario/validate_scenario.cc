@@ -137,4 +137,31 @@ void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& confi
   }
 }
 
+void ValidateScenarioFor(const Scenario& scenario, const BackendInfo& b) {
+  if (b.max_length <= 0 && b.max_sessions <= 0 && b.max_batch_tokens <= 0) return;
+  Conversations convs;
+  for (size_t i = 0; i < scenario.steps.size(); ++i) {
+    const Step& s = scenario.steps[i];
+    int64_t batch_tokens = 0;
+    for (const ForwardCall& call : convs.CallsOf(s)) {
+      KVDIFF_CHECK(b.max_length <= 0 || call.first_position + call.size <= b.max_length,
+                   "steps[{}] {}: conversation \"{}\" would reach {} positions, more than backend "
+                   "{} holds (max_length {})",
+                   i, s.ParamString(), call.conversation, call.first_position + call.size, b.name,
+                   b.max_length);
+      batch_tokens = s.op == Op::kBatch ? batch_tokens + call.size : call.size;
+      KVDIFF_CHECK(b.max_batch_tokens <= 0 || batch_tokens <= b.max_batch_tokens,
+                   "steps[{}] {}: a call of {} tokens, more than backend {} takes in one call "
+                   "(max_batch_tokens {})",
+                   i, s.ParamString(), batch_tokens, b.name, b.max_batch_tokens);
+    }
+    convs.Apply(s);
+    const auto alive = static_cast<int64_t>(convs.Names().size());
+    KVDIFF_CHECK(b.max_sessions <= 0 || alive <= b.max_sessions,
+                 "steps[{}] {}: {} conversations alive at once, more than backend {} holds "
+                 "(max_sessions {}; an end step frees one)",
+                 i, s.ParamString(), alive, b.name, b.max_sessions);
+  }
+}
+
 }  // namespace kvdiff::harness

@@ -83,6 +83,9 @@ typedef struct kvdiff_engine_info {
   const char* cache_dtype; /* element type of the KV cache: "f32", "f16", "bf16", "q8_0", ... */
   const kvdiff_size* sizes;
   size_t num_sizes;
+  /* ABI 2 (the caller zeroes the struct, so a version-1 plugin leaves them 0; 0 = no limit): */
+  int64_t max_sessions;     /* sessions alive at once, forks included */
+  int64_t max_batch_tokens; /* tokens one append or append_batch call takes, all items together */
 } kvdiff_engine_info;
 
 /* One session's part of a batched call (ABI 2, append_batch). */

@@ -162,8 +162,8 @@ void ExpectEngineError(Call&& call, const std::vector<std::string>& texts) {
 template <class Item, class EngineT>
 void ExpectRefusals(const EngineT& engine,
                     const std::vector<std::pair<std::vector<Item>, std::string>>& batches) {
-  for (const auto& [items, text] : batches) {
-    ExpectInputError([&] { engine.AppendBatch(items); }, text);
+  for (const auto& batch : batches) {  // not a structured binding: C++17 lambdas cannot capture one
+    ExpectInputError([&] { engine.AppendBatch(batch.first); }, batch.second);
   }
 }
 
