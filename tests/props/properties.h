@@ -81,7 +81,8 @@ void ReuseProperty(const Target& target, const ReuseOptions& options = {});
 void TruncateProperty(const Target& target);
 // 4b. Fork after a prefix p; the fork and its parent then evolve independently.
 void ForkProperty(const Target& target);
-// 6. rc::state: random command sequences on several conversations (see stateful.h).
+// 6. rc::state: random command sequences on several conversations, one at a time or several in
+//    one batched call (stateful.cc).
 void StatefulProperty(const Target& target);
 
 // Rows [row0, row0 + rows) of got against rows [want_row0, ...) of want: NaN/inf first, then max
