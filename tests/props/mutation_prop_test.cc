@@ -111,11 +111,11 @@ std::vector<Mutant> Mutants() {
   raw("truncate keeps position", DriverFault::kTruncateKeepsPosition, "6 stateful",
       StatefulProperty);
   // A serving engine's batched call (Backend::AppendBatch): single appends are right, so only a
-  // batch can see these, held to the uncached forward (the stateful model's Batch command). The
-  // shrunk model may keep 2 layers: in one layer, a key hidden or shown whose value equals a
-  // visible one's changes nothing (values carry no position), and two conversations fed the same
-  // token make such keys; the shrinker, which drives every token to 0, then sometimes stops at 2
-  // layers (2 of 800 catches in one sweep of 200 seeds, none in another).
+  // batch can see these, held to the uncached forward (the stateful model's Batch command) or to
+  // the items alone (7). The shrunk model may keep 2 layers: in one layer, a key hidden or shown
+  // whose value equals a visible one's changes nothing (values carry no position), and two
+  // conversations fed the same token make such keys; the shrinker, which drives every token to 0,
+  // then sometimes stops at 2 layers (2 of 1600 catches over 200 seeds).
   auto batch = [&](const std::string& name, Fault fault, const std::string& property,
                    std::function<void(const Target&)> prop) {
     m.push_back({name, property, [fault, prop] { prop(ScalarTarget(fault)); }, "", true,
@@ -128,6 +128,7 @@ std::vector<Mutant> Mutants() {
       {"batch: sees other sequence", Fault::kBatchSeesOtherSequence}};
   for (const auto& [name, fault] : batch_faults) {
     batch(name, fault, "6 stateful", StatefulProperty);
+    batch(name, fault, "7 batch == alone", BatchEqualsAloneProperty);
   }
   return m;
 }
