@@ -190,6 +190,7 @@ ConformCheck RunOne(const CheckDef& def, Probe& probe) {
                                dynamic_cast<const InputError*>(&e) ? "refusal" : "error", e.what());
   }
   probe.Figures();  // a failed check's rows are not the next one's
+  probe.SameRowsFigure();
   check.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return check;
 }
@@ -219,7 +220,7 @@ ConformReport RunConformance(const ModelSpec& model, const Backend& engine, cons
   KVDIFF_CHECK(engine.config().vocab_size == oracle.config().vocab_size,
                "conform: {} and {} see different models", engine.Name(), oracle.Name());
 
-  const std::vector<CheckDef> checks = {
+  std::vector<CheckDef> checks = {
       {"prefill", "one append of 24 tokens: every row equals the oracle's", CheckPrefill},
       {"chunks", "a prompt in chunks, then decode steps: every row, and Length()",
        CheckChunksAndDecode},
@@ -237,6 +238,9 @@ ConformReport RunConformance(const ModelSpec& model, const Backend& engine, cons
       {"capacity", "max_position_embeddings positions are held; one more is refused",
        [&options](Probe& p) { return CheckCapacity(p, options.max_capacity_fill); }},
   };
+  // After the others, so that each of those draws the tokens it drew before there were batch
+  // checks (a check's tokens follow from its place in the list).
+  for (const CheckDef& batch : conform_detail::BatchChecks()) checks.push_back(batch);
   for (size_t i = 0; i < checks.size(); ++i) {
     // Each check draws its own tokens: one check's outcome never moves another's inputs.
     Probe probe(engine, oracle, options.tolerance, options.rope_f32_per_position,

@@ -51,6 +51,32 @@ Logits Probe::Append(Conversation& c, const Tokens& tokens, const std::string& w
   return got;
 }
 
+std::vector<Logits> Probe::AppendBatch(const std::vector<BatchPart>& parts,
+                                       const std::string& what) {
+  std::vector<BatchItem> items;
+  for (const BatchPart& part : parts)
+    items.push_back({part.conversation->session.get(), part.tokens, part.output});
+  const std::vector<Logits> out = engine_.AppendBatch(items);
+  if (out.size() != parts.size())
+    Fail("{}: {} items returned {} blocks of logits", what, parts.size(), out.size());
+  for (size_t k = 0; k < parts.size(); ++k) {
+    Conversation& c = *parts[k].conversation;
+    const std::string item = fmt::format("{}, item {} of {}", what, k, parts.size());
+    const int64_t rows = items[k].OutputRows();
+    if (out[k].rows() != rows || out[k].cols() != vocab()) {
+      Fail("{}: expected logits [{}, {}] (its flagged rows), got [{}, {}]", item, rows, vocab(),
+           out[k].rows(), out[k].cols());
+    }
+    std::vector<int64_t> positions;
+    for (size_t t = 0; t < items[k].tokens.size(); ++t)
+      if (items[k].Outputs(t)) positions.push_back(static_cast<int64_t>(c.history.size() + t));
+    c.history.insert(c.history.end(), parts[k].tokens.begin(), parts[k].tokens.end());
+    ExpectLength(c, item);
+    if (rows > 0) ExpectOracleRows(c.history, out[k], positions, item);
+  }
+  return out;
+}
+
 void Probe::ExpectOracleRows(const Tokens& history, const Logits& got,
                              const std::vector<int64_t>& positions, const std::string& what) {
   const Logits want = oracle_.ForwardFull(history, nullptr);
@@ -75,6 +101,25 @@ void Probe::ExpectOracleRows(const Tokens& history, const Logits& got,
   }
 }
 
+void Probe::ExpectSameRows(const Logits& got, const Logits& want,
+                           const std::vector<int64_t>& positions, const std::string& what) {
+  if (got.rows() != want.rows() || got.cols() != want.cols()) {
+    Fail("{}: logits [{}, {}] against [{}, {}]", what, got.rows(), got.cols(), want.rows(),
+         want.cols());
+  }
+  for (int64_t r = 0; r < got.rows(); ++r) {
+    // Both rows are the engine's own, its RoPE angles alike: the run's gate without allowance.
+    const RowComparison cmp =
+        CompareRows(got.row(r).data(), want.row(r).data(), vocab(), Tolerance{tolerance_});
+    same_worst_ = std::max(same_worst_, cmp.max_abs_diff);
+    ++same_rows_;
+    if (!cmp.within_tolerance) {
+      Fail("{}: position {}: max |a-b| {:.3e} > {:.3e} (argmax {} vs {})", what, positions[r],
+           cmp.max_abs_diff, tolerance_, cmp.argmax_a, cmp.argmax_b);
+    }
+  }
+}
+
 void Probe::ExpectLength(const Conversation& c, const std::string& what) const {
   const int64_t length = c.session->Length();
   if (length != static_cast<int64_t>(c.history.size())) {
@@ -82,13 +127,15 @@ void Probe::ExpectLength(const Conversation& c, const std::string& what) const {
   }
 }
 
-void Probe::ExpectRefused(Conversation& c, const std::string& what,
+void Probe::ExpectRefused(const std::vector<Conversation*>& unchanged, const std::string& what,
                           const std::function<void()>& call) {
   try {
     call();
   } catch (const InputError& e) {
-    ExpectLength(c, what + " (after the refusal)");
-    Append(c, RandomTokens(2), what + ", then an append");
+    for (Conversation* c : unchanged) {
+      ExpectLength(*c, what + " (after the refusal)");
+      Append(*c, RandomTokens(2), what + ", then an append");
+    }
     refusals_.push_back(e.what());
     return;
   } catch (const EngineError& e) {
@@ -101,6 +148,13 @@ std::string Probe::Figures() {
   std::string s = fmt::format("{} rows, max |a-b| {:.1e}", rows_, worst_);
   rows_ = 0;
   worst_ = 0;
+  return s;
+}
+
+std::string Probe::SameRowsFigure() {
+  std::string s = fmt::format("max |a-b| {:.1e} over {} rows", same_worst_, same_rows_);
+  same_rows_ = 0;
+  same_worst_ = 0;
   return s;
 }
 
