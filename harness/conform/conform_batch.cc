@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "format/error.h"
 #include "harness/conform/conform_detail.h"
 
 namespace kvdiff::harness::conform_detail {
