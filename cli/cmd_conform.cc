@@ -1,6 +1,7 @@
 // `kvdiff conform ENGINE`: the conformance suite for an engine (a plugin path, plugin:PATH?k=v, or
 // any backend name): every op against an oracle backend, the error paths, fork, reset,
-// determinism, capacity, then a campaign. Exit 0 when every check passes, 1 when one fails, 2 on
+// determinism, capacity, batched calls (against the oracle and the items alone, and their
+// refusals), then a campaign. Exit 0 when every check passes, 1 when one fails, 2 on
 // bad input (an engine that cannot be loaded, an unknown backend).
 #include <fmt/format.h>
 
@@ -83,7 +84,9 @@ void AddConformCommand(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "conform",
       "Put an engine through the conformance suite: every session op held to an oracle backend, "
-      "the error paths, fork, reset, determinism, capacity, then a check campaign");
+      "the error paths, fork, reset, determinism, capacity, batched calls of several sessions "
+      "(each row held to the oracle and to the items alone; the refusals), then a check "
+      "campaign");
   cmd->add_option(
          "engine", args->engine,
          "The engine: a plugin file (PATH[?key=value&...]), plugin:PATH, or a backend name")

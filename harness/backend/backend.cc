@@ -1,9 +1,11 @@
-// The batched call's default: the items one after another, through their own sessions.
+// The batched call's default: the items one after another, through their own sessions, once every
+// refusal has been made.
 #include "harness/backend/backend.h"
 
 #include <algorithm>
 
 #include "format/error.h"
+#include "plugin_host/batch_items.h"
 
 namespace kvdiff::harness {
 
@@ -24,13 +26,28 @@ Logits KeepOutputRows(const Logits& all, const std::vector<bool>& output) {
 }
 
 std::vector<Logits> Backend::AppendBatch(const std::vector<BatchItem>& items) const {
+  // What a session would refuse halfway through the items is refused before the first runs, so a
+  // refused call changes nothing, as engine.h promises of append_batch.
+  const std::string who = fmt::format("backend {}", Name());
+  engines::CheckBatchItems(who, items, [](const BackendSession* s) { return s != nullptr; });
+  const format::LlamaConfig& c = config();
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Tokens& tokens = items[i].tokens;
+    for (size_t t = 0; t < tokens.size(); ++t) {
+      KVDIFF_CHECK(tokens[t] >= 0 && tokens[t] < c.vocab_size,
+                   "{}: batch item {}: token id {} at index {} is out of range for vocab_size {}",
+                   who, i, tokens[t], t, c.vocab_size);
+    }
+    const int64_t length = items[i].session->Length();
+    const auto n = static_cast<int64_t>(tokens.size());
+    KVDIFF_CHECK(length + n <= c.max_position_embeddings,
+                 "{}: batch item {}: {} tokens at length {} need {} positions, beyond "
+                 "max_position_embeddings {}",
+                 who, i, n, length, length + n, c.max_position_embeddings);
+  }
   std::vector<Logits> out;
   out.reserve(items.size());
   for (const BatchItem& item : items) {
-    KVDIFF_CHECK(item.session != nullptr, "AppendBatch: an item has no session");
-    KVDIFF_CHECK(item.output.empty() || item.output.size() == item.tokens.size(),
-                 "AppendBatch: {} output flags for {} tokens", item.output.size(),
-                 item.tokens.size());
     const Logits all = item.session->Append(item.tokens);
     KVDIFF_CHECK(all.rows() == static_cast<int64_t>(item.tokens.size()),
                  "backend {} returned {} logits rows for {} tokens", Name(), all.rows(),

@@ -123,9 +123,12 @@ class Backend {
   // One call that appends every item's tokens to its own session, as a serving engine runs many
   // conversations in one forward; returns, per item, the logits of the rows it asked for
   // [output rows, vocab], in token order. The sessions are this backend's and distinct (the replay
-  // never passes one twice). A throw leaves the items' sessions in an unspecified state.
-  // The default appends the items one after another through their sessions and keeps the rows
-  // asked for: the semantic reference, which every backend runs unless it has a batched forward.
+  // never passes one twice). Bad input (no items, a session twice, an empty item, flags that do
+  // not match the tokens, a token out of range, an item past max_position_embeddings) is refused
+  // with an InputError before anything runs, changing nothing; any other throw leaves the items'
+  // sessions in an unspecified state. The default appends the items one after another through
+  // their sessions and keeps the rows asked for: the semantic reference, which every backend runs
+  // unless it has a batched forward.
   virtual std::vector<Logits> AppendBatch(const std::vector<BatchItem>& items) const;
   // The raw call, present exactly when Info().raw_call != kNone.
   virtual const RawModel* Raw() const { return nullptr; }

@@ -11,9 +11,8 @@
 #include <utility>
 
 #include "format/error.h"
-#include "format/prng.h"
 #include "harness/campaign/campaign.h"
-#include "harness/compare/tolerance_profile.h"
+#include "harness/conform/conform_detail.h"
 #include "harness/report/junit.h"
 #include "harness/report/run_report.h"
 #include "harness/run/differential_run.h"
@@ -21,138 +20,11 @@
 namespace kvdiff::harness {
 namespace {
 
-// What a check throws when the engine does not do what it asks; the message is the report's.
-class Nonconformance : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// What a check throws when it does not apply to this model (it is reported as skipped, and why).
-class NotApplicable : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// The engine under test, its oracle, and the helpers every check is written with: sessions whose
-// history is tracked, appends compared with the oracle, expected refusals.
-class Probe {
- public:
-  Probe(const Backend& engine, const Backend& oracle, double tolerance,
-        double rope_f32_per_position, uint64_t seed)
-      : engine_(engine),
-        oracle_(oracle),
-        tolerance_(tolerance),
-        rope_f32_per_position_(rope_f32_per_position),
-        rng_(seed) {}
-
-  struct Conversation {
-    std::unique_ptr<BackendSession> session;
-    Tokens history;  // what the session must hold: the oracle's input
-  };
-
-  // A new session, which must say it holds nothing.
-  Conversation New() const {
-    Conversation c{engine_.NewSession(), {}};
-    ExpectLength(c, "a new session");
-    return c;
-  }
-  int64_t vocab() const { return engine_.config().vocab_size; }
-  int64_t max_positions() const { return engine_.config().max_position_embeddings; }
-
-  // n tokens drawn from the whole vocabulary (the same for a given seed on every platform).
-  Tokens RandomTokens(int64_t n) {
-    Tokens t(n);
-    for (Token& token : t) token = static_cast<Token>(format::SplitMix64(rng_) % vocab());
-    return t;
-  }
-
-  // Appends `tokens` and holds the n new rows to the oracle's uncached rows of the whole history;
-  // checks the shape, the NaN/inf policy and the length the session reports.
-  void Append(Conversation& c, const Tokens& tokens, const std::string& what) {
-    const Logits got = c.session->Append(tokens, nullptr);
-    c.history.insert(c.history.end(), tokens.begin(), tokens.end());
-    const int64_t n = static_cast<int64_t>(tokens.size());
-    if (got.rows() != n || got.cols() != vocab()) {
-      Fail("{}: expected logits [{}, {}], got [{}, {}]", what, n, vocab(), got.rows(), got.cols());
-    }
-    ExpectLength(c, what);
-    const Logits want = oracle_.ForwardFull(c.history, nullptr).bottomRows(n);
-    for (int64_t r = 0; r < n; ++r) {
-      const int64_t position = static_cast<int64_t>(c.history.size()) - n + r;
-      const std::string nonfinite = DescribeNonFinite(got.row(r).data(), vocab());
-      if (!nonfinite.empty())
-        Fail("{}: position {}: non-finite logits: {}", what, position, nonfinite);
-      const double tolerance = CrossTolerance(tolerance_, rope_f32_per_position_, engine_.Info(),
-                                              oracle_.Info(), position);
-      const RowComparison cmp =
-          CompareRows(got.row(r).data(), want.row(r).data(), vocab(), tolerance);
-      worst_ = std::max(worst_, cmp.max_abs_diff);
-      ++rows_;
-      if (!cmp.within_tolerance) {
-        Fail(
-            "{}: position {} differs from {}'s uncached forward by {:.3e} > {:.3e} (argmax {} "
-            "vs {})",
-            what, position, oracle_.Name(), cmp.max_abs_diff, tolerance, cmp.argmax_a,
-            cmp.argmax_b);
-      }
-    }
-  }
-
-  void ExpectLength(const Conversation& c, const std::string& what) const {
-    const int64_t length = c.session->Length();
-    if (length != static_cast<int64_t>(c.history.size())) {
-      Fail("{}: Length() is {}, expected {}", what, length, c.history.size());
-    }
-  }
-
-  // The call must be refused as bad input (an InputError: KVDIFF_INVALID_INPUT for a plugin) and
-  // leave the conversation as it was: same length, and the next append still right.
-  void ExpectRefused(Conversation& c, const std::string& what, const std::function<void()>& call) {
-    try {
-      call();
-    } catch (const InputError& e) {
-      ExpectLength(c, what + " (after the refusal)");
-      Append(c, RandomTokens(2), what + ", then an append");
-      refusals_.push_back(e.what());
-      return;
-    } catch (const EngineError& e) {
-      Fail("{}: expected a refusal as bad input, got an engine failure: {}", what, e.what());
-    }
-    Fail("{}: expected a refusal as bad input, but the call succeeded", what);
-  }
-
-  template <typename... Args>
-  [[noreturn]] static void Fail(fmt::format_string<Args...> format, Args&&... args) {
-    throw Nonconformance(fmt::format(format, std::forward<Args>(args)...));
-  }
-
-  // "N rows, max |a-b| D" for the rows compared since the last call.
-  std::string Figures() {
-    std::string s = fmt::format("{} rows, max |a-b| {:.1e}", rows_, worst_);
-    rows_ = 0;
-    worst_ = 0;
-    return s;
-  }
-  std::string LastRefusal() const { return refusals_.empty() ? "" : refusals_.back(); }
-  const Backend& engine() const { return engine_; }
-
- private:
-  const Backend& engine_;
-  const Backend& oracle_;
-  double tolerance_;
-  double rope_f32_per_position_;
-  uint64_t rng_;
-  int64_t rows_ = 0;
-  double worst_ = 0;
-  std::vector<std::string> refusals_;
-};
-
-// The refusal's message, shortened for the table.
-std::string Refused(const Probe& p) {
-  std::string m = p.LastRefusal();
-  if (m.size() > 70) m = m.substr(0, 67) + "...";
-  return "refused: " + m;
-}
+using conform_detail::CheckDef;
+using conform_detail::Nonconformance;
+using conform_detail::NotApplicable;
+using conform_detail::Probe;
+using conform_detail::Refused;
 
 std::string CheckPrefill(Probe& p) {
   auto c = p.New();
@@ -184,9 +56,7 @@ std::string CheckTruncate(Probe& p) {
 std::string CheckFork(Probe& p) {
   auto parent = p.New();
   p.Append(parent, p.RandomTokens(8), "prefill of 8");
-  Probe::Conversation child{parent.session->Fork(), parent.history};
-  p.ExpectLength(child, "fork at 8");
-  p.ExpectLength(parent, "the parent of a fork at 8");
+  Probe::Conversation child = p.Fork(parent, "fork at 8");
   // Interleaved, different tokens: each side must see only its own.
   p.Append(parent, p.RandomTokens(3), "parent +3 after the fork");
   p.Append(child, p.RandomTokens(2), "child +2 after the fork");
@@ -195,8 +65,7 @@ std::string CheckFork(Probe& p) {
   parent.session.reset();  // the child outlives its parent
   p.Append(child, p.RandomTokens(2), "child +2 with the parent freed");
   auto empty = p.New();
-  Probe::Conversation empty_fork{empty.session->Fork(), {}};
-  p.ExpectLength(empty_fork, "fork of an empty session");
+  Probe::Conversation empty_fork = p.Fork(empty, "fork of an empty session");
   p.Append(empty_fork, p.RandomTokens(3), "fork of an empty session +3");
   return p.Figures() + "; interleaved, parent freed, fork of an empty session";
 }
@@ -302,12 +171,6 @@ std::string CheckCapacity(Probe& p, int64_t max_fill) {
               capacity);
 }
 
-struct CheckDef {
-  const char* name;
-  const char* what;
-  std::function<std::string(Probe&)> run;
-};
-
 ConformCheck RunOne(const CheckDef& def, Probe& probe) {
   ConformCheck check;
   check.name = def.name;
@@ -327,6 +190,7 @@ ConformCheck RunOne(const CheckDef& def, Probe& probe) {
                                dynamic_cast<const InputError*>(&e) ? "refusal" : "error", e.what());
   }
   probe.Figures();  // a failed check's rows are not the next one's
+  probe.SameRowsFigure();
   check.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return check;
 }
@@ -356,7 +220,7 @@ ConformReport RunConformance(const ModelSpec& model, const Backend& engine, cons
   KVDIFF_CHECK(engine.config().vocab_size == oracle.config().vocab_size,
                "conform: {} and {} see different models", engine.Name(), oracle.Name());
 
-  const std::vector<CheckDef> checks = {
+  std::vector<CheckDef> checks = {
       {"prefill", "one append of 24 tokens: every row equals the oracle's", CheckPrefill},
       {"chunks", "a prompt in chunks, then decode steps: every row, and Length()",
        CheckChunksAndDecode},
@@ -374,6 +238,9 @@ ConformReport RunConformance(const ModelSpec& model, const Backend& engine, cons
       {"capacity", "max_position_embeddings positions are held; one more is refused",
        [&options](Probe& p) { return CheckCapacity(p, options.max_capacity_fill); }},
   };
+  // After the others, so that each of those draws the tokens it drew before there were batch
+  // checks (a check's tokens follow from its place in the list).
+  for (const CheckDef& batch : conform_detail::BatchChecks()) checks.push_back(batch);
   for (size_t i = 0; i < checks.size(); ++i) {
     // Each check draws its own tokens: one check's outcome never moves another's inputs.
     Probe probe(engine, oracle, options.tolerance, options.rope_f32_per_position,

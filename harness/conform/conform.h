@@ -2,8 +2,10 @@
 // on one backend, each row held to an oracle backend's uncached forward of the same history (impl
 // by default: an engine that reads its weights wrong agrees with itself, so self-consistency is
 // not enough), then the error paths (each refused as bad input, changing nothing), fork
-// independence, reset, determinism and the capacity, and finally a `check` campaign of the engine
-// beside the oracle. Written for engine plugins; any Backend can be put through it.
+// independence, reset, determinism and the capacity, batched calls (Backend::AppendBatch: every
+// row held to the oracle and to the same items appended alone, after forks and truncates too, and
+// a bad batch refused as a whole), and finally a `check` campaign of the engine beside the oracle.
+// Written for engine plugins; any Backend can be put through it.
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,10 @@
 // `kvdiff conform`: the example engine passes every check; the same engine behind an injected bug
 // (tests/engines/broken_plugin.c: a truncate that keeps the cache, a fork without the parent's
 // cache) fails the check that names the bug, and `kvdiff check` catches it too with a replay
-// file; what cannot be loaded is bad input (exit 2). The library call on impl and on a wrong
-// in-process backend shows the suite works on any Backend.
+// file; what cannot be loaded is bad input (exit 2). The batch checks pass on the example, on
+// llama.cpp (also split into micro-batches of two tokens) and on a backend with no batched call,
+// and fail on each llama.cpp batch fault and on rows mapped to the wrong items. The library call on
+// impl and on wrong in-process backends shows the suite works on any Backend.
 #include "harness/conform/conform.h"
 
 #include <fmt/format.h>
@@ -26,6 +28,23 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
+// Every check of `kvdiff conform`, in the order of its table.
+const char* const kEveryCheck[] = {"prefill",
+                                   "chunks",
+                                   "truncate",
+                                   "fork",
+                                   "reset",
+                                   "sessions",
+                                   "deterministic",
+                                   "token-out-of-range",
+                                   "truncate-beyond",
+                                   "empty-append",
+                                   "capacity",
+                                   "batch",
+                                   "batch-fork-truncate",
+                                   "batch-refusals",
+                                   "campaign"};
+
 // The row of the table for one check: "  name   RESULT  detail".
 std::string RowOf(const std::string& table, const std::string& check) {
   const size_t at = table.find("\n  " + check + " ");
@@ -41,18 +60,20 @@ TEST(ConformCli, TheExampleEnginePassesEveryCheck) {
                             KVDIFF_EXAMPLE_ENGINE),
                 dir.path());
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-  for (const char* check :
-       {"prefill", "chunks", "truncate", "fork", "reset", "sessions", "deterministic",
-        "token-out-of-range", "truncate-beyond", "empty-append", "capacity", "campaign"}) {
+  for (const char* check : kEveryCheck) {
     EXPECT_THAT(RowOf(r.out, check), HasSubstr("PASS")) << check << "\n" << r.out;
   }
-  EXPECT_THAT(r.out, HasSubstr("PASS: 12 of 12 checks passed, 0 failed (against impl"));
+  EXPECT_THAT(r.out, HasSubstr("PASS: 15 of 15 checks passed, 0 failed (against impl"));
+  // The example runs a batch's items one after another: bit-identical to the items alone.
+  EXPECT_THAT(RowOf(r.out, "batch"), HasSubstr("against the items alone max |a-b| 0.0e+00"));
+  EXPECT_THAT(RowOf(r.out, "batch-refusals"),
+              HasSubstr("4 batches refused: example: batch item 1: token id 256"));
   const std::string xml = ReadFile(dir / "conform.xml");
   EXPECT_EQ(XmlProblem(xml, nullptr), "");
-  EXPECT_THAT(xml, HasSubstr("tests=\"12\""));
+  EXPECT_THAT(xml, HasSubstr("tests=\"15\""));
   const auto json = nlohmann::json::parse(ReadFile(dir / "conform.json"));
   EXPECT_EQ(json["passed"], true);
-  EXPECT_EQ(json["checks"].size(), 12u);
+  EXPECT_EQ(json["checks"].size(), 15u);
 }
 
 TEST(ConformCli, TheWrapperWithoutABugPassesToo) {
@@ -123,16 +144,43 @@ TEST(ConformCli, LlamaCppConformsWithItsFloat32RopeHeldToTheMeasuredProfile) {
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("tolerance profile rope-f32 (+1.0e-06 per position, across "
                                "backends) for llama.cpp"));
-  for (const char* check :
-       {"prefill", "chunks", "truncate", "fork", "reset", "sessions", "deterministic",
-        "token-out-of-range", "truncate-beyond", "empty-append", "capacity", "campaign"}) {
+  for (const char* check : kEveryCheck) {
     EXPECT_THAT(RowOf(r.out, check), HasSubstr("PASS")) << check << "\n" << r.out << r.err;
   }
+  for (const char* check : {"batch", "batch-fork-truncate"})
+    std::cout << "figure: llama.cpp conform " << RowOf(r.out, check) << "\n";
   const CommandResult flat = RunKvdiff("conform llama.cpp --cases 0 --tolerance 1e-4", dir.path());
   std::cout << "figure: llama.cpp conform capacity at the flat gate: "
             << RowOf(flat.out, "capacity") << "\n";
   EXPECT_THAT(flat.out, Not(HasSubstr("tolerance profile rope-f32")));
   EXPECT_THAT(RowOf(flat.out, "capacity"), HasSubstr("FAIL"));  // 1.4e-4 at position 504
+}
+
+// ubatch=2: llama.cpp splits every batch into micro-batches of two tokens, across items; the rows
+// must not move.
+TEST(ConformCli, LlamaCppPassesTheBatchChecksWithMicroBatchesOfTwoTokens) {
+  TempDir dir;
+  const CommandResult r = RunKvdiff("conform 'llama.cpp?ubatch=2' --cases 0", dir.path());
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (const char* check : {"batch", "batch-fork-truncate", "batch-refusals"}) {
+    EXPECT_THAT(RowOf(r.out, check), HasSubstr("PASS")) << check << "\n" << r.out << r.err;
+    std::cout << "figure: llama.cpp?ubatch=2 conform " << RowOf(r.out, check) << "\n";
+  }
+}
+
+// The plugin's test-only batching bugs (engines/llama_cpp: fault=) fail conform's batch checks and
+// no other: by a row that differs from the oracle's, or by llama.cpp refusing the faulty batch.
+TEST(ConformCli, EachLlamaCppBatchFaultFailsTheBatchChecksOnly) {
+  TempDir dir;
+  for (const std::string fault :
+       {"batch-shared-positions", "batch-rows-swapped", "batch-one-seq"}) {
+    const CommandResult r =
+        RunKvdiff(fmt::format("conform 'llama.cpp?fault={}' --cases 0", fault), dir.path());
+    EXPECT_EQ(r.exit_code, 1) << fault << "\n" << r.out << r.err;
+    EXPECT_THAT(RowOf(r.out, "batch"), HasSubstr("FAIL")) << fault << "\n" << r.out;
+    EXPECT_THAT(RowOf(r.out, "batch-fork-truncate"), HasSubstr("FAIL")) << fault << "\n" << r.out;
+    EXPECT_THAT(r.out, HasSubstr("12 of 14 checks passed, 2 failed")) << fault << "\n" << r.out;
+  }
 }
 
 TEST(ConformCli, ALlamaCppThatForgetsSeqRmOrSeqCpIsCaughtByConformAndByCheck) {
@@ -211,7 +259,79 @@ TEST(Conform, ImplConformsAgainstItself) {
   options.out_dir = failures / "failures";
   const ConformReport report = RunConformance(model, *impl, *impl, options);
   EXPECT_TRUE(report.Passed()) << report.Table();
-  EXPECT_EQ(report.checks.size(), 12u);
+  EXPECT_EQ(report.checks.size(), 15u);
+}
+
+// impl without its batched forward: Backend::AppendBatch's default runs the items one after
+// another, and refuses what a session would refuse halfway before the first item runs, so a
+// backend with no batched call of its own passes the batch checks, refusals included.
+class OneAfterAnother : public harness::Backend {
+ public:
+  OneAfterAnother(std::unique_ptr<harness::Backend> inner, harness::BackendInfo info)
+      : inner_(std::move(inner)), info_(std::move(info)) {}
+  const harness::BackendInfo& Info() const override { return info_; }
+  const format::LlamaConfig& config() const override { return inner_->config(); }
+  Logits ForwardFull(const Tokens& tokens, ForwardTrace* trace) const override {
+    return inner_->ForwardFull(tokens, trace);
+  }
+  std::unique_ptr<harness::BackendSession> NewSession() const override {
+    return inner_->NewSession();
+  }
+
+ protected:
+  std::unique_ptr<harness::Backend> inner_;
+  harness::BackendInfo info_;
+};
+
+// impl's batched forward with a serving engine's bug: the first rows of items 0 and 1 change
+// places (outputs mapped back to the wrong items).
+class RowsSwapped : public OneAfterAnother {
+ public:
+  using OneAfterAnother::OneAfterAnother;
+  std::vector<Logits> AppendBatch(const std::vector<harness::BatchItem>& items) const override {
+    std::vector<Logits> out = inner_->AppendBatch(items);
+    if (out.size() >= 2 && out[0].rows() > 0 && out[1].rows() > 0) {
+      const Eigen::RowVectorXf first = out[0].row(0);
+      out[0].row(0) = out[1].row(0);
+      out[1].row(0) = first;
+    }
+    return out;
+  }
+};
+
+TEST(Conform, ABackendWithoutABatchedCallConformsThroughTheDefault) {
+  using namespace harness;
+  const ModelSpec model = testing::TinyModel();
+  auto weights = LoadModelFor(model);
+  auto impl = MakeBackend("impl", weights, 1);
+  BackendInfo info;
+  info.name = "serial";
+  const OneAfterAnother serial(MakeBackend("impl", weights, 1), info);
+  ConformOptions options;
+  options.campaign_cases = 0;
+  const ConformReport report = RunConformance(model, serial, *impl, options);
+  EXPECT_TRUE(report.Passed()) << report.Table();
+  EXPECT_THAT(RowOf("\n" + report.Table(), "batch-refusals"),
+              HasSubstr("4 batches refused: backend serial: batch item 1: token id 256"));
+}
+
+TEST(Conform, RowsMappedToTheWrongItemsFailTheBatchChecksOnly) {
+  using namespace harness;
+  const ModelSpec model = testing::TinyModel();
+  auto weights = LoadModelFor(model);
+  auto impl = MakeBackend("impl", weights, 1);
+  BackendInfo info;
+  info.name = "swapped";
+  const RowsSwapped swapped(MakeBackend("impl", weights, 1), info);
+  ConformOptions options;
+  options.campaign_cases = 0;
+  const ConformReport report = RunConformance(model, swapped, *impl, options);
+  const std::string table = "\n" + report.Table();
+  EXPECT_THAT(RowOf(table, "batch"),
+              HasSubstr("FAIL   batch 1 (a:decode, b:7/last, c:3/none, twin:decode, e:4), item 0 "
+                        "of 5: position 10 differs from impl's uncached forward"));
+  EXPECT_THAT(RowOf(table, "batch-fork-truncate"), HasSubstr("FAIL"));
+  EXPECT_EQ(report.Failures(), 2) << report.Table();
 }
 
 TEST(Conform, TheCapacityCheckIsSkippedAboveItsFillLimitSayingWhy) {
@@ -224,7 +344,7 @@ TEST(Conform, TheCapacityCheckIsSkippedAboveItsFillLimitSayingWhy) {
   options.max_capacity_fill = 100;
   const ConformReport report = RunConformance(model, *impl, *impl, options);
   EXPECT_TRUE(report.Passed()) << report.Table();
-  EXPECT_EQ(report.checks.size(), 11u);
+  EXPECT_EQ(report.checks.size(), 14u);
   EXPECT_THAT(RowOf("\n" + report.Table(), "capacity"),
               HasSubstr("skip   max_position_embeddings 512 is above the fill limit 100"));
 }

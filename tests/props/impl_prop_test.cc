@@ -1,7 +1,10 @@
-// Properties 1-4 and 6 on the impl backend (harness::MakeBackend("impl")): random small models,
+// Properties 1-4, 6 and 7 on the impl backend (harness::MakeBackend("impl")): random small models,
 // and the fixed "tiny" preset.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
+
+#include <iostream>
 
 #include "tests/props/prop_test_support.h"
 #include "tests/props/properties.h"
@@ -26,6 +29,20 @@ RC_GTEST_PROP(ImplProps, OneTokenPromptAfterResetLeaksNothing, ()) {
 RC_GTEST_PROP(ImplProps, TruncateThenAppendEqualsScratch, ()) { TruncateProperty(Impl()); }
 RC_GTEST_PROP(ImplProps, ForkEvolvesIndependently, ()) { ForkProperty(Impl()); }
 KVDIFF_PROP(ImplProps, StatefulConversations, 200) { StatefulProperty(Impl()); }
+
+// Property 7 with its measurement printed: the bound it asserts (kBatchAloneTolerance) is a
+// measured figure, so the test says how close impl came to it.
+void BatchEqualsAloneMeasured(const Target& target, int default_cases) {
+  BatchAloneMeasured() = {};
+  CheckGTestWithCases(default_cases, [target] { BatchEqualsAloneProperty(target); });
+  const BatchAloneFigures& f = BatchAloneMeasured();
+  std::cout << fmt::format(
+      "figure: impl batched vs alone: worst max |a-b| {:.1e} over {} rows of {} cases (bound "
+      "{:.0e})\n",
+      f.worst, f.rows, f.cases, kBatchAloneTolerance);
+}
+TEST(ImplProps, BatchEqualsItemsAlone) { BatchEqualsAloneMeasured(Impl(), 100); }
+TEST(ImplTinyProps, BatchEqualsItemsAlone) { BatchEqualsAloneMeasured(ImplTiny(), 30); }
 
 KVDIFF_PROP(ImplTinyProps, ChunkingInvariance, 30) { ChunkingProperty(ImplTiny()); }
 KVDIFF_PROP(ImplTinyProps, DecodeMatchesUncachedGreedy, 30) { DecodeProperty(ImplTiny()); }

@@ -32,6 +32,10 @@ namespace {
 
 constexpr int64_t kSmallTokens = 8;
 constexpr int64_t kSmallCommands = 8;
+// A batch fault needs several conversations in one call, and the split fault more than its
+// micro-batch of 4 tokens; with the histories around them, the largest shrunk case over 600 seeds
+// was 9 tokens (6 commands), so their bound is 12.
+constexpr int64_t kSmallBatchTokens = 12;
 
 struct Mutant {
   std::string name;
@@ -39,6 +43,8 @@ struct Mutant {
   std::function<void()> run;   // the property applied to the faulty backend
   std::string expect_message;  // the failure must say this ("" = no requirement)
   bool silent = false;         // the fault throws nothing: a check must catch it, not an exception
+  int64_t max_tokens = kSmallTokens;  // the tokens the shrunk case may keep
+  int64_t max_layers = 1;             // the layers the shrunk model may keep
 };
 
 Target RawTarget(DriverFault fault) {
@@ -104,6 +110,27 @@ std::vector<Mutant> Mutants() {
       TruncateProperty);
   raw("truncate keeps position", DriverFault::kTruncateKeepsPosition, "6 stateful",
       StatefulProperty);
+  // A serving engine's batched call (Backend::AppendBatch): single appends are right, so only a
+  // batch can see these, held to the uncached forward (the stateful model's Batch command) or to
+  // the items alone (7). The shrunk model may keep 2 layers: in one layer, a key hidden or shown
+  // whose value equals a visible one's changes nothing (values carry no position), and two
+  // conversations fed the same token make such keys; the shrinker, which drives every token to 0,
+  // then sometimes stops at 2 layers (5 of the stateful property's 2400 catches over 600 seeds;
+  // property 7 never).
+  auto batch = [&](const std::string& name, Fault fault, const std::string& property,
+                   std::function<void(const Target&)> prop) {
+    m.push_back({name, property, [fault, prop] { prop(ScalarTarget(fault)); }, "", true,
+                 kSmallBatchTokens, 2});
+  };
+  const std::pair<const char*, Fault> batch_faults[] = {
+      {"batch: mask of item 0", Fault::kBatchMaskOfItemZero},
+      {"batch: shared positions", Fault::kBatchSharedPositions},
+      {"batch: rows after split", Fault::kBatchRowsAfterSplit},
+      {"batch: sees other sequence", Fault::kBatchSeesOtherSequence}};
+  for (const auto& [name, fault] : batch_faults) {
+    batch(name, fault, "6 stateful", StatefulProperty);
+    batch(name, fault, "7 batch == alone", BatchEqualsAloneProperty);
+  }
   return m;
 }
 
@@ -153,11 +180,13 @@ TEST(Mutants, EveryMutantIsCaughtWithASmallCounterexample) {
                              size.commands, size.layers, WhatFailed(failure.description));
     EXPECT_TRUE(replay.is<rc::detail::FailureResult>())
         << mutant.name << ": the shrunk counterexample did not fail again on replay";
-    EXPECT_LE(size.tokens, kSmallTokens) << mutant.name << " / " << mutant.property
-                                         << ": counterexample too big: " << failure.description;
+    EXPECT_LE(size.tokens, mutant.max_tokens)
+        << mutant.name << " / " << mutant.property
+        << ": counterexample too big: " << failure.description;
     EXPECT_LE(size.commands, kSmallCommands) << mutant.name << " / " << mutant.property;
-    EXPECT_EQ(size.layers, 1) << mutant.name << " / " << mutant.property
-                              << ": the model did not shrink to one layer";
+    EXPECT_LE(size.layers, mutant.max_layers)
+        << mutant.name << " / " << mutant.property << ": the model did not shrink to "
+        << mutant.max_layers << " layer" << (mutant.max_layers == 1 ? "" : "s");
     if (mutant.silent) {
       EXPECT_EQ(failure.description.find(kByException), std::string::npos)
           << mutant.name

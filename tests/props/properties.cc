@@ -9,16 +9,6 @@
 #include "harness/backend/registry.h"
 
 namespace kvdiff::props {
-namespace {
-
-struct CaseSetup {
-  ModelCase model;
-  std::unique_ptr<harness::Backend> system;
-  std::unique_ptr<harness::Backend> oracle_owned;
-  const harness::Backend* oracle = nullptr;  // oracle_owned, or system itself
-  int64_t vocab = 0;
-  int64_t capacity = 0;
-};
 
 CaseSetup Setup(const Target& target) {
   CaseSetup setup;
@@ -36,6 +26,8 @@ CaseSetup Setup(const Target& target) {
   LastCaseSize().model = printed.str();
   return setup;
 }
+
+namespace {
 
 Tokens Concat(Tokens a, const Tokens& b) {
   a.insert(a.end(), b.begin(), b.end());

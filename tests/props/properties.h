@@ -81,8 +81,46 @@ void ReuseProperty(const Target& target, const ReuseOptions& options = {});
 void TruncateProperty(const Target& target);
 // 4b. Fork after a prefix p; the fork and its parent then evolve independently.
 void ForkProperty(const Target& target);
-// 6. rc::state: random command sequences on several conversations (see stateful.h).
+// 6. rc::state: random command sequences on several conversations, one at a time or several in
+//    one batched call (stateful.cc).
 void StatefulProperty(const Target& target);
+// 7. A batched call equals the same items run alone: random sessions (forks among them, so twins
+//    occur) with random histories, a batch over a random subset of them with random output flags;
+//    each item's returned rows == the rows of the same tokens appended alone to a fork of its
+//    session taken before the call, within kBatchAloneTolerance (batch_property.cc).
+void BatchEqualsAloneProperty(const Target& target);
+
+// The bound of property 7: the gate itself. Both sides are float32 paths of the same math, and on
+// impl the difference is mostly the alone side's own cached-vs-uncached drift, which the gate is
+// there for: in the worst case found, a 3-layer, 64-wide model, a chunk of 6 appended alone at
+// length 9 was 6.2e-5 from ForwardFull while the same chunk batched was 3e-6 from it, so batched
+// and alone differed by 5.05e-5 (RC_PARAMS="max_success=2000", after 586 cases). Measured
+// worst over 200 000 cases of the small models (RC_PARAMS="max_success=20000 seed=S", 10 seeds):
+// 4.7e-5; over 24 000 cases of tiny: 2.7e-5. A tighter bound (tests/harness/batch_step_test.cc
+// holds one tiny batch to 2e-5) would fail on Append's drift, not on batching. A backend that
+// batches by running the items one after another (the scalar model, ref) is bit-identical; the
+// mutation test's batching bugs fail it by 1.3e-4 to 13 in their shrunk cases (shrinking stops
+// where a case just fails).
+constexpr double kBatchAloneTolerance = kTolerance;
+// Property 7's measurements since the last Reset: the largest max |batched - alone| of a row, the
+// rows compared, the cases run. impl's test prints them.
+struct BatchAloneFigures {
+  double worst = 0;
+  int64_t rows = 0, cases = 0;
+};
+BatchAloneFigures& BatchAloneMeasured();
+
+// What every property starts from: the drawn model, the system and its oracle (the system itself
+// when the target names none), and LastCaseSize() reset for the case.
+struct CaseSetup {
+  ModelCase model;
+  std::unique_ptr<harness::Backend> system;
+  std::unique_ptr<harness::Backend> oracle_owned;
+  const harness::Backend* oracle = nullptr;  // oracle_owned, or system itself
+  int64_t vocab = 0;
+  int64_t capacity = 0;
+};
+CaseSetup Setup(const Target& target);
 
 // Rows [row0, row0 + rows) of got against rows [want_row0, ...) of want: NaN/inf first, then max
 // |a - b| <= tolerance; on failure RC_FAIL with what, the position, both argmaxes and the error.

@@ -1,4 +1,4 @@
-// Properties 1-4 and 6 on the LibTorch reference ("ref", float32), and property 5: impl and ref
+// Properties 1-4, 6 and 7 on the LibTorch reference ("ref", float32), and property 5: impl and ref
 // agree within 1e-4 on every scenario above (each one's sessions against the other's ForwardFull),
 // and on ForwardFull itself. Built only with KVDIFF_WITH_TORCH.
 #include <gtest/gtest.h>
@@ -23,6 +23,7 @@ RC_GTEST_PROP(RefProps, OneTokenPromptAfterResetLeaksNothing, ()) {
 RC_GTEST_PROP(RefProps, TruncateThenAppendEqualsScratch, ()) { TruncateProperty(Ref()); }
 RC_GTEST_PROP(RefProps, ForkEvolvesIndependently, ()) { ForkProperty(Ref()); }
 KVDIFF_PROP(RefProps, StatefulConversations, 30) { StatefulProperty(Ref()); }
+RC_GTEST_PROP(RefProps, BatchEqualsItemsAlone, ()) { BatchEqualsAloneProperty(Ref()); }
 
 RC_GTEST_PROP(ImplEqualsRef, ForwardFull, ()) {
   const ModelCase model = *GenSmallModel();

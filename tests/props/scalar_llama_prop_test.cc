@@ -42,6 +42,7 @@ RC_GTEST_PROP(ScalarLlamaProps, ForkEvolvesIndependently, ()) { ForkProperty(Sca
 // Its sessions against impl's ForwardFull: the cross-implementation check the KV-head mutant needs.
 RC_GTEST_PROP(ScalarLlamaProps, SessionsAgreeWithImpl, ()) { ChunkingProperty(ScalarVsImpl()); }
 KVDIFF_PROP(ScalarLlamaProps, StatefulConversations, 30) { StatefulProperty(Scalar()); }
+RC_GTEST_PROP(ScalarLlamaProps, BatchEqualsItemsAlone, ()) { BatchEqualsAloneProperty(Scalar()); }
 
 RC_GTEST_PROP(RawDriverProps, DecodeMatchesUncachedGreedy, ()) { DecodeProperty(RawDriver()); }
 RC_GTEST_PROP(RawDriverProps, ResetOrNewSessionLeaksNothing, ()) { ReuseProperty(RawDriver()); }
