@@ -163,23 +163,7 @@ class Replayer {
       KVDIFF_CHECK(bad.empty(), "non-finite logits: backend {}, step {}, row {}, {}",
                    backend_.Name(), i, rec_.rows.size() - step_begin_ + r, bad);
     }
-    Tokens& history = HistoryFor(conv, call.first_position);
-    for (int64_t r = 0; r < n; ++r) {
-      history.push_back(tokens[r]);
-      RecordedRow row;
-      row.step = i;
-      row.row = static_cast<int64_t>(rec_.rows.size() - step_begin_);
-      row.call = call_;
-      row.row_in_call = r;
-      row.conversation = call.conversation;
-      row.position = call.first_position + r;
-      row.token = tokens[r];
-      row.chosen_by = r == 0 ? chosen_by : -1;
-      row.history = conv.history;
-      row.logits.assign(logits.row(r).data(), logits.row(r).data() + vocab_);
-      rec_.rows.push_back(std::move(row));
-    }
-    conv.last_row = static_cast<int64_t>(rec_.rows.size()) - 1;
+    Record(i, call_, call, conv, tokens, {}, logits, chosen_by, 0);
     CheckLength(call.conversation, call.first_position + n,
                 fmt::format("an append of {} token{}", n, n == 1 ? "" : "s"));
     if (trace) trace_->hit = true;
@@ -206,7 +190,6 @@ class Replayer {
     KVDIFF_CHECK(out.size() == items.size(),
                  "backend {} returned {} logits blocks for {} batch items", backend_.Name(),
                  out.size(), items.size());
-    int64_t row_in_call = 0;
     for (size_t k = 0; k < items.size(); ++k) {
       const DriverBatchItem& item = items[k];
       const auto n = static_cast<int64_t>(item.tokens.size());
@@ -225,32 +208,43 @@ class Replayer {
                      backend_.Name(), i, k, item.conversation, bad);
       }
     }
+    int64_t row_in_call = 0;  // the item's first token among every item's tokens
     for (size_t k = 0; k < items.size(); ++k) {
       const DriverBatchItem& item = items[k];
-      ReplayedConversation& conv = replayed_[item.conversation];
-      Tokens& history = HistoryFor(conv, calls[k].first_position);
-      conv.last_row = -1;
-      for (size_t t = 0, r = 0; t < item.tokens.size(); ++t, ++row_in_call) {
-        history.push_back(item.tokens[t]);
-        if (!item.output[t]) continue;
-        RecordedRow row;
-        row.step = i;
-        row.row = static_cast<int64_t>(rec_.rows.size() - step_begin_);
-        row.call = 0;
-        row.row_in_call = row_in_call;
-        row.conversation = item.conversation;
-        row.position = calls[k].first_position + static_cast<int64_t>(t);
-        row.token = item.tokens[t];
-        row.chosen_by = t == 0 ? chosen_by[k] : -1;
-        row.history = conv.history;
-        row.logits.assign(out[k].row(r).data(), out[k].row(r).data() + vocab_);
-        ++r;
-        rec_.rows.push_back(std::move(row));
-        if (t + 1 == item.tokens.size()) conv.last_row = static_cast<int64_t>(rec_.rows.size()) - 1;
-      }
+      Record(i, 0, calls[k], replayed_[item.conversation], item.tokens, item.output, out[k],
+             chosen_by[k], row_in_call);
+      row_in_call += static_cast<int64_t>(item.tokens.size());
       const auto n = static_cast<int64_t>(item.tokens.size());
       CheckLength(item.conversation, calls[k].first_position + n,
                   fmt::format("a batch item of {} token{}", n, n == 1 ? "" : "s"));
+    }
+  }
+
+  // Feeds `tokens` to the conversation's history at call.first_position and records a row for each
+  // token whose output flag is set (every token when `output` is empty): `logits` holds those rows
+  // in order. Its last row, when recorded, is what a decode chooses from next.
+  void Record(int64_t i, int64_t call_index, const ForwardCall& call, ReplayedConversation& conv,
+              const Tokens& tokens, const std::vector<bool>& output, const Logits& logits,
+              int64_t chosen_by, int64_t first_row_in_call) {
+    Tokens& history = HistoryFor(conv, call.first_position);
+    conv.last_row = -1;
+    for (size_t t = 0, r = 0; t < tokens.size(); ++t) {
+      history.push_back(tokens[t]);
+      if (!output.empty() && !output[t]) continue;
+      RecordedRow row;
+      row.step = i;
+      row.row = static_cast<int64_t>(rec_.rows.size() - step_begin_);
+      row.call = call_index;
+      row.row_in_call = first_row_in_call + static_cast<int64_t>(t);
+      row.conversation = call.conversation;
+      row.position = call.first_position + static_cast<int64_t>(t);
+      row.token = tokens[t];
+      row.chosen_by = t == 0 ? chosen_by : -1;
+      row.history = conv.history;
+      row.logits.assign(logits.row(r).data(), logits.row(r).data() + vocab_);
+      ++r;
+      rec_.rows.push_back(std::move(row));
+      if (t + 1 == tokens.size()) conv.last_row = static_cast<int64_t>(rec_.rows.size()) - 1;
     }
   }
 
