@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "format/error.h"
+#include "impl/batch_fault.h"
 #include "impl/kernels.h"
 #include "impl/session.h"
 #include "impl/thread_pool.h"
@@ -131,6 +132,7 @@ struct Model::State {
   ThreadPool pool;
   std::mutex mutex;  // one forward call at a time: the workspace and the pool are shared
   Workspace ws;
+  BatchFault fault = BatchFault::kNone;  // TEST-ONLY (impl/batch_fault.h); spares part 0
 
   State(std::shared_ptr<const format::ModelWeights> w, int threads, WeightStorage storage)
       : weights(std::move(w)), config(weights->config), pool(threads) {
@@ -181,23 +183,68 @@ struct Model::State {
     const int64_t q_dim = config.QDim(), kv_dim = config.KvDim();
     const LinearOutput qkv[] = {{w.q, ws.q.data()}, {w.k, ws.k.data()}, {w.v, ws.v.data()}};
     LinearMany(pool, ws.xn.data(), s, qkv, 3);
-    for (const PartRows& p : parts) {
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const PartRows& p = parts[i];
+      const BatchFault f = i > 0 ? fault : BatchFault::kNone;
       KvCache& cache = *p.part.cache;
       float* q = ws.q.data() + p.first_row * q_dim;
       float* new_keys = cache.KeyRow(l, p.past);  // (p.size, kv_dim): the cache rows of this call
       float* new_values = cache.ValueRow(l, p.past);
       std::copy_n(ws.k.data() + p.first_row * kv_dim, p.size * kv_dim, new_keys);
       std::copy_n(ws.v.data() + p.first_row * kv_dim, p.size * kv_dim, new_values);
-      for (int64_t i = 0; i < p.size; ++i) {
-        const float* cos = rope.Cos(p.part.index_pos + i);
-        const float* sin = rope.Sin(p.part.index_pos + i);
-        ApplyRope(q + i * q_dim, nh, rope.half, cos, sin);
-        ApplyRope(new_keys + i * kv_dim, nkv, rope.half, cos, sin);
+      // (Under the test fault, part 0's positions, as far as the RoPE table reaches.)
+      const int64_t first_position =
+          f == BatchFault::kSharedPositions
+              ? std::min(parts[0].part.index_pos, rope.positions - p.size)
+              : p.part.index_pos;
+      for (int64_t r = 0; r < p.size; ++r) {
+        const float* cos = rope.Cos(first_position + r);
+        const float* sin = rope.Sin(first_position + r);
+        ApplyRope(q + r * q_dim, nh, rope.half, cos, sin);
+        ApplyRope(new_keys + r * kv_dim, nkv, rope.half, cos, sin);
       }
-      Attention(pool, q, p.size, p.past, cache.KeyRow(l, 0), cache.ValueRow(l, 0), nh, nkv,
-                config.head_dim, ws.attn.data() + p.first_row * q_dim, ws.scores);
+      float* out = ws.attn.data() + p.first_row * q_dim;
+      if (f == BatchFault::kSeesOtherSequence && parts[0].past > 0) {
+        AttendWithAForeignCell(l, p, *parts[0].part.cache, q, out);
+        continue;
+      }
+      const int64_t past =
+          f == BatchFault::kMaskOfPartZero ? std::min(parts[0].past, p.past) : p.past;
+      Attention(pool, q, p.size, past, cache.KeyRow(l, 0), cache.ValueRow(l, 0), nh, nkv,
+                config.head_dim, out, ws.scores);
     }
     Linear(pool, ws.attn.data(), s, w.o, ws.proj.data());
+  }
+
+  // TEST-ONLY (BatchFault::kSeesOtherSequence): the part's attention with `other`'s first cached
+  // key and value in view before its own, as a cell of another sequence left visible would be.
+  void AttendWithAForeignCell(int64_t l, const PartRows& p, const KvCache& other, float* q,
+                              float* out) {
+    const int64_t kv_dim = config.KvDim(), own = p.past + p.size;
+    std::vector<float> keys((own + 1) * kv_dim), values((own + 1) * kv_dim);
+    std::copy_n(other.KeyRow(l, 0), kv_dim, keys.data());
+    std::copy_n(other.ValueRow(l, 0), kv_dim, values.data());
+    std::copy_n(p.part.cache->KeyRow(l, 0), own * kv_dim, keys.data() + kv_dim);
+    std::copy_n(p.part.cache->ValueRow(l, 0), own * kv_dim, values.data() + kv_dim);
+    Attention(pool, q, p.size, p.past + 1, keys.data(), values.data(), config.num_attention_heads,
+              config.num_key_value_heads, config.head_dim, out, ws.scores);
+  }
+
+  // TEST-ONLY (BatchFault::kRowsMisMapped): the first returned rows of parts 0 and 1 trade
+  // places, as when a call's outputs are mapped back to the wrong sequences.
+  static void SwapFirstRowsOfParts0And1(const std::vector<PartRows>& parts,
+                                        const std::vector<bool>& output, Logits& logits) {
+    auto first_returned = [&](const PartRows& p) -> int64_t {
+      int64_t returned_before = 0;
+      for (int64_t r = 0; r < p.first_row + p.size; ++r) {
+        const bool returned = output.empty() || output[r];
+        if (returned && r >= p.first_row) return returned_before;
+        returned_before += returned ? 1 : 0;
+      }
+      return -1;
+    };
+    const int64_t a = first_returned(parts[0]), b = first_returned(parts[1]);
+    if (a >= 0 && b >= 0) logits.row(a).swap(logits.row(b));
   }
 
   // 5. SwiGLU MLP: reads ws.xn, leaves down_proj's output in ws.proj.
@@ -232,11 +279,15 @@ struct Model::State {
       tokens.insert(tokens.end(), part.tokens->begin(), part.tokens->end());
       max_keys = std::max(max_keys, part.cache->Capacity());
       positions = std::max(positions, part.index_pos + parts.back().size);
+      if (fault == BatchFault::kSharedPositions)  // every part at part 0's positions
+        positions = std::max(positions, forward_parts[0].index_pos + parts.back().size);
     }
     const int64_t s = static_cast<int64_t>(tokens.size());
     const int64_t hidden = config.hidden_size;
     const float eps = static_cast<float>(config.rms_norm_eps);
-    ws.Reserve(config, s, pool.Size(), max_keys);
+    // (A key more under the test fault that shows a part another sequence's cell.)
+    ws.Reserve(config, s, pool.Size(),
+               max_keys + (fault == BatchFault::kSeesOtherSequence ? 1 : 0));
     GrowRopeTable(config, positions, rope);
     if (trace) trace->layers.resize(config.num_hidden_layers);
 
@@ -268,6 +319,8 @@ struct Model::State {
     RmsNorm(ws.x.data(), final_norm, rows, hidden, eps, ws.xn.data());
     Logits logits(rows, config.vocab_size);
     Linear(pool, ws.xn.data(), rows, lm_head, logits.data());
+    if (fault == BatchFault::kRowsMisMapped && parts.size() > 1)
+      SwapFirstRowsOfParts0And1(parts, output, logits);
     return logits;
   }
 };
@@ -383,6 +436,8 @@ Logits Model::ForwardBatch(const std::vector<ForwardPart>& parts,
                "ForwardBatch: {} output flags for {} rows", output.size(), rows);
   return state_->Forward(parts.data(), parts.size(), output, nullptr);
 }
+
+void Model::InjectBatchFault(BatchFault fault) { state_->fault = fault; }
 
 KvCache Model::NewCache(int64_t capacity) const { return KvCache(state_->config, capacity); }
 

@@ -8,6 +8,7 @@
 
 #include "format/model_files.h"
 #include "format/tensor.h"
+#include "impl/batch_fault.h"
 #include "impl/kv_cache.h"
 
 namespace kvdiff::impl {
@@ -71,6 +72,11 @@ class Model {
   // (kLinearRowsMax), so its logits agree with its own call's within float32 rounding.
   Logits ForwardBatch(const std::vector<ForwardPart>& parts,
                       const std::vector<bool>& output = {}) const;
+
+  // TEST-ONLY: a serving engine's bug in ForwardBatch's calls of more than one part
+  // (impl/batch_fault.h), to prove that kvdiff's batch steps catch it. Not thread-safe: call it
+  // before the model is shared.
+  void InjectBatchFault(BatchFault fault);
 
   KvCache NewCache(int64_t capacity = 0) const;
   // A checked session owning its cache and position; capacity 0 means max_position_embeddings.

@@ -5,10 +5,12 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "format/error.h"
 #include "harness/backend/model_backend.h"
 #include "harness/backend/registry.h"
+#include "impl/batch_fault.h"
 #include "impl/kernels.h"
 #include "impl/kv_cache.h"
 #include "impl/model.h"
@@ -65,36 +67,74 @@ using ImplBackend = ModelBackend<ImplOps>;
 
 namespace {
 
-// "impl" and "impl?weights=auto|f32": how the model keeps its matrices (impl::WeightStorage).
-impl::WeightStorage ParseImplOptions(const std::string& name) {
+// impl's options: "impl?weights=auto|f32" says how the model keeps its matrices
+// (impl::WeightStorage); "impl?fault=NAME" is TEST-ONLY, a serving engine's bug in impl's batched
+// forward (impl/batch_fault.h). Items separated by ','.
+struct ImplOptions {
+  impl::WeightStorage storage = impl::WeightStorage::kAuto;
+  impl::BatchFault fault = impl::BatchFault::kNone;
+};
+
+std::vector<std::string> SplitAtCommas(const std::string& text) {
+  std::vector<std::string> items;
+  size_t begin = 0;
+  for (size_t comma; (comma = text.find(',', begin)) != std::string::npos; begin = comma + 1)
+    items.push_back(text.substr(begin, comma - begin));
+  items.push_back(text.substr(begin));
+  return items;
+}
+
+ImplOptions ParseImplOptions(const std::string& name) {
+  ImplOptions options;
   const size_t q = name.find('?');
-  if (q == std::string::npos) return impl::WeightStorage::kAuto;
-  const std::string option = name.substr(q + 1);
-  if (option == "weights=auto") return impl::WeightStorage::kAuto;
-  if (option == "weights=f32") return impl::WeightStorage::kF32;
-  throw InputError(
-      fmt::format("backend '{}': expected impl?weights=auto or impl?weights=f32, found option '{}'",
-                  name, option));
+  if (q == std::string::npos) return options;
+  for (const std::string& item : SplitAtCommas(name.substr(q + 1))) {
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    if (key == "weights" && value == "auto") {
+      options.storage = impl::WeightStorage::kAuto;
+    } else if (key == "weights" && value == "f32") {
+      options.storage = impl::WeightStorage::kF32;
+    } else if (key == "fault") {
+      try {
+        options.fault = impl::ParseBatchFault(value);
+      } catch (const InputError& e) {
+        throw InputError(fmt::format("backend '{}': {}", name, e.what()));
+      }
+    } else {
+      throw InputError(fmt::format(
+          "backend '{}': expected impl?weights=auto or impl?weights=f32 (or the test-only "
+          "impl?fault=NAME), found option '{}'",
+          name, item));
+    }
+  }
+  return options;
 }
 
 std::pair<BackendInfo, BackendFactory> ImplEntry(const std::string& name) {
-  const impl::WeightStorage storage = ParseImplOptions(name);
+  const ImplOptions impl_options = ParseImplOptions(name);
   BackendInfo info;
   info.name = name;
-  info.description = storage == impl::WeightStorage::kF32
+  info.description = impl_options.storage == impl::WeightStorage::kF32
                          ? "Eigen, float32, kvdiff's own, weights widened to float32 at load"
                          : "Eigen, float32, kvdiff's own";
+  if (impl_options.fault != impl::BatchFault::kNone)
+    info.description +=
+        fmt::format(", TEST-ONLY fault {}", impl::BatchFaultName(impl_options.fault));
   info.dtype = "float32";
   info.raw_call = RawCall::kTakesPosition;
   info.in_default_set = name == "impl";
   // Where impl's kernels change path: LinearRows up to kLinearRowsMax rows, then the GEMM;
   // attention in query tiles of kAttentionQueryTile rows.
   info.interesting_sizes = {impl::kLinearRowsMax, impl::kAttentionQueryTile};
-  BackendFactory make = [storage](const BackendInfo& info,
-                                  std::shared_ptr<const format::ModelWeights> weights,
-                                  const BackendOptions& options) -> std::unique_ptr<Backend> {
-    return std::make_unique<ImplBackend>(
-        info, std::make_shared<const impl::Model>(std::move(weights), options.threads, storage));
+  BackendFactory make = [impl_options](const BackendInfo& info,
+                                       std::shared_ptr<const format::ModelWeights> weights,
+                                       const BackendOptions& options) -> std::unique_ptr<Backend> {
+    auto model =
+        std::make_shared<impl::Model>(std::move(weights), options.threads, impl_options.storage);
+    model->InjectBatchFault(impl_options.fault);
+    return std::make_unique<ImplBackend>(info, std::move(model));
   };
   return {std::move(info), std::move(make)};
 }

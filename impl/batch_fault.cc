@@ -1,0 +1,42 @@
+#include "impl/batch_fault.h"
+
+#include <fmt/format.h>
+
+#include "format/error.h"
+
+namespace kvdiff::impl {
+namespace {
+
+constexpr BatchFault kFaults[] = {BatchFault::kNone, BatchFault::kMaskOfPartZero,
+                                  BatchFault::kSharedPositions, BatchFault::kRowsMisMapped,
+                                  BatchFault::kSeesOtherSequence};
+
+}  // namespace
+
+const char* BatchFaultName(BatchFault fault) {
+  switch (fault) {
+    case BatchFault::kNone:
+      return "none";
+    case BatchFault::kMaskOfPartZero:
+      return "batch-mask-of-part0";
+    case BatchFault::kSharedPositions:
+      return "batch-shared-positions";
+    case BatchFault::kRowsMisMapped:
+      return "batch-rows-swapped";
+    case BatchFault::kSeesOtherSequence:
+      return "batch-sees-other-sequence";
+  }
+  return "?";
+}
+
+BatchFault ParseBatchFault(const std::string& name) {
+  std::string names;
+  for (BatchFault f : kFaults) {
+    if (name == BatchFaultName(f)) return f;
+    names += fmt::format("{}{}", names.empty() ? "" : ", ", BatchFaultName(f));
+  }
+  throw InputError(fmt::format(
+      "fault={}: expected one of {} (test-only faults of impl's batched forward)", name, names));
+}
+
+}  // namespace kvdiff::impl

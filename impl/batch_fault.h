@@ -1,0 +1,29 @@
+// TEST-ONLY bugs of a serving engine's batched forward, built into impl's own batched path
+// (Model::ForwardBatch) so that kvdiff can prove its batch steps catch each one in a real
+// batched implementation, not only in a model written for the purpose. Switched on by the
+// backend option impl?fault=NAME (harness/backend/impl_backend.cc); off by default, and a call
+// of one part (every single append, ForwardFull, a batch of one item) is never faulty.
+// Each is a bug class from serving engines' trackers (docs/scenarios.md, "Batch steps").
+#pragma once
+
+#include <string>
+
+namespace kvdiff::impl {
+
+enum class BatchFault {
+  kNone,
+  kMaskOfPartZero,     // every part attends with part 0's causal extent (candle#3582: a mask
+                       // built for row 0 and broadcast to b rows)
+  kSharedPositions,    // one position vector for every part: RoPE at part 0's positions
+                       // (transformers#18104, left padding)
+  kRowsMisMapped,      // the first output rows of parts 0 and 1 swapped (llama.cpp#14853:
+                       // logits mapped to the wrong sequence)
+  kSeesOtherSequence,  // every later part also attends to part 0's first cached position
+                       // (llama.cpp#27994: a cell of another sequence visible)
+};
+
+// "batch-mask-of-part0" and so on; "none" is kNone. InputError naming the accepted names.
+BatchFault ParseBatchFault(const std::string& name);
+const char* BatchFaultName(BatchFault fault);
+
+}  // namespace kvdiff::impl
