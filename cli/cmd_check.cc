@@ -39,6 +39,8 @@ struct CheckArgs {
   std::string json;
   std::string junit;
   std::string out_dir = "kvdiff-failures";
+  int64_t shrink = 3;          // --shrink: failing cases shrunk
+  double shrink_seconds = 60;  // --shrink-seconds: each one's budget
   std::optional<double> tolerance;
   int64_t max_length = harness::kDefaultMaxLength;
   double long_fraction = harness::kDefaultLongFraction;
@@ -73,6 +75,8 @@ harness::CampaignOptions BaseOptions(const CheckArgs& args, harness::ShardSelect
   options.shard = shard.shard;
   if (!shard.status_file.empty()) harness::TouchShardStatusFile(shard.status_file);
   options.out_dir = args.out_dir;
+  options.shrink_cases = args.shrink;
+  options.shrink_budget.max_seconds = args.shrink_seconds;
   options.generation.max_length = args.max_length;
   options.generation.long_fraction = args.long_fraction;
   options.generation.batch_percent = args.batch_percent;
@@ -280,6 +284,16 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--junit", args->junit, "Write a JUnit XML report (one testcase per case)");
   cmd->add_option("--out-dir", args->out_dir, "Where failing cases are written")
       ->default_val("kvdiff-failures");
+  cmd->add_option("--shrink", args->shrink,
+                  "Failing cases to shrink, the first ones: steps, batch items and tokens are "
+                  "removed while the case still fails the same way, and the smallest is written "
+                  "beside the case as check-seedS-caseK-shrunk.json (0: none)")
+      ->default_val(3)
+      ->check(CLI::Range(int64_t{0}, int64_t{10000000}));
+  cmd->add_option("--shrink-seconds", args->shrink_seconds,
+                  "Wall-time budget of each shrink (it also stops after 400 replays)")
+      ->default_val(60)
+      ->check(CLI::Range(0.0, 86400.0));
   cmd->add_option(
       "--tolerance", args->tolerance,
       fmt::format("Gate on max |a-b| of logits (default {})", harness::kDefaultTolerance));

@@ -53,8 +53,18 @@ std::string CampaignReport::Summary() const {
   int64_t listed = 0;
   for (const auto& r : results) {
     if (r.passed || listed++ >= kListed) continue;
-    out += fmt::format("FAIL case {}{}: {}\n  replay: kvdiff run {}\n", r.index,
-                       r.shape.empty() ? "" : " (" + r.shape + ")", r.failure, r.scenario_file);
+    out += fmt::format("FAIL case {}{}: {}\n", r.index, r.shape.empty() ? "" : " (" + r.shape + ")",
+                       r.failure);
+    if (r.shrunk) {
+      out += fmt::format("  shrunk to {} of {} steps ({} replays{}): {}\n", r.shrunk->steps,
+                         r.steps, r.shrunk->runs,
+                         r.shrunk->exhausted ? ", budget spent: maybe not the smallest" : "",
+                         r.shrunk->failure);
+      out += fmt::format("  replay: kvdiff run {}\n  the whole case: {}\n", r.shrunk->file,
+                         r.scenario_file);
+    } else {
+      out += fmt::format("  replay: kvdiff run {}\n", r.scenario_file);
+    }
   }
   if (listed > kListed) {
     out += fmt::format("... and {} more failing cases (all listed in --json)\n", listed - kListed);
@@ -95,6 +105,13 @@ nlohmann::json CampaignReport::ToJson() const {
     if (!r.passed) {
       j["failure"] = r.failure;
       j["scenario_file"] = r.scenario_file;
+      if (r.shrunk) {
+        j["shrunk"] = {{"scenario_file", r.shrunk->file},
+                       {"failure", r.shrunk->failure},
+                       {"steps", r.shrunk->steps},
+                       {"replays", r.shrunk->runs},
+                       {"budget_spent", r.shrunk->exhausted}};
+      }
     }
     cases_json.push_back(j);
   }
@@ -177,7 +194,7 @@ JUnitSuite CampaignReport::ToJUnitSuite() const {
       c.type = "divergence";
       c.message = r.failure;
       c.text = (r.shape.empty() ? "" : "shape: " + r.shape + "\n") + "replay: kvdiff run " +
-               r.scenario_file;
+               (r.shrunk ? r.shrunk->file + "\nthe whole case: " : std::string()) + r.scenario_file;
     }
     suite.cases.push_back(std::move(c));
   }
@@ -235,27 +252,64 @@ CaseResult RunCase(const Scenario& sc, const std::vector<const Backend*>& backen
   result.demanding = demanding;
   result.worst_relative_diff = run.worst_relative_diff;
   if (!run.Passed()) {
-    if (run.first_divergence) {
-      const Divergence& d = *run.first_divergence;
-      result.failure = fmt::format(
-          "step {} {}: {} vs {} at conversation {}, position {}: max |a-b| {}{}", d.step, d.params,
-          d.a, d.b, d.row.conversation, d.row.position, FormatDiff(d.row.cmp.max_abs_diff),
-          result.demanding
-              ? fmt::format(" ({} of max |logit| {}; demanding case)",
-                            FormatDiff(d.row.cmp.relative_diff()), FormatDiff(d.row.cmp.scale))
-              : std::string());
-    } else {
-      const BackendFailure& e = *run.first_error;
-      result.failure =
-          fmt::format("step {} {}: {} threw: {}", e.step, e.params, e.backend, e.message);
-    }
+    result.failure = FailureLine(run, demanding);
     result.scenario_file = WriteFailingCase(options, k, sc);
   }
   return result;
 }
 
-std::string WriteFailingCase(const CampaignOptions& options, int64_t k, const Scenario& sc) {
-  const auto file = options.out_dir / fmt::format("check-seed{}-case{}.json", options.seed, k);
+std::string FailureLine(const RunReport& run, bool demanding) {
+  if (run.first_divergence) {
+    const Divergence& d = *run.first_divergence;
+    return fmt::format(
+        "step {} {}: {} vs {} at conversation {}, position {}: max |a-b| {}{}", d.step, d.params,
+        d.a, d.b, d.row.conversation, d.row.position, FormatDiff(d.row.cmp.max_abs_diff),
+        demanding ? fmt::format(" ({} of max |logit| {}; demanding case)",
+                                FormatDiff(d.row.cmp.relative_diff()), FormatDiff(d.row.cmp.scale))
+                  : std::string());
+  }
+  const BackendFailure& e = *run.first_error;
+  return fmt::format("step {} {}: {} threw: {}", e.step, e.params, e.backend, e.message);
+}
+
+void ShrinkFirstFailures(const format::LlamaConfig& config, const std::vector<Scenario>& scenarios,
+                         std::vector<CaseResult>& results,
+                         const std::function<const std::vector<const Backend*>&(size_t)>& backends,
+                         const CampaignOptions& options) {
+  int64_t shrunk = 0;
+  for (size_t i = 0; i < results.size() && shrunk < options.shrink_cases; ++i) {
+    CaseResult& r = results[i];
+    if (r.passed) continue;
+    ++shrunk;
+    // A candidate must fail the way the case did (a divergence, or a backend's error), so that
+    // shrinking a wrong number cannot end on an unrelated refusal.
+    const bool diverged = r.failure.find(" threw: ") == std::string::npos;
+    std::string failure;
+    auto still_fails = [&](const Scenario& candidate) {
+      try {
+        const RunReport run = RunScenario(candidate, backends(i), options.run);
+        if (run.Passed() || run.first_divergence.has_value() != diverged) return false;
+        failure = FailureLine(run, r.demanding);
+        return true;
+      } catch (const std::exception&) {
+        return false;
+      }
+    };
+    const Shrink shrink = ShrinkScenario(scenarios[i], config, still_fails, options.shrink_budget);
+    if (shrink.scenario.steps.size() == scenarios[i].steps.size() && failure.empty()) continue;
+    Scenario smallest = shrink.scenario;
+    smallest.description += fmt::format(" (shrunk from {} steps)", scenarios[i].steps.size());
+    still_fails(smallest);  // its failure line, for the report (a deterministic replay)
+    r.shrunk = CaseResult::Shrunk{WriteFailingCase(options, r.index, smallest, "-shrunk"), failure,
+                                  static_cast<int64_t>(smallest.steps.size()), shrink.runs,
+                                  shrink.exhausted};
+  }
+}
+
+std::string WriteFailingCase(const CampaignOptions& options, int64_t k, const Scenario& sc,
+                             const std::string& suffix) {
+  const auto file =
+      options.out_dir / fmt::format("check-seed{}-case{}{}.json", options.seed, k, suffix);
   static std::mutex write_mutex;  // jobs share the out-dir, which the first write creates
   std::lock_guard<std::mutex> lock(write_mutex);
   WriteTextFile(file, sc.ToText());
@@ -354,6 +408,12 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model,
           options.progress(done, static_cast<int64_t>(indices.size()), failures);
         }
       });
+  campaign_detail::ShrinkFirstFailures(
+      config, scenarios, results,
+      [&](size_t i) -> const std::vector<const Backend*>& {
+        return results[i].demanding ? demanding.jobs[0] : jobs[0];
+      },
+      options);
   for (size_t i = 0; i < results.size(); ++i) {
     report.coverage.Add(scenarios[i], report.model_description,
                         IsLongCase(options.seed, indices[i], generation.long_fraction, context));

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "harness/campaign/case_generator.h"
 #include "harness/campaign/coverage.h"
 #include "harness/campaign/demanding_part.h"
+#include "harness/campaign/shrink.h"
 #include "harness/report/junit.h"
 #include "harness/run/differential_run.h"
 #include "harness/scenario/scenario.h"
@@ -43,6 +45,12 @@ struct CampaignOptions {
   // (harness/campaign/demanding_part.h); the caller builds its backends. Inactive (skipped set, or
   // no jobs): every case is an ordinary one.
   DemandingPart demanding;
+  // The first `shrink_cases` failing cases (in case order) are shrunk (harness/campaign/shrink.h)
+  // on the backends that failed them, each within shrink_budget, and the smallest failing
+  // scenario found is written beside the whole case (check-seedS-caseK-shrunk.json); 0: none.
+  // --shapes random cases are not shrunk (each has its own model).
+  int64_t shrink_cases = 3;
+  ShrinkBudget shrink_budget;
   // Called after every case with (done, total, failures) for a progress line.
   std::function<void(int64_t, int64_t, int64_t)> progress;
 };
@@ -57,7 +65,15 @@ struct CaseResult {
   WorstRow worst;                  // the row of worst_diff, with its gate
   std::string failure;             // first divergence or error, one line
   std::string scenario_file;       // written when it failed
-  std::string shape;               // --shapes random: the case's model (ShapeParams); else empty
+  // When the failing case was shrunk (CampaignOptions::shrink_cases): the smallest failing
+  // scenario found, its file and first failure, its steps, and the replays it took.
+  struct Shrunk {
+    std::string file, failure;
+    int64_t steps = 0, runs = 0;
+    bool exhausted = false;  // the budget ran out first: a smaller one may exist
+  };
+  std::optional<Shrunk> shrunk;
+  std::string shape;  // --shapes random: the case's model (ShapeParams); else empty
   std::map<std::string, DistributionStats> distributions;  // RunReport's
 };
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,8 +26,18 @@ Scenario NewCase(const format::LlamaConfig& config, const ModelSpec& model,
 // Runs case k's scenario on one job's backends; writes its file when it fails.
 CaseResult RunCase(const Scenario& sc, const std::vector<const Backend*>& backends,
                    const CampaignOptions& options, int64_t k, bool demanding = false);
-// Writes case k's scenario into options.out_dir (safe from several jobs); returns its path.
-std::string WriteFailingCase(const CampaignOptions& options, int64_t k, const Scenario& sc);
+// Writes case k's scenario into options.out_dir as check-seedS-caseK<suffix>.json (safe from
+// several jobs); returns its path.
+std::string WriteFailingCase(const CampaignOptions& options, int64_t k, const Scenario& sc,
+                             const std::string& suffix = "");
+// A failed run's first divergence or error, one line, as reports show it.
+std::string FailureLine(const RunReport& run, bool demanding);
+// Shrinks the first options.shrink_cases failing cases (harness/campaign/shrink.h), case i on
+// backends(i), and records each one's smallest failing scenario (written beside its case).
+void ShrinkFirstFailures(const format::LlamaConfig& config, const std::vector<Scenario>& scenarios,
+                         std::vector<CaseResult>& results,
+                         const std::function<const std::vector<const Backend*>&(size_t)>& backends,
+                         const CampaignOptions& options);
 // Adds a finished case's figures to the report (in case order).
 void AddResult(CampaignReport& report, CaseResult result);
 // Makes an ordinary case's worst row the report's when it is worse (the first on ties).

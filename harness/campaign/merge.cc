@@ -54,6 +54,13 @@ CaseResult CaseFromJson(const json& j) {
   if (!r.passed) {
     r.failure = j.value("failure", "");
     r.scenario_file = j.value("scenario_file", "");
+    if (j.contains("shrunk")) {  // since 0.3: the shrunk failing scenario
+      const json& s = j.at("shrunk");
+      r.shrunk =
+          CaseResult::Shrunk{s.at("scenario_file").get<std::string>(),
+                             s.at("failure").get<std::string>(), s.at("steps").get<int64_t>(),
+                             s.at("replays").get<int64_t>(), s.at("budget_spent").get<bool>()};
+    }
   }
   return r;
 }

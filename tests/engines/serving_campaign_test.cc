@@ -2,8 +2,9 @@
 // example plugin (ABI 2, one append_batch per step), a version-1 plugin (the default: items one
 // after another), and llama.cpp (one llama_decode over its unified cache) with a micro-batch of 7
 // tokens so that batch steps are split; each passes, and llama.cpp's split size is crossed. Then
-// the three test-only faults of llama.cpp's batched call (engines/llama_cpp, fault=) are each
-// caught with a replay file holding a batch step.
+// the test-only faults of impl's own batched forward (impl/batch_fault.h, impl?fault=) and of
+// llama.cpp's batched call (engines/llama_cpp, fault=) are each caught by the default campaign,
+// shrunk to a replay file of a few steps holding a batch step, which fails again when replayed.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -16,6 +17,32 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+
+// The default campaign on `backends` must fail, and its first failing case be shrunk to a batch
+// step of at most `max_steps` steps that `kvdiff run` fails again (exit 1).
+void ExpectCaughtAndShrunkToABatch(const std::string& backends, size_t max_steps) {
+  TempDir dir;
+  const CommandResult r = RunKvdiff("check --cases 200 --backends '" + backends + "'", dir.path());
+  EXPECT_EQ(r.exit_code, 1) << backends << "\n" << r.out << r.err;
+  const size_t first = r.out.find("FAIL case ");
+  ASSERT_NE(first, std::string::npos) << backends << "\n" << r.out;
+  const size_t shrunk = r.out.find("  shrunk to ", first);
+  ASSERT_NE(shrunk, std::string::npos) << backends << "\n" << r.out;
+  const std::string line = r.out.substr(shrunk, r.out.find('\n', shrunk) - shrunk);
+  EXPECT_THAT(line, HasSubstr("batch(")) << backends;
+  const size_t replay = r.out.find("replay: kvdiff run ", shrunk);
+  ASSERT_NE(replay, std::string::npos) << backends;
+  const std::string file = r.out.substr(replay + 19, r.out.find('\n', replay) - replay - 19);
+  EXPECT_THAT(file, HasSubstr("-shrunk.json"));
+  const std::string text = ReadFile(dir.path() / file);
+  EXPECT_THAT(text, HasSubstr("\"op\":\"batch\"")) << backends;
+  size_t steps = 0;
+  for (size_t at = text.find("\"op\":"); at != std::string::npos; at = text.find("\"op\":", at + 1))
+    ++steps;
+  EXPECT_LE(steps, max_steps) << backends << "\n" << text;
+  EXPECT_EQ(RunKvdiff("run " + file, dir.path()).exit_code, 1) << backends << "\n" << text;
+  std::cout << "figure: " << backends << ": " << line << "\n";
+}
 
 TEST(ServingCampaign, TheExamplePluginOfAbi2PassesTheDefaultCampaignsBatchSteps) {
   TempDir dir;
@@ -34,6 +61,20 @@ TEST(ServingCampaign, AVersion1PluginPassesThemThroughTheDefault) {
   EXPECT_THAT(r.out, HasSubstr("PASS: 200 of 200 cases run"));
 }
 
+TEST(ServingCampaign, EachFaultOfImplsBatchedForwardIsCaughtAndShrunkToAFewSteps) {
+  for (const char* fault : {"batch-mask-of-part0", "batch-shared-positions", "batch-rows-swapped",
+                            "batch-sees-other-sequence"}) {
+    ExpectCaughtAndShrunkToABatch(std::string("impl,impl?fault=") + fault, 6);
+  }
+}
+
+TEST(ServingCampaign, ImplWithoutAFaultPassesTheSameCampaign) {
+  TempDir dir;
+  const CommandResult r =
+      RunKvdiff("check --cases 200 --backends 'impl,impl?fault=none'", dir.path());
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+}
+
 #ifdef KVDIFF_LLAMACPP_ENGINE
 TEST(ServingCampaign, LlamaCppWithAMicroBatchOf7PassesAndTheSplitSizeIsCrossed) {
   TempDir dir;
@@ -45,23 +86,9 @@ TEST(ServingCampaign, LlamaCppWithAMicroBatchOf7PassesAndTheSplitSizeIsCrossed) 
   EXPECT_THAT(r.out, Not(HasSubstr("warning: boundary 7")));
 }
 
-TEST(ServingCampaign, EachFaultOfLlamaCppsBatchedCallIsCaughtWithABatchReplayFile) {
-  for (const char* fault : {"batch-shared-positions", "batch-rows-swapped", "batch-one-seq"}) {
-    TempDir dir;
-    const CommandResult r =
-        RunKvdiff(std::string("check --cases 200 --backends 'impl,llama.cpp?fault=") + fault + "'",
-                  dir.path());
-    EXPECT_EQ(r.exit_code, 1) << fault << "\n" << r.out << r.err;
-    const size_t first = r.out.find("FAIL case ");
-    ASSERT_NE(first, std::string::npos) << fault << "\n" << r.out;
-    const std::string line = r.out.substr(first, r.out.find('\n', first) - first);
-    EXPECT_THAT(line, HasSubstr("batch(")) << fault;
-    const size_t replay = r.out.find("replay: kvdiff run ", first);
-    ASSERT_NE(replay, std::string::npos) << fault;
-    const std::string file = r.out.substr(replay + 19, r.out.find('\n', replay) - replay - 19);
-    EXPECT_THAT(ReadFile(dir.path() / file), HasSubstr("\"op\":\"batch\"")) << fault;
-    std::cout << "figure: " << fault << ": " << line << "\n";
-  }
+TEST(ServingCampaign, EachFaultOfLlamaCppsBatchedCallIsCaughtAndShrunkToAFewSteps) {
+  for (const char* fault : {"batch-shared-positions", "batch-rows-swapped", "batch-one-seq"})
+    ExpectCaughtAndShrunkToABatch(std::string("impl,llama.cpp?fault=") + fault, 6);
 }
 #endif
 
