@@ -44,6 +44,7 @@ struct CheckArgs {
   std::optional<double> tolerance;
   int64_t max_length = harness::kDefaultMaxLength;
   double long_fraction = harness::kDefaultLongFraction;
+  double deep_fraction = harness::kDefaultDeepFraction;
   int64_t batch_percent = harness::kDefaultBatchPercent;
   int threads = 1;
   harness::BackendOptions isolation;    // --isolate, --isolate-timeout
@@ -80,6 +81,7 @@ harness::CampaignOptions BaseOptions(const CheckArgs& args, harness::ShardSelect
   options.generation.max_length = args.max_length;
   options.generation.long_fraction = args.long_fraction;
   options.generation.batch_percent = args.batch_percent;
+  options.generation.deep_fraction = args.deep_fraction;
   options.progress = ProgressLine();
   return options;
 }
@@ -273,6 +275,12 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
                   fmt::format("Share of cases that go long, around boundaries and up to "
                               "--max-length (default {})",
                               harness::kDefaultLongFraction))
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--deep-fraction", args->deep_fraction,
+                  fmt::format("Share of the other cases that start with a prompt past position "
+                              "{}, so that their forks, truncations and batches act on long "
+                              "conversations (default {})",
+                              harness::kDeepPosition, harness::kDefaultDeepFraction))
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--batch-percent", args->batch_percent,
                   fmt::format("Chance, in percent, that a step is a batch: several conversations "

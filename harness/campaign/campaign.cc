@@ -146,6 +146,7 @@ nlohmann::json CampaignReport::ToJson() const {
   // What the cases were drawn with: shards drawn otherwise are another campaign (merge refuses).
   out["generation"] = {{"max_length", generation.max_length},
                        {"long_fraction", generation.long_fraction},
+                       {"deep_fraction", generation.deep_fraction},
                        {"batch_percent", generation.batch_percent}};
   return out;
 }

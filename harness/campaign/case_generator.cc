@@ -89,24 +89,41 @@ bool IsLongCase(uint64_t seed, int64_t k, double long_fraction, int64_t context)
   return static_cast<double>(rng.Next() >> 11) * 0x1.0p-53 < long_fraction;
 }
 
+int64_t DeepCaseStart(uint64_t seed, int64_t k, double deep_fraction, double long_fraction,
+                      int64_t context) {
+  const int64_t deepest = std::min(3 * kDeepPosition, context - kShortCaseLength);
+  if (deepest <= kDeepPosition || IsLongCase(seed, k, long_fraction, context)) return 0;
+  // A stream of its own, so the other cases are the same whatever the fraction.
+  Rng rng(CaseStream(seed, k) ^ 0x4445455043415345ull);
+  if (static_cast<double>(rng.Next() >> 11) * 0x1.0p-53 >= deep_fraction) return 0;
+  return rng.Between(kDeepPosition + 1, deepest);
+}
+
 Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model, uint64_t seed,
                       int64_t k, const GenerationOptions& options) {
   KVDIFF_CHECK(options.long_fraction >= 0 && options.long_fraction <= 1,
                "--long-fraction: expected a fraction in [0, 1], got {}", options.long_fraction);
+  KVDIFF_CHECK(options.deep_fraction >= 0 && options.deep_fraction <= 1,
+               "--deep-fraction: expected a fraction in [0, 1], got {}", options.deep_fraction);
   Rng rng(CaseStream(seed, k));
   const int64_t context = CampaignMaxLength(config, options.max_length);
   const bool long_case = IsLongCase(seed, k, options.long_fraction, context);
+  const int64_t deep_start =
+      DeepCaseStart(seed, k, options.deep_fraction, options.long_fraction, context);
   Sizes sizes(rng, options.boundaries, long_case);
   Scenario sc;
   sc.name = fmt::format("case-{}", k);
-  sc.description =
-      fmt::format("kvdiff check --seed {}: case {}{}", seed, k, long_case ? " (long)" : "");
+  sc.description = fmt::format("kvdiff check --seed {}: case {}{}", seed, k,
+                               long_case        ? " (long)"
+                               : deep_start > 0 ? fmt::format(" (deep: from {})", deep_start)
+                                                : std::string());
   sc.model = model;
   // A long case aims at a length of its own: a boundary's neighbourhood, the full context, or
-  // anything between; its sizes are drawn within that.
+  // anything between; its sizes are drawn within that. A deep one is a short case on top of its
+  // first prompt.
   const int64_t max_len =
       long_case ? std::max<int64_t>(kShortCaseLength + 1, sizes.Pick(context, context))
-                : std::min<int64_t>(kShortCaseLength, context);
+                : std::min<int64_t>(deep_start + kShortCaseLength, context);
   Conversations convs;
   int64_t next_name = 1;
   auto emit = [&](const Step& s) {
@@ -147,11 +164,11 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
     }
     return chunks;
   };
-  auto prefill = [&](const std::string& name) {
+  auto prefill = [&](const std::string& name, int64_t tokens = 0) {
     Step s;
     s.op = Op::kPrefill;
     s.conversation = name;
-    const int64_t n = sizes.Pick(max_len - convs.At(name).length, 12);
+    const int64_t n = tokens > 0 ? tokens : sizes.Pick(max_len - convs.At(name).length, 12);
     s.tokens = random_tokens(n);
     s.chunks = split(n);
     emit(s);
@@ -170,6 +187,15 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
   const int64_t max_conversations = options.max_sessions > 0
                                         ? std::min(kMaxConversations, options.max_sessions)
                                         : kMaxConversations;
+  // A fork's source: in a deep case, mostly its deepest conversation (a long history is what a
+  // fork must copy whole); any conversation otherwise.
+  auto fork_source = [&]() -> std::string {
+    if (deep_start == 0 || !rng.Chance(75)) return any();
+    std::string deepest = convs.Names().front();
+    for (const std::string& name : convs.Names())
+      if (convs.At(name).length > convs.At(deepest).length) deepest = name;
+    return deepest;
+  };
   auto new_name = [&] { return fmt::format("c{}", next_name++); };
   auto live = [&] { return static_cast<int64_t>(convs.Names().size()); };
 
@@ -183,7 +209,7 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
     while (live() < size && live() < max_conversations) {
       const std::string name = new_name();
       if (rng.Chance(50)) {
-        emit(Step::Fork(any(), name));
+        emit(Step::Fork(fork_source(), name));
       } else {
         emit(Step::NewConversation(name));
       }
@@ -223,7 +249,7 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
     if (live() > 1 && rng.Chance(30)) emit(Step::End(any()));
   };
 
-  prefill("main");
+  prefill("main", deep_start);
   const int64_t n_steps = long_case ? rng.Between(2, 6) : rng.Between(2, 10);
   for (int64_t i = 0; i < n_steps; ++i) {
     const int64_t roll = rng.Below(100);
@@ -259,7 +285,7 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
     } else if (roll < 84) {  // fork
       if (can_add) {
         s.op = Op::kFork;
-        s.from = any();
+        s.from = fork_source();
         s.to = s.conversation = new_name();
         emit(s);
       }

@@ -19,6 +19,14 @@ namespace kvdiff::harness {
 // short enough that a case takes milliseconds on the tiny model.
 inline constexpr int64_t kShortCaseLength = 48;
 inline constexpr double kDefaultLongFraction = 0.1;
+// Where a conversation counts as deep: past the first positions, where serving engines' forks,
+// truncations and batches of long conversations go wrong (a cell index past a block, a copy of
+// the first block only). A deep case (GenerationOptions::deep_fraction) starts its main
+// conversation with a prompt of kDeepPosition + 1 to 3 x kDeepPosition tokens, then runs the
+// ordinary short steps on top of it, forking mostly its deepest conversation, so its forks,
+// truncations and batches act there.
+inline constexpr int64_t kDeepPosition = 64;
+inline constexpr double kDefaultDeepFraction = 0.3;
 // The longest history of the default campaign: the full context of the tiny preset and of
 // stories260K (512 positions), the first 1024 positions of larger models. Float32-angle backends
 // (ref, llama.cpp) drift from the exact RoPE angles past the flat 1e-4 gate there and are held to
@@ -38,6 +46,7 @@ struct GenerationOptions {
   // The longest history a case may reach (capped by the context); 0: max_position_embeddings.
   int64_t max_length = kDefaultMaxLength;
   double long_fraction = kDefaultLongFraction;  // the share of cases that go long
+  double deep_fraction = kDefaultDeepFraction;  // of the others, the share that start deep
   std::vector<Boundary> boundaries;             // from CampaignBoundaries
   // The chance, in percent, that a step of a case is a batch (a serving engine's call, with the
   // conversations joining and leaving around it); 0 draws none.
@@ -64,10 +73,16 @@ std::vector<Boundary> CampaignBoundaries(const std::vector<const Backend*>& back
 // the context (CampaignMaxLength) is no longer than a short case.
 bool IsLongCase(uint64_t seed, int64_t k, double long_fraction, int64_t context);
 
+// How deep case k's main conversation starts (kDeepPosition + 1 and up), or 0 when the case is
+// not a deep one: a long case never is, nor any case when the context cannot hold kDeepPosition
+// + 1 positions and a short case on top. A function of (seed, k), the fraction and the context.
+int64_t DeepCaseStart(uint64_t seed, int64_t k, double deep_fraction, double long_fraction,
+                      int64_t context);
+
 // A random scenario (prompts, chunk splits, decode lengths, resets, truncations, forks, several
 // conversations) for `config`, a function of (seed, k, options) alone. Uses kvdiff's own PRNG, so
 // the same case is generated on every platform. model is recorded in the scenario for replays.
-// InputError naming --long-fraction when it is not in [0, 1].
+// InputError naming --long-fraction or --deep-fraction when it is not in [0, 1].
 Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model, uint64_t seed,
                       int64_t k, const GenerationOptions& options = {});
 

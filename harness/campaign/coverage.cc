@@ -90,6 +90,8 @@ Coverage Coverage::FromJson(const nlohmann::json& j, const std::string& where) {
   c.shapes = CountsFromJson<std::string>(j, "shapes", where, as_text);
   if (j.contains("batches"))  // reports written before batch steps have none
     c.batches = CountsFromJson<std::string>(j, "batches", where, as_text);
+  if (j.contains("deep"))  // nor of deep ops before deep cases
+    c.deep = CountsFromJson<std::string>(j, "deep", where, as_text);
   KVDIFF_CHECK(j.contains("boundaries") && j.at("boundaries").is_array(),
                "{}.boundaries: expected an array", where);
   for (size_t i = 0; i < j.at("boundaries").size(); ++i) {
@@ -150,6 +152,7 @@ void Coverage::Add(const Scenario& sc, const std::string& shape, bool long_case,
       count_call(batch_tokens);
       AddBatch(s, in_last_batch);
     }
+    AddDepth(s, convs);
     convs.Apply(s);
   }
   ++lengths[Bucket(case_longest)];
@@ -177,6 +180,18 @@ void Coverage::AddBatch(const Step& s, std::set<std::string>& in_last_batch) {
   in_last_batch = std::move(now);
 }
 
+void Coverage::AddDepth(const Step& s, const Conversations& convs) {
+  auto count = [&](const std::string& what, const std::string& conversation) {
+    ++deep[what];
+    if (convs.At(conversation).length > kDeepPosition) ++deep[what + " deep"];
+  };
+  if (s.op == Op::kFork) count("fork", s.from);
+  if (s.op == Op::kTruncate) count("truncate", s.conversation);
+  if (s.op == Op::kEnd) count("end", s.conversation);
+  if (s.op == Op::kBatch)
+    for (const BatchEntry& item : s.items) count("batch item", item.conversation);
+}
+
 void Coverage::Merge(const Coverage& o) {
   cases += o.cases;
   long_cases += o.long_cases;
@@ -190,6 +205,7 @@ void Coverage::Merge(const Coverage& o) {
   AddAll(bigrams, o.bigrams);
   AddAll(shapes, o.shapes);
   AddAll(batches, o.batches);
+  AddAll(deep, o.deep);
   for (const BoundaryCoverage& ob : o.boundaries) {
     auto it = std::find_if(boundaries.begin(), boundaries.end(),
                            [&](const BoundaryCoverage& b) { return b.size == ob.size; });
@@ -252,6 +268,7 @@ std::string Coverage::Text() const {
     convs += fmt::format("{}{}: {}", convs.empty() ? "" : ", ", n, count);
   out += fmt::format("  conversations: {}\n", convs);
   if (!batches.empty()) out += BatchText();
+  if (!deep.empty()) out += DeepText();
   // Every shape while there are few (a fixed campaign has one); with a shape per case
   // (--shapes random) the commonest kShapeLines and a count, the rest being in --json.
   constexpr size_t kShapeLines = 10;
@@ -298,6 +315,20 @@ std::string Coverage::BatchText() const {
       get("rows last"), get("rows none"), get("joined"), get("left"));
 }
 
+// "  deep ops:      on conversations past 64 positions: fork 40 of 427, truncate 15 of 98, ..."
+std::string Coverage::DeepText() const {
+  std::string out;
+  for (const char* what : {"fork", "truncate", "batch item", "end"}) {
+    auto it = deep.find(what);
+    if (it == deep.end()) continue;
+    auto d = deep.find(std::string(what) + " deep");
+    out += fmt::format("{}{} {} of {}", out.empty() ? "" : ", ", what,
+                       d == deep.end() ? 0 : d->second, it->second);
+  }
+  return fmt::format("  deep ops:      on conversations past {} positions: {}\n", kDeepPosition,
+                     out);
+}
+
 nlohmann::json Coverage::ToJson() const {
   nlohmann::json bounds = nlohmann::json::array();
   for (const BoundaryCoverage& b : boundaries) {
@@ -322,6 +353,7 @@ nlohmann::json Coverage::ToJson() const {
           {"bigrams", bigrams},
           {"shapes", shapes},
           {"batches", batches},
+          {"deep", deep},
           {"boundaries", bounds},
           {"warnings", Warnings()}};
 }

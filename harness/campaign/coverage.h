@@ -16,6 +16,7 @@
 
 #include "format/model_files.h"
 #include "harness/campaign/case_generator.h"
+#include "harness/scenario/conversations.h"
 #include "harness/scenario/scenario.h"
 
 namespace kvdiff::harness {
@@ -47,6 +48,9 @@ struct Coverage {
   // conversation was in no earlier batch of the case, or left it since; "left" per conversation
   // of a batch absent from the next one.
   std::map<std::string, int64_t> batches;
+  // Forks, truncations, batch items and ends, each counted under "fork" and so on, and also under
+  // "fork deep" and so on when its conversation held more than kDeepPosition positions.
+  std::map<std::string, int64_t> deep;
   std::vector<BoundaryCoverage> boundaries;  // ascending by size
 
   // Counts the scenario's steps (it must be valid for its model). case_context: the longest
@@ -64,7 +68,9 @@ struct Coverage {
 
  private:
   void AddBatch(const Step& step, std::set<std::string>& in_last_batch);
+  void AddDepth(const Step& step, const Conversations& convs);  // before the step is applied
   std::string BatchText() const;
+  std::string DeepText() const;
 };
 
 Coverage NewCoverage(const std::vector<Boundary>& boundaries, int64_t context);

@@ -26,8 +26,8 @@ using nlohmann::json;
 constexpr const char* kCampaignFields[] = {"kvdiff_version", "model", "backends",
                                            "tolerance",      "seed",  "cases"};
 // Options a report records when they were given, which every shard must share as well: "shapes"
-// (absent: fixed), "generation" (--max-length, --long-fraction, --batch-percent), and the demanding
-// part's settings (not its counts, which are the shard's own).
+// (absent: fixed), "generation" (--max-length, --long-fraction, --deep-fraction, --batch-percent),
+// and the demanding part's settings (not its counts, which are the shard's own).
 constexpr const char* kOptionalCampaignFields[] = {"shapes", "generation"};
 constexpr const char* kDemandingSettings[] = {"skipped", "model", "backends", "fraction", "rtol"};
 

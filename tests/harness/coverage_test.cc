@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <iostream>
+#include <string>
+
 #include "format/error.h"
 #include "harness/backend/registry.h"
 #include "harness/campaign/case_generator.h"
@@ -54,6 +57,60 @@ TEST(CaseGenerator, ShortCasesDoNotDependOnTheLongFraction) {
   EXPECT_THROW(GenerateCase(config, TinySpec(), 0, 0, bad), InputError);
   EXPECT_THROW(CampaignMaxLength(config, -1), InputError);
   EXPECT_EQ(CampaignMaxLength(config, 100000), 512);
+}
+
+TEST(CaseGenerator, TheOtherCasesDoNotDependOnTheDeepFraction) {
+  const auto config = Tiny();
+  GenerationOptions none, some;
+  none.deep_fraction = 0;
+  some.deep_fraction = 0.5;
+  int64_t deep = 0;
+  for (int64_t k = 0; k < 100; ++k) {
+    const int64_t start = DeepCaseStart(3, k, some.deep_fraction, some.long_fraction, 512);
+    if (start == 0) {
+      EXPECT_EQ(GenerateCase(config, TinySpec(), 3, k, none).ToJson(),
+                GenerateCase(config, TinySpec(), 3, k, some).ToJson());
+      continue;
+    }
+    ++deep;
+    EXPECT_GT(start, kDeepPosition);
+    EXPECT_FALSE(IsLongCase(3, k, some.long_fraction, 512));
+    const Scenario sc = GenerateCase(config, TinySpec(), 3, k, some);
+    ASSERT_EQ(sc.steps[0].op, Op::kPrefill);
+    EXPECT_EQ(static_cast<int64_t>(sc.steps[0].tokens.size()), start);  // the deep prompt
+    ValidateScenario(sc, config);
+  }
+  EXPECT_GT(deep, 25);
+  EXPECT_LT(deep, 65);
+  // No room for a deep start and a short case on top: no deep case.
+  EXPECT_EQ(DeepCaseStart(3, 0, 1.0, 0, kDeepPosition + kShortCaseLength), 0);
+  GenerationOptions bad;
+  bad.deep_fraction = -0.1;
+  EXPECT_THROW(GenerateCase(config, TinySpec(), 0, 0, bad), InputError);
+}
+
+// The deep cases are what puts forks, truncations and batch items on conversations past
+// kDeepPosition: without them few are (the long cases' few steps), with the default fraction
+// several times more, and the coverage report says how many.
+TEST(Coverage, DeepCasesPutForksTruncationsAndBatchesOnLongConversations) {
+  auto deep_share = [](double deep_fraction, const std::string& what) {
+    GenerationOptions g;
+    g.deep_fraction = deep_fraction;
+    Coverage c = NewCoverage({}, 512);
+    for (int64_t k = 0; k < 200; ++k)
+      c.Add(GenerateCase(Tiny(), TinySpec(), 0, k, g), "tiny", IsLongCase(0, k, 0.1, 512));
+    EXPECT_NE(c.Text().find("deep ops:      on conversations past 64 positions: fork "),
+              std::string::npos)
+        << c.Text();
+    return static_cast<double>(c.deep[what + " deep"]) / static_cast<double>(c.deep[what]);
+  };
+  for (const char* what : {"fork", "truncate", "batch item"}) {
+    const double without = deep_share(0, what), with = deep_share(kDefaultDeepFraction, what);
+    std::cout << "figure: " << what << "s on conversations past " << kDeepPosition
+              << " positions: " << without << " without deep cases, " << with << " with\n";
+    EXPECT_GT(with, 3 * without) << what;
+    EXPECT_GT(with, 0.12) << what;
+  }
 }
 
 TEST(Coverage, CountsCallsRowsAndBoundariesOfAScenario) {
