@@ -69,17 +69,18 @@ namespace {
 
 // impl's options: "impl?weights=auto|f32" says how the model keeps its matrices
 // (impl::WeightStorage); "impl?fault=NAME" is TEST-ONLY, a serving engine's bug in impl's batched
-// forward (impl/batch_fault.h). Items separated by ','.
+// forward (impl/batch_fault.h). Items separated by '&' (or ',').
 struct ImplOptions {
   impl::WeightStorage storage = impl::WeightStorage::kAuto;
   impl::BatchFault fault = impl::BatchFault::kNone;
 };
 
-std::vector<std::string> SplitAtCommas(const std::string& text) {
+// "a=1&b=2" (as --backends writes several options: ',' separates backends there) or "a=1,b=2".
+std::vector<std::string> SplitOptionItems(const std::string& text) {
   std::vector<std::string> items;
   size_t begin = 0;
-  for (size_t comma; (comma = text.find(',', begin)) != std::string::npos; begin = comma + 1)
-    items.push_back(text.substr(begin, comma - begin));
+  for (size_t end; (end = text.find_first_of(",&", begin)) != std::string::npos; begin = end + 1)
+    items.push_back(text.substr(begin, end - begin));
   items.push_back(text.substr(begin));
   return items;
 }
@@ -88,7 +89,7 @@ ImplOptions ParseImplOptions(const std::string& name) {
   ImplOptions options;
   const size_t q = name.find('?');
   if (q == std::string::npos) return options;
-  for (const std::string& item : SplitAtCommas(name.substr(q + 1))) {
+  for (const std::string& item : SplitOptionItems(name.substr(q + 1))) {
     const size_t eq = item.find('=');
     const std::string key = item.substr(0, eq);
     const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);

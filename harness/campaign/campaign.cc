@@ -360,9 +360,12 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model,
   report.model_description = DescribeModel(config);
   const std::vector<int64_t> indices = ShardCases(options.cases, options.shard);
   GenerationOptions generation = options.generation;
-  const int64_t context = CampaignMaxLength(config, generation.max_length);
+  // Within what every backend holds: its positions, its sessions, its tokens per call.
+  generation.max_length = CampaignMaxLength(config, generation.max_length, backends);
+  const int64_t context = generation.max_length;
   generation.boundaries = CampaignBoundaries(backends, context);
   generation.max_sessions = CampaignMaxSessions(backends);
+  generation.max_call_tokens = CampaignMaxCallTokens(backends);
   report.coverage = NewCoverage(generation.boundaries, context);
   // Results land in case order whichever job ran them; the report (and the coverage) is folded
   // from them after, so it is the same for any number of jobs.

@@ -48,6 +48,27 @@ class Sizes {
   std::vector<int64_t> sizes_;
 };
 
+// Cuts a batch to at most `cap` tokens in all (0: no limit): the longest item loses tokens (one
+// is left to it), and while every item has one, the last items go.
+void FitBatch(std::vector<BatchEntry>& items, int64_t cap) {
+  if (cap <= 0) return;
+  int64_t total = 0;
+  for (const BatchEntry& item : items) total += item.Size();
+  while (total > cap) {
+    auto longest = std::max_element(items.begin(), items.end(), [](const auto& a, const auto& b) {
+      return a.Size() < b.Size();
+    });
+    if (longest->Size() > 1) {
+      const int64_t keep = std::max<int64_t>(1, longest->Size() - (total - cap));
+      total -= longest->Size() - keep;
+      longest->tokens.resize(static_cast<size_t>(keep));
+    } else {
+      items.pop_back();
+      --total;
+    }
+  }
+}
+
 }  // namespace
 
 int64_t CampaignMaxLength(const format::LlamaConfig& config, int64_t max_length) {
@@ -55,6 +76,14 @@ int64_t CampaignMaxLength(const format::LlamaConfig& config, int64_t max_length)
                "--max-length: expected a length >= 0 (0: the model's context), got {}", max_length);
   if (max_length == 0) return config.max_position_embeddings;
   return std::min<int64_t>(max_length, config.max_position_embeddings);
+}
+
+int64_t CampaignMaxLength(const format::LlamaConfig& config, int64_t max_length,
+                          const std::vector<const Backend*>& backends) {
+  int64_t out = CampaignMaxLength(config, max_length);
+  for (const Backend* b : backends)
+    if (b->Info().max_length > 0) out = std::min(out, b->Info().max_length);
+  return out;
 }
 
 std::vector<Boundary> CampaignBoundaries(const std::vector<const Backend*>& backends,
@@ -77,6 +106,15 @@ int64_t CampaignMaxSessions(const std::vector<const Backend*>& backends) {
   int64_t out = 0;
   for (const Backend* b : backends) {
     const int64_t n = b->Info().max_sessions;
+    if (n > 0 && (out == 0 || n < out)) out = n;
+  }
+  return out;
+}
+
+int64_t CampaignMaxCallTokens(const std::vector<const Backend*>& backends) {
+  int64_t out = 0;
+  for (const Backend* b : backends) {
+    const int64_t n = b->Info().max_batch_tokens;
     if (n > 0 && (out == 0 || n < out)) out = n;
   }
   return out;
@@ -164,13 +202,24 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
     }
     return chunks;
   };
+  // Chunks no larger than a call the backends take (options.max_call_tokens), cut from `chunks`
+  // (empty: the whole prompt of n in one call).
+  const int64_t call_cap = options.max_call_tokens;
+  auto fit_calls = [&](std::vector<int64_t> chunks, int64_t n) {
+    if (call_cap <= 0) return chunks;
+    if (chunks.empty()) chunks = {n};
+    std::vector<int64_t> out;
+    for (int64_t c : chunks)
+      for (; c > 0; c -= call_cap) out.push_back(std::min(c, call_cap));
+    return out.size() > 1 ? out : std::vector<int64_t>{};
+  };
   auto prefill = [&](const std::string& name, int64_t tokens = 0) {
     Step s;
     s.op = Op::kPrefill;
     s.conversation = name;
     const int64_t n = tokens > 0 ? tokens : sizes.Pick(max_len - convs.At(name).length, 12);
     s.tokens = random_tokens(n);
-    s.chunks = split(n);
+    s.chunks = fit_calls(split(n), n);
     emit(s);
   };
   // A conversation drawn from those `pred` accepts, in creation order; "" when none is.
@@ -234,6 +283,7 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
                         : (roll < 90 || item.decode ? BatchLogits::kLast : BatchLogits::kNone);
       items.push_back(std::move(item));
     }
+    FitBatch(items, call_cap);
     emit(Step::Batch(std::move(items)));
     const int64_t rounds = rng.Chance(50) ? rng.Between(1, 4) : 0;
     for (int64_t r = 0; r < rounds; ++r) {
@@ -243,6 +293,7 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
         const ConversationState& c = convs.At(name);
         if (c.has_last_row && c.length < max_len) decodes.push_back({name, {}, true});
       }
+      FitBatch(decodes, call_cap);
       if (decodes.empty()) break;
       emit(Step::Batch(std::move(decodes)));
     }

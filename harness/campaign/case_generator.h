@@ -54,14 +54,23 @@ struct GenerationOptions {
   // The fewest sessions any backend holds at once (BackendInfo::max_sessions; 0: no limit): no
   // case keeps more conversations alive. CampaignMaxSessions gives it.
   int64_t max_sessions = 0;
+  // The fewest tokens any backend takes in one call (BackendInfo::max_batch_tokens; 0: no
+  // limit): no prefill chunk and no batch step is larger. CampaignMaxCallTokens gives it.
+  int64_t max_call_tokens = 0;
 };
 
 // The smallest max_sessions the backends declare (0 when none declares one).
 int64_t CampaignMaxSessions(const std::vector<const Backend*>& backends);
+// The smallest max_batch_tokens the backends declare (0 when none declares one).
+int64_t CampaignMaxCallTokens(const std::vector<const Backend*>& backends);
 
 // The longest history of the campaign: options.max_length (InputError naming --max-length when
 // it is < 1), capped by the model's context.
 int64_t CampaignMaxLength(const format::LlamaConfig& config, int64_t max_length);
+// The same, also capped by the smallest max_length the backends declare: a campaign never asks a
+// backend for more positions than it says it holds.
+int64_t CampaignMaxLength(const format::LlamaConfig& config, int64_t max_length,
+                          const std::vector<const Backend*>& backends);
 
 // Powers of two from 2 below max_length, and every size a backend declares below max_length,
 // ascending, each once (a declared power of two names who declared it).

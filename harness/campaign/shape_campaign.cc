@@ -70,8 +70,12 @@ ShapeCase RunShapeCase(const std::vector<std::string>& names, const BackendOptio
       return out;
     }
   }
+  generation.max_length = out.context =
+      CampaignMaxLength(config, options.generation.max_length, backends);
+  out.long_case = IsLongCase(options.seed, k, options.generation.long_fraction, out.context);
   generation.boundaries = out.boundaries = CampaignBoundaries(backends, out.context);
   generation.max_sessions = CampaignMaxSessions(backends);
+  generation.max_call_tokens = CampaignMaxCallTokens(backends);
   out.scenario = new_case();
   const std::string shape = std::move(out.result.shape);
   out.result = campaign_detail::RunCase(out.scenario, backends, options, k);

@@ -86,6 +86,18 @@ TEST(ServingCampaign, LlamaCppWithAMicroBatchOf7PassesAndTheSplitSizeIsCrossed) 
   EXPECT_THAT(r.out, Not(HasSubstr("warning: boundary 7")));
 }
 
+// A llama.cpp context of 64 positions a session, 3 sessions and 64 tokens a call: the campaign's
+// cases stay within all three (none is refused) and the report says how far they reached.
+TEST(ServingCampaign, AnEngineOfSmallLimitsGetsCasesWithinThem) {
+  TempDir dir;
+  const CommandResult r =
+      RunKvdiff("check --cases 100 --backends 'impl,llama.cpp?max_length=64&batch=64&sessions=3'",
+                dir.path());
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("longest history 64 of 64"));
+  EXPECT_THAT(r.out, HasSubstr("PASS: 100 of 100 cases run"));
+}
+
 TEST(ServingCampaign, EachFaultOfLlamaCppsBatchedCallIsCaughtAndShrunkToAFewSteps) {
   for (const char* fault : {"batch-shared-positions", "batch-rows-swapped", "batch-one-seq"})
     ExpectCaughtAndShrunkToABatch(std::string("impl,llama.cpp?fault=") + fault, 6);

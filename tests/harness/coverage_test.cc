@@ -89,6 +89,36 @@ TEST(CaseGenerator, TheOtherCasesDoNotDependOnTheDeepFraction) {
   EXPECT_THROW(GenerateCase(config, TinySpec(), 0, 0, bad), InputError);
 }
 
+// A backend that takes few tokens per call (BackendInfo::max_batch_tokens) gets no prefill chunk
+// and no batch step larger: the campaign asks only what every backend can do.
+TEST(CaseGenerator, CallsStayWithinTheTokensPerCallEveryBackendTakes) {
+  GenerationOptions g;
+  g.max_call_tokens = 5;
+  int64_t batches = 0, chunks = 0;
+  for (int64_t k = 0; k < 200; ++k) {
+    const Scenario sc = GenerateCase(Tiny(), TinySpec(), 0, k, g);
+    ValidateScenario(sc, Tiny());
+    for (const Step& s : sc.steps) {
+      if (s.op == Op::kPrefill) {
+        const std::vector<int64_t> calls =
+            s.chunks.empty() ? std::vector<int64_t>{static_cast<int64_t>(s.tokens.size())}
+                             : s.chunks;
+        for (int64_t c : calls) EXPECT_LE(c, 5) << "case " << k;
+        chunks += static_cast<int64_t>(calls.size());
+      }
+      if (s.op == Op::kBatch) {
+        int64_t total = 0;
+        for (const BatchEntry& item : s.items) total += item.Size();
+        EXPECT_LE(total, 5) << "case " << k;
+        EXPECT_FALSE(s.items.empty());
+        ++batches;
+      }
+    }
+  }
+  EXPECT_GT(batches, 100);
+  EXPECT_GT(chunks, 1000);
+}
+
 // The deep cases are what puts forks, truncations and batch items on conversations past
 // kDeepPosition: without them few are (the long cases' few steps), with the default fraction
 // several times more, and the coverage report says how many.

@@ -211,10 +211,13 @@ TEST(MergeShards, ShardsOfOtherOptionsOrThatContradictThemselvesAreBadInput) {
   const std::string campaign = "check --cases 6 --backends impl --demanding-fraction 0 ";
   ASSERT_EQ(RunKvdiff(campaign + "--shard 1/2 --json a.json", dir.path()).exit_code, 0);
   const std::pair<const char*, const char*> others[] = {
-      {"--long-fraction 0.5", "\"generation\" is {\"batch_percent\":20,\"long_fraction\":0.5"},
+      {"--long-fraction 0.5",
+       "\"generation\" is {\"batch_percent\":20,\"deep_fraction\":0.3,\"long_fraction\":0.5"},
       {"--max-length 40",
-       "\"generation\" is {\"batch_percent\":20,\"long_fraction\":0.1,\"max_length\":40}"},
+       "\"generation\" is "
+       "{\"batch_percent\":20,\"deep_fraction\":0.3,\"long_fraction\":0.1,\"max_length\":40}"},
       {"--batch-percent 0", "\"generation\" is {\"batch_percent\":0,"},
+      {"--deep-fraction 0", "\"generation\" is {\"batch_percent\":20,\"deep_fraction\":0"},
       {"--tolerance 1e-3", "\"tolerance\" is {\"abs\":0.001} but a.json has {\"abs\":0.0001}"},
   };
   for (const auto& [option, message] : others) {
