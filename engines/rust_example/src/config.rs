@@ -5,16 +5,16 @@ use crate::json::{self, Value};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
-    pub hidden: usize,     // hidden_size
-    pub inter: usize,      // intermediate_size
-    pub layers: usize,     // num_hidden_layers
-    pub heads: usize,      // num_attention_heads
-    pub kv_heads: usize,   // num_key_value_heads (default: heads)
-    pub head_dim: usize,   // head_dim (default: hidden / heads)
-    pub vocab: usize,      // vocab_size
-    pub max_pos: usize,    // max_position_embeddings: the RoPE table's rows
-    pub rope_theta: f64,   // rope_theta (10000)
-    pub rms_eps: f64,      // rms_norm_eps (1e-6, transformers' default)
+    pub hidden: usize,        // hidden_size
+    pub inter: usize,         // intermediate_size
+    pub layers: usize,        // num_hidden_layers
+    pub heads: usize,         // num_attention_heads
+    pub kv_heads: usize,      // num_key_value_heads (default: heads)
+    pub head_dim: usize,      // head_dim (default: hidden / heads)
+    pub vocab: usize,         // vocab_size
+    pub max_pos: usize,       // max_position_embeddings: the RoPE table's rows
+    pub rope_theta: f64,      // rope_theta (10000)
+    pub rms_eps: f64,         // rms_norm_eps (1e-6, transformers' default)
     pub tie_embeddings: bool, // tie_word_embeddings: lm_head is the embedding matrix
 }
 
@@ -44,7 +44,12 @@ impl Config {
             tie_embeddings: match root.get("tie_word_embeddings") {
                 None => false,
                 Some(Value::Bool(b)) => *b,
-                Some(v) => return Err(format!("tie_word_embeddings is {}, expected true or false", v.kind())),
+                Some(v) => {
+                    return Err(format!(
+                        "tie_word_embeddings is {}, expected true or false",
+                        v.kind()
+                    ))
+                }
             },
         };
         config.validate()?;
@@ -59,9 +64,13 @@ impl Config {
             ));
         }
         if self.head_dim == 0 || self.head_dim % 2 != 0 {
-            return Err(format!("head_dim must be positive and even for RoPE, got {}", self.head_dim));
+            return Err(format!(
+                "head_dim must be positive and even for RoPE, got {}",
+                self.head_dim
+            ));
         }
-        if !(self.rope_theta > 0.0) || !(self.rms_eps >= 0.0) {
+        if self.rope_theta <= 0.0 || self.rms_eps < 0.0 {
+            // JSON has no NaN
             return Err(format!(
                 "rope_theta {} must be > 0 and rms_norm_eps {} >= 0",
                 self.rope_theta, self.rms_eps
@@ -75,16 +84,25 @@ impl Config {
 fn refuse_unsupported(root: &Value) -> Result<(), String> {
     match root.get("rope_scaling") {
         None | Some(Value::Null) => {}
-        Some(_) => return Err("rope_scaling is not supported by the Rust example engine (only null)".into()),
+        Some(_) => {
+            return Err(
+                "rope_scaling is not supported by the Rust example engine (only null)".into()
+            )
+        }
     }
     match root.get("hidden_act").map(|v| v.as_str()) {
         None | Some(Some("silu")) => {}
-        Some(other) => return Err(format!("hidden_act {:?} is not supported (only \"silu\")", other)),
+        Some(other) => {
+            return Err(format!("hidden_act {:?} is not supported (only \"silu\")", other))
+        }
     }
     for key in ["attention_bias", "mlp_bias"].iter() {
         if let Some(v) = root.get(key) {
             if *v != Value::Bool(false) {
-                return Err(format!("{} must be false (this Llama has no biases), got {:?}", key, v));
+                return Err(format!(
+                    "{} must be false (this Llama has no biases), got {:?}",
+                    key, v
+                ));
             }
         }
     }
@@ -95,13 +113,17 @@ fn size(root: &Value, key: &str) -> Result<usize, String> {
     match root.get(key) {
         None => Err(format!("{} is missing", key)),
         Some(v) => match v.as_u64() {
-            Some(n) if n >= 1 && n <= MAX_DIM => Ok(n as usize),
+            Some(n) if (1..=MAX_DIM).contains(&n) => Ok(n as usize),
             _ => Err(format!("{} is {:?}, expected an integer in [1, {}]", key, v, MAX_DIM)),
         },
     }
 }
 
-fn optional(root: &Value, key: &str, default: impl Fn() -> Result<usize, String>) -> Result<usize, String> {
+fn optional(
+    root: &Value,
+    key: &str,
+    default: impl Fn() -> Result<usize, String>,
+) -> Result<usize, String> {
     match root.get(key) {
         None | Some(Value::Null) => default(),
         Some(_) => size(root, key),
@@ -131,7 +153,8 @@ mod tests {
 
     #[test]
     fn refuses_what_it_would_get_wrong() {
-        let scaled = TINY.replace("\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"llama3\"}");
+        let scaled =
+            TINY.replace("\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"llama3\"}");
         assert!(Config::from_json(scaled.as_bytes()).unwrap_err().contains("rope_scaling"));
         let odd = TINY.replace("\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3");
         assert!(Config::from_json(odd.as_bytes()).unwrap_err().contains("must divide"));

@@ -63,20 +63,27 @@ pub struct KvdiffEngineApi {
     abi_version: u32, // always first: the loader reads it before anything else
     name: *const c_char,
     version: *const c_char,
-    open: unsafe extern "C" fn(*const c_char, *const c_char, *mut *mut EngineHandle) -> KvdiffStatus,
+    open:
+        unsafe extern "C" fn(*const c_char, *const c_char, *mut *mut EngineHandle) -> KvdiffStatus,
     engine_error: unsafe extern "C" fn(*const EngineHandle) -> *const c_char,
     engine_info: unsafe extern "C" fn(*mut EngineHandle, *mut KvdiffEngineInfo) -> KvdiffStatus,
     close: unsafe extern "C" fn(*mut EngineHandle),
     session_new: unsafe extern "C" fn(*mut EngineHandle, *mut *mut SessionHandle) -> KvdiffStatus,
-    append: unsafe extern "C" fn(*mut SessionHandle, *const i32, i64, *mut f32, i64) -> KvdiffStatus,
+    append:
+        unsafe extern "C" fn(*mut SessionHandle, *const i32, i64, *mut f32, i64) -> KvdiffStatus,
     length: unsafe extern "C" fn(*const SessionHandle) -> i64,
     truncate: unsafe extern "C" fn(*mut SessionHandle, i64) -> KvdiffStatus,
     fork: unsafe extern "C" fn(*mut SessionHandle, *mut *mut SessionHandle) -> KvdiffStatus,
     reset: unsafe extern "C" fn(*mut SessionHandle) -> KvdiffStatus,
     session_error: unsafe extern "C" fn(*const SessionHandle) -> *const c_char,
     session_free: unsafe extern "C" fn(*mut SessionHandle),
-    append_batch: unsafe extern "C" fn(*mut EngineHandle, *const KvdiffBatchItem, i64, *mut f32, i64)
-        -> KvdiffStatus, // ABI 2
+    append_batch: unsafe extern "C" fn(
+        *mut EngineHandle,
+        *const KvdiffBatchItem,
+        i64,
+        *mut f32,
+        i64,
+    ) -> KvdiffStatus, // ABI 2
 }
 
 // The table holds pointers to static strings only; nothing in it is ever written.
@@ -151,10 +158,9 @@ fn guarded<F: FnOnce() -> Result<(), Failure>>(error: *mut CString, work: F) -> 
 fn opened(handle: &mut EngineHandle) -> Result<&mut Engine, Failure> {
     match handle.engine.as_mut() {
         Some(engine) => Ok(engine),
-        None => Err(invalid(format!(
-            "the engine did not open: {}",
-            handle.error.to_string_lossy()
-        ))),
+        None => {
+            Err(invalid(format!("the engine did not open: {}", handle.error.to_string_lossy())))
+        }
     }
 }
 
@@ -172,15 +178,23 @@ fn c_str_arg(p: *const c_char, what: &str) -> Result<String, Failure> {
 /// tokens[0..n] as a slice, refusing a NULL pointer or n < 1 as the checked session would.
 unsafe fn tokens_arg<'a>(tokens: *const i32, n: i64) -> Result<&'a [i32], Failure> {
     if n < 1 || tokens.is_null() {
-        return Err(invalid(format!("tokens is empty (expected at least one token, got n = {})", n)));
+        return Err(invalid(format!(
+            "tokens is empty (expected at least one token, got n = {})",
+            n
+        )));
     }
     Ok(std::slice::from_raw_parts(tokens, n as usize))
 }
 
 /// Copies `values` into the caller's buffer of `capacity` floats, refusing a short one before
 /// anything runs (`rows` and `vocab` name the need in the message).
-unsafe fn check_capacity(out: *mut f32, capacity: i64, rows: usize, vocab: usize, what: &str)
-    -> Result<(), Failure> {
+unsafe fn check_capacity(
+    out: *mut f32,
+    capacity: i64,
+    rows: usize,
+    vocab: usize,
+    what: &str,
+) -> Result<(), Failure> {
     let need = (rows * vocab) as i64;
     if (need > 0 && out.is_null()) || capacity < need {
         return Err(invalid(format!(
@@ -193,8 +207,11 @@ unsafe fn check_capacity(out: *mut f32, capacity: i64, rows: usize, vocab: usize
 
 // ---- the engine ----
 
-unsafe extern "C" fn engine_open(model_dir: *const c_char, options: *const c_char,
-                                 out: *mut *mut EngineHandle) -> KvdiffStatus {
+unsafe extern "C" fn engine_open(
+    model_dir: *const c_char,
+    options: *const c_char,
+    out: *mut *mut EngineHandle,
+) -> KvdiffStatus {
     if out.is_null() {
         return KVDIFF_INVALID_INPUT;
     }
@@ -202,7 +219,8 @@ unsafe extern "C" fn engine_open(model_dir: *const c_char, options: *const c_cha
     *out = handle;
     guarded(&mut (*handle).error, || {
         let dir = c_str_arg(model_dir, "model_dir")?;
-        let option_text = if options.is_null() { String::new() } else { c_str_arg(options, "options")? };
+        let option_text =
+            if options.is_null() { String::new() } else { c_str_arg(options, "options")? };
         let model = Llama::load(Path::new(&dir)).map_err(invalid)?;
         let options = Options::parse(&option_text, model.config.max_pos).map_err(invalid)?;
         (*handle).engine = Some(Engine::new(model, options));
@@ -244,20 +262,32 @@ unsafe extern "C" fn engine_close(e: *mut EngineHandle) {
 
 // ---- sessions ----
 
-unsafe extern "C" fn session_new(e: *mut EngineHandle, out: *mut *mut SessionHandle) -> KvdiffStatus {
+unsafe extern "C" fn session_new(
+    e: *mut EngineHandle,
+    out: *mut *mut SessionHandle,
+) -> KvdiffStatus {
     if e.is_null() || out.is_null() {
         return KVDIFF_INVALID_INPUT;
     }
     *out = ptr::null_mut();
     guarded(&mut (*e).error, || {
         let session = opened(&mut *e)?.new_session();
-        *out = Box::into_raw(Box::new(SessionHandle { engine: e, session, error: CString::default() }));
+        *out = Box::into_raw(Box::new(SessionHandle {
+            engine: e,
+            session,
+            error: CString::default(),
+        }));
         Ok(())
     })
 }
 
-unsafe extern "C" fn append(s: *mut SessionHandle, tokens: *const i32, n: i64, logits: *mut f32,
-                            logits_capacity: i64) -> KvdiffStatus {
+unsafe extern "C" fn append(
+    s: *mut SessionHandle,
+    tokens: *const i32,
+    n: i64,
+    logits: *mut f32,
+    logits_capacity: i64,
+) -> KvdiffStatus {
     if s.is_null() {
         return KVDIFF_INVALID_INPUT;
     }
@@ -296,7 +326,11 @@ unsafe extern "C" fn fork(s: *mut SessionHandle, out: *mut *mut SessionHandle) -
     *out = ptr::null_mut();
     guarded(&mut (*s).error, || {
         let handle = &*s;
-        let child = SessionHandle { engine: handle.engine, session: handle.session.fork(), error: CString::default() };
+        let child = SessionHandle {
+            engine: handle.engine,
+            session: handle.session.fork(),
+            error: CString::default(),
+        };
         *out = Box::into_raw(Box::new(child));
         Ok(())
     })
@@ -328,8 +362,13 @@ unsafe extern "C" fn session_free(s: *mut SessionHandle) {
 
 // ---- the batched call (ABI 2) ----
 
-unsafe extern "C" fn append_batch(e: *mut EngineHandle, items: *const KvdiffBatchItem, n_items: i64,
-                                  logits: *mut f32, logits_capacity: i64) -> KvdiffStatus {
+unsafe extern "C" fn append_batch(
+    e: *mut EngineHandle,
+    items: *const KvdiffBatchItem,
+    n_items: i64,
+    logits: *mut f32,
+    logits_capacity: i64,
+) -> KvdiffStatus {
     if e.is_null() {
         return KVDIFF_INVALID_INPUT;
     }
@@ -341,10 +380,13 @@ unsafe extern "C" fn append_batch(e: *mut EngineHandle, items: *const KvdiffBatc
         let mut batch = batch_items(e, raw)?;
         let engine = opened(&mut *e)?;
         let vocab = engine.model.config.vocab;
-        let rows: usize = batch.iter().map(|item| match item.output {
-            None => item.tokens.len(),
-            Some(flags) => flags.iter().filter(|&&f| f != 0).count(),
-        }).sum();
+        let rows: usize = batch
+            .iter()
+            .map(|item| match item.output {
+                None => item.tokens.len(),
+                Some(flags) => flags.iter().filter(|&&f| f != 0).count(),
+            })
+            .sum();
         check_capacity(logits, logits_capacity, rows, vocab, "flagged rows")?;
         let written = engine.append_batch(&mut batch)?;
         ptr::copy_nonoverlapping(written.as_ptr(), logits, written.len());
@@ -353,8 +395,10 @@ unsafe extern "C" fn append_batch(e: *mut EngineHandle, items: *const KvdiffBatc
 }
 
 /// The C items as sessions of engine `e`, each named once (so the &mut borrows are distinct).
-unsafe fn batch_items<'a>(e: *mut EngineHandle, raw: &'a [KvdiffBatchItem])
-    -> Result<Vec<BatchItem<'a>>, Failure> {
+unsafe fn batch_items<'a>(
+    e: *mut EngineHandle,
+    raw: &'a [KvdiffBatchItem],
+) -> Result<Vec<BatchItem<'a>>, Failure> {
     let mut batch = Vec::with_capacity(raw.len());
     for (i, item) in raw.iter().enumerate() {
         if item.session.is_null() || (*item.session).engine != e {

@@ -97,7 +97,8 @@ impl<'a> Reader<'a> {
     }
 
     fn skip_whitespace(&mut self) {
-        while self.at < self.text.len() && matches!(self.text[self.at], b' ' | b'\t' | b'\n' | b'\r')
+        while self.at < self.text.len()
+            && matches!(self.text[self.at], b' ' | b'\t' | b'\n' | b'\r')
         {
             self.at += 1;
         }
@@ -155,7 +156,10 @@ impl<'a> Reader<'a> {
             let key_at = self.at;
             let key = self.string()?;
             if members.iter().any(|(k, _)| *k == key) {
-                return Err(JsonError { offset: key_at, what: format!("duplicate key \"{}\"", key) });
+                return Err(JsonError {
+                    offset: key_at,
+                    what: format!("duplicate key \"{}\"", key),
+                });
             }
             self.expect(b':')?;
             let value = self.value(depth + 1)?;

@@ -71,7 +71,8 @@ impl Llama {
         let config_path = dir.join("config.json");
         let text = fs::read(&config_path)
             .map_err(|e| format!("cannot read {}: {}", config_path.display(), e))?;
-        let config = Config::from_json(&text).map_err(|e| format!("{}: {}", config_path.display(), e))?;
+        let config =
+            Config::from_json(&text).map_err(|e| format!("{}: {}", config_path.display(), e))?;
         let st_path = dir.join("model.safetensors");
         let bytes =
             fs::read(&st_path).map_err(|e| format!("cannot read {}: {}", st_path.display(), e))?;
@@ -124,7 +125,12 @@ impl Llama {
     /// candle's `Llama::forward`: runs `tokens` (s of them, each < vocab) at positions
     /// index_pos..index_pos+s-1, appends their keys and values to `cache`, and returns the logits
     /// of every row, (s, vocab). An error (the shapes do not fit) leaves the cache as it was.
-    pub fn forward(&self, tokens: &[u32], index_pos: usize, cache: &mut Cache) -> Result<Vec<f32>, String> {
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        index_pos: usize,
+        cache: &mut Cache,
+    ) -> Result<Vec<f32>, String> {
         let before = cache.len();
         let result = self.forward_layers(tokens, index_pos, cache);
         if result.is_err() {
@@ -133,19 +139,28 @@ impl Llama {
         result
     }
 
-    fn forward_layers(&self, tokens: &[u32], index_pos: usize, cache: &mut Cache) -> Result<Vec<f32>, String> {
+    fn forward_layers(
+        &self,
+        tokens: &[u32],
+        index_pos: usize,
+        cache: &mut Cache,
+    ) -> Result<Vec<f32>, String> {
         let c = &self.config;
         if index_pos + tokens.len() > c.max_pos {
             // candle's cos/sin narrow fails the same way: the RoPE table has max_pos rows.
             return Err(format!(
                 "narrow invalid args start + len > dim_len: [{}, {}], dim: 0, start: {}, len: {}",
-                c.max_pos, c.head_dim / 2, index_pos, tokens.len()
+                c.max_pos,
+                c.head_dim / 2,
+                index_pos,
+                tokens.len()
             ));
         }
         let s = tokens.len();
         let mut x = Vec::with_capacity(s * c.hidden); // (s, hidden): the residual stream
         for &t in tokens {
-            x.extend_from_slice(&self.embed[t as usize * c.hidden..(t as usize + 1) * c.hidden]); // 1.
+            x.extend_from_slice(&self.embed[t as usize * c.hidden..(t as usize + 1) * c.hidden]);
+            // 1.
         }
         for (l, w) in self.layers.iter().enumerate() {
             // 6. h = x + Attn(RMSNorm(x)); out = h + MLP(RMSNorm(h)).
@@ -159,9 +174,15 @@ impl Llama {
         Ok(matmul(&xn, self.lm_head.as_ref().unwrap_or(&self.embed), c.vocab, c.hidden))
     }
 
-    /// 4. Attention of s rows at positions index_pos.. over the layer's cache plus themselves.
-    fn attention(&self, w: &LayerWeights, xn: &[f32], index_pos: usize, cache: &mut Cache, l: usize)
-        -> Result<Vec<f32>, String> {
+    /// Attention (4.) of s rows at positions index_pos.. over the layer's cache plus themselves.
+    fn attention(
+        &self,
+        w: &LayerWeights,
+        xn: &[f32],
+        index_pos: usize,
+        cache: &mut Cache,
+        l: usize,
+    ) -> Result<Vec<f32>, String> {
         let c = &self.config;
         let (d, s) = (c.head_dim, xn.len() / c.hidden);
         let kv_dim = c.kv_heads * d;
@@ -176,14 +197,19 @@ impl Llama {
         // The cache appends whatever it is given, as candle's does.
         cache.keys[l].extend_from_slice(&k);
         cache.values[l].extend_from_slice(&v);
-        let total = cache.keys[l].len() / kv_dim; // keys: the cached ones, then these s
+        // Keys: the cached ones, then these s.
+        let total = cache.keys[l].len() / kv_dim;
         // candle builds the causal mask (s, index_pos + s) only for s > 1 and broadcasts it to
         // the scores' shape (1, heads, s, total): it fits only when index_pos is the cache's
         // length. With one row there is no mask, and the row reads every cached key.
         if s > 1 && index_pos + s != total {
             return Err(format!(
                 "cannot broadcast [{}, {}] to [1, {}, {}, {}]",
-                s, index_pos + s, c.heads, s, total
+                s,
+                index_pos + s,
+                c.heads,
+                s,
+                total
             ));
         }
         let first_key = total - s; // row i is at cache row first_key + i and sees keys 0..=that
@@ -192,7 +218,14 @@ impl Llama {
     }
 
     /// softmax(q.K^T / sqrt(d)) V per head, row i reading keys 0..=first_key+i; (s, heads * d).
-    fn attend(&self, q: &[f32], keys: &[f32], values: &[f32], s: usize, first_key: usize) -> Vec<f32> {
+    fn attend(
+        &self,
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        s: usize,
+        first_key: usize,
+    ) -> Vec<f32> {
         let c = &self.config;
         let (d, kv_dim, n_rep) = (c.head_dim, c.kv_heads * c.head_dim, c.heads / c.kv_heads);
         let scale = 1.0 / (d as f32).sqrt();
@@ -227,7 +260,7 @@ impl Llama {
         out
     }
 
-    /// 5. SwiGLU: down(silu(gate(x)) * up(x)), rows (s, hidden).
+    /// SwiGLU (5.): down(silu(gate(x)) * up(x)), rows (s, hidden).
     fn mlp(&self, w: &LayerWeights, xn: &[f32]) -> Vec<f32> {
         let c = &self.config;
         let mut gate = matmul(xn, &w.gate, c.inter, c.hidden); // (s, inter)
@@ -258,7 +291,7 @@ fn add_in_place(x: &mut [f32], y: &[f32]) {
     }
 }
 
-/// 2. RMSNorm of each row: x * rsqrt(mean(x^2) + eps) * weight. The squares are summed in f64:
+/// RMSNorm (2.) of each row: x * rsqrt(mean(x^2) + eps) * weight. The squares are summed in f64:
 /// in f32 the sum overflows for rows kvdiff's demanding models build (see the C example).
 fn rmsnorm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
     let n = weight.len();
@@ -271,7 +304,7 @@ fn rmsnorm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
     out
 }
 
-/// 3. RoPE, rotate-half layout (dimension i pairs with i + d/2), on every head of one row at
+/// RoPE (3.), rotate-half layout (dimension i pairs with i + d/2), on every head of one row at
 /// position `pos`. Angles in f64, so position 500 is as exact as position 5.
 fn rope(row: &mut [f32], d: usize, pos: usize, inv_freq: &[f64]) {
     let half = d / 2;

@@ -24,14 +24,16 @@ const KNOWN: &str = "the Rust example engine knows: bug=none|pos0|reuse, max_len
 impl Options {
     pub fn parse(text: &str, max_position_embeddings: usize) -> Result<Options, String> {
         let mut options = Options { bug: Bug::None, max_length: max_position_embeddings };
-        for item in text.split(|c| c == ',' || c == '\n').filter(|i| !i.is_empty()) {
+        for item in text.split([',', '\n']).filter(|i| !i.is_empty()) {
             let (key, value) = match item.find('=') {
                 Some(at) => (&item[..at], &item[at + 1..]),
                 None => return Err(format!("option '{}': expected key=value ({})", item, KNOWN)),
             };
             match key {
                 "bug" => options.bug = parse_bug(value)?,
-                "max_length" => options.max_length = parse_max_length(value, max_position_embeddings)?,
+                "max_length" => {
+                    options.max_length = parse_max_length(value, max_position_embeddings)?
+                }
                 _ => return Err(format!("unknown option '{}' ({})", key, KNOWN)),
             }
         }
@@ -67,8 +69,12 @@ mod tests {
         let o = Options::parse("bug=reuse,max_length=64\n", 512).unwrap();
         assert_eq!(o, Options { bug: Bug::Reuse, max_length: 64 });
         assert_eq!(Options::parse("", 512).unwrap().bug, Bug::None);
-        assert!(Options::parse("kv=f16", 512).unwrap_err().starts_with("unknown option 'kv' (the Rust"));
-        assert!(Options::parse("bug=sometimes", 512).unwrap_err().contains("expected none, pos0 or reuse"));
+        assert!(Options::parse("kv=f16", 512)
+            .unwrap_err()
+            .starts_with("unknown option 'kv' (the Rust"));
+        assert!(Options::parse("bug=sometimes", 512)
+            .unwrap_err()
+            .contains("expected none, pos0 or reuse"));
         assert!(Options::parse("max_length=513", 512).unwrap_err().contains("[1, 512]"));
         assert!(Options::parse("bug", 512).unwrap_err().contains("expected key=value"));
     }

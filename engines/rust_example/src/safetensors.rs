@@ -40,7 +40,11 @@ impl SafeTensors {
     /// Checks the whole header of `bytes` (the file's contents); `what` names the file in errors.
     pub fn parse(bytes: Vec<u8>, what: &str) -> Result<SafeTensors, String> {
         if bytes.len() < 8 {
-            return Err(format!("{}: {} bytes, too short for the 8-byte header length", what, bytes.len()));
+            return Err(format!(
+                "{}: {} bytes, too short for the 8-byte header length",
+                what,
+                bytes.len()
+            ));
         }
         let mut len = [0u8; 8];
         len.copy_from_slice(&bytes[..8]);
@@ -50,15 +54,21 @@ impl SafeTensors {
             return Err(format!(
                 "{}: header length {} does not fit the file of {} bytes (at most {} after the \
                  length, and {} in all)",
-                what, header_len, bytes.len(), available, MAX_HEADER_BYTES
+                what,
+                header_len,
+                bytes.len(),
+                available,
+                MAX_HEADER_BYTES
             ));
         }
         let data_start = 8 + header_len as usize;
-        let header = json::parse(&bytes[8..data_start])
-            .map_err(|e| format!("{}: header: {}", what, e))?;
+        let header =
+            json::parse(&bytes[8..data_start]).map_err(|e| format!("{}: header: {}", what, e))?;
         let members = match header {
             Value::Object(members) => members,
-            other => return Err(format!("{}: header is {}, expected an object", what, other.kind())),
+            other => {
+                return Err(format!("{}: header is {}, expected an object", what, other.kind()))
+            }
         };
         let data_len = (bytes.len() - data_start) as u64;
         let mut tensors = Vec::new();
@@ -89,13 +99,13 @@ impl SafeTensors {
             ));
         }
         if info.shape != shape {
-            return Err(format!("tensor '{}' has shape {:?}, expected {:?}", name, info.shape, shape));
+            return Err(format!(
+                "tensor '{}' has shape {:?}, expected {:?}",
+                name, info.shape, shape
+            ));
         }
         let raw = &self.bytes[self.data_start + info.begin..self.data_start + info.end];
-        Ok(raw
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect())
+        Ok(raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
     }
 }
 
@@ -162,7 +172,9 @@ fn u64_list(value: Option<&Value>, what: &str) -> Result<Vec<u64>, String> {
     match value {
         Some(Value::Array(items)) => items
             .iter()
-            .map(|v| v.as_u64().ok_or_else(|| format!("{} holds {:?}, expected integers >= 0", what, v)))
+            .map(|v| {
+                v.as_u64().ok_or_else(|| format!("{} holds {:?}, expected integers >= 0", what, v))
+            })
             .collect(),
         Some(other) => Err(format!("{} is {}, expected an array", what, other.kind())),
         None => Err(format!("{} is missing", what)),
@@ -184,12 +196,18 @@ mod tests {
     fn reads_an_f32_tensor() {
         let data: Vec<u8> = [1.0f32, -2.0, 3.5].iter().flat_map(|f| f.to_le_bytes()).collect();
         let bytes = file(
-            r#"{"__metadata__":{"format":"pt"},"w":{"dtype":"F32","shape":[3],"data_offsets":[0,12]}}"#,
+            concat!(
+                r#"{"__metadata__":{"format":"pt"},"#,
+                r#""w":{"dtype":"F32","shape":[3],"data_offsets":[0,12]}}"#
+            ),
             &data,
         );
         let st = SafeTensors::parse(bytes, "m").unwrap();
         assert_eq!(st.f32_tensor("w", &[3]).unwrap(), vec![1.0, -2.0, 3.5]);
-        assert!(st.f32_tensor("w", &[1, 3]).unwrap_err().contains("has shape [3], expected [1, 3]"));
+        assert!(st
+            .f32_tensor("w", &[1, 3])
+            .unwrap_err()
+            .contains("has shape [3], expected [1, 3]"));
         assert!(st.f32_tensor("v", &[3]).unwrap_err().contains("tensor 'v' is missing"));
     }
 
@@ -199,9 +217,15 @@ mod tests {
             (vec![1, 2, 3], "too short"),
             (file("{}", b"").into_iter().take(9).collect(), "does not fit the file"),
             (file("[1]", b""), "header is an array"),
-            (file(r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}}"#, &[0; 8]), "hold 4 bytes"),
+            (
+                file(r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}}"#, &[0; 8]),
+                "hold 4 bytes",
+            ),
             (file(r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#, &[0; 4]), "<= 4"),
-            (file(r#"{"w":{"dtype":"Q4","shape":[1],"data_offsets":[0,4]}}"#, &[0; 4]), "unknown dtype 'Q4'"),
+            (
+                file(r#"{"w":{"dtype":"Q4","shape":[1],"data_offsets":[0,4]}}"#, &[0; 4]),
+                "unknown dtype 'Q4'",
+            ),
             (file(r#"{"w":{"dtype":"F32","shape":[1]}}"#, &[0; 4]), "data_offsets is missing"),
         ];
         for (bytes, what) in cases.iter() {

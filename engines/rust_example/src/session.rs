@@ -147,14 +147,20 @@ impl Session {
         if tokens.is_empty() {
             return Err("tokens is empty (expected at least one token)".to_string());
         }
-        if let Some((i, t)) = tokens.iter().enumerate().find(|(_, &t)| t < 0 || t as usize >= vocab) {
-            return Err(format!("token id {} at index {} is out of range for vocab_size {}", t, i, vocab));
+        if let Some((i, t)) = tokens.iter().enumerate().find(|(_, &t)| t < 0 || t as usize >= vocab)
+        {
+            return Err(format!(
+                "token id {} at index {} is out of range for vocab_size {}",
+                t, i, vocab
+            ));
         }
         let max_length = engine.options.max_length;
         if self.position + tokens.len() > max_length {
             return Err(format!(
                 "session holds {} positions of max_length {}: {} more tokens do not fit",
-                self.position, max_length, tokens.len()
+                self.position,
+                max_length,
+                tokens.len()
             ));
         }
         Ok(())
