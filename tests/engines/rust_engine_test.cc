@@ -108,33 +108,24 @@ TEST(RustEngine, ReusingOneCacheIsCaughtByConformAndByCheck) {
   EXPECT_THAT(check.out, HasSubstr("replay: kvdiff run kvdiff-failures/"));
 }
 
-// The document's lengths and SmolLM2-135M's 9 query heads (3 KV heads) on a small model: a first
-// conversation of 5 + 19 positions, then a second one on a new session of the same engine.
-std::string DocumentScenario(const std::string& second_prompt) {
-  return R"({"description": "the source document's reuse", "model": {"seed": 0, "config": {
-    "hidden_size": 72, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 9,
-    "num_key_value_heads": 3, "vocab_size": 256, "max_position_embeddings": 128,
-    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": true}},
-    "steps": [{"op": "prefill", "tokens": [5, 17, 3, 99, 42]}, {"op": "decode", "n": 19},
-              {"op": "new_conversation", "name": "second"},
-              {"op": "prefill", "conversation": "second", "tokens": )" +
-         second_prompt + R"(},
-              {"op": "decode", "conversation": "second", "n": 2}]})";
-}
+// examples/scenarios/rust-reuse{,1}.json (docs/rust-engine.md runs them): the document's lengths
+// and SmolLM2-135M's 9 query heads (3 KV heads) on a small model; a first conversation of 5 + 19
+// positions, then a second one on a new session of the same engine.
+const std::string kScenarios = KVDIFF_SOURCE_DIR "/examples/scenarios/";
 
 TEST(RustEngine, AReusedCacheGivesTheDocumentsSymptoms) {
   TempDir dir;
-  WriteFile(dir / "reuse.json", DocumentScenario("[8, 17, 3, 120, 42]"));
   const std::string backends = fmt::format("--backends 'impl,plugin:{}?bug=reuse'", kEngine);
-  const CommandResult five = RunKvdiff("run reuse.json " + backends, dir.path());
+  const CommandResult five =
+      RunKvdiff("run " + kScenarios + "rust-reuse.json " + backends, dir.path());
   EXPECT_EQ(five.exit_code, 1) << five.out << five.err;
   EXPECT_THAT(LineStarting(five.out, "error: step 3 prefill(second,n=5)"),
               HasSubstr("rust_example: cannot broadcast [5, 5] to [1, 9, 5, 29]"))
       << five.out;
 
   // One token: no error from the append, only logits that continue the first conversation.
-  WriteFile(dir / "reuse1.json", DocumentScenario("[8]"));
-  const CommandResult one = RunKvdiff("run reuse1.json " + backends, dir.path());
+  const CommandResult one =
+      RunKvdiff("run " + kScenarios + "rust-reuse1.json " + backends, dir.path());
   EXPECT_EQ(one.exit_code, 1) << one.out << one.err;
   EXPECT_THAT(one.out, HasSubstr("first divergence: step 3 prefill(second,n=1): impl vs plugin:"));
   // The step's only error is kvdiff's uncached oracle, a new session on the same shared cache.
@@ -142,9 +133,12 @@ TEST(RustEngine, AReusedCacheGivesTheDocumentsSymptoms) {
               HasSubstr("the oracle ForwardFull failed"));
 
   // The checked session on the same scenario: a new cache per conversation, nothing to report.
-  const CommandResult fixed =
-      RunKvdiff(fmt::format("run reuse1.json --backends 'impl,plugin:{}'", kEngine), dir.path());
-  EXPECT_EQ(fixed.exit_code, 0) << fixed.out << fixed.err;
+  for (const char* scenario : {"rust-reuse.json", "rust-reuse1.json"}) {
+    const CommandResult fixed = RunKvdiff(
+        fmt::format("run {}{} --backends 'impl,plugin:{}'", kScenarios, scenario, kEngine),
+        dir.path());
+    EXPECT_EQ(fixed.exit_code, 0) << scenario << "\n" << fixed.out << fixed.err;
+  }
 }
 
 TEST(RustEngine, ABadOptionIsBadInputNamingWhatIsAccepted) {

@@ -98,7 +98,7 @@ fn flagged(rows: &[f32], output: Option<&[u8]>, vocab: usize) -> Vec<f32> {
         Some(flags) => rows
             .chunks_exact(vocab)
             .zip(flags)
-            .filter(|(_, &f)| f != 0)
+            .filter(|(_, f)| **f != 0)
             .flat_map(|(row, _)| row.iter().copied())
             .collect(),
     }
@@ -147,7 +147,8 @@ impl Session {
         if tokens.is_empty() {
             return Err("tokens is empty (expected at least one token)".to_string());
         }
-        if let Some((i, t)) = tokens.iter().enumerate().find(|(_, &t)| t < 0 || t as usize >= vocab)
+        if let Some((i, t)) =
+            tokens.iter().enumerate().find(|(_, t)| **t < 0 || **t as usize >= vocab)
         {
             return Err(format!(
                 "token id {} at index {} is out of range for vocab_size {}",
