@@ -8,10 +8,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <iostream>
 #include <string>
 
 #include "format/model_files.h"
+#include "impl/model.h"
 #include "plugin_host/plugin_loader.h"
+#include "tests/engines/conformance.h"
 #include "tests/test_support.h"
 
 namespace kvdiff::testing {
@@ -139,6 +142,53 @@ TEST(RustEngine, AReusedCacheGivesTheDocumentsSymptoms) {
         dir.path());
     EXPECT_EQ(fixed.exit_code, 0) << scenario << "\n" << fixed.out << fixed.err;
   }
+}
+
+// In process (no child between the test and the Rust code), through the loader: the seeded random
+// walks of the C example's test, held to impl's uncached forward.
+class RustEngineInProcess : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    format::SaveModel(dir_ / "tiny", format::MakeRandomModel(format::PresetConfig("tiny"), 3),
+                      format::DType::kF32);
+  }
+  engines::Engine Open(const std::string& options) const {
+    return engines::Plugin::Load(kEngine).Open(dir_ / "tiny", options);
+  }
+  TempDir dir_;
+};
+
+TEST_F(RustEngineInProcess, RandomWalkSeeds1To3Steps150MaxLength64MatchesImpl) {
+  const impl::Model model = impl::Model::Load(dir_ / "tiny", 1);
+  const engines::Engine engine = Open("max_length=64");
+  for (uint64_t seed : {1, 2, 3}) {
+    const float worst = engines::conformance::RandomWalkMaxDiff(engine, model, seed, 150, 64);
+    std::cout << "figure: rust_example random walk seed " << seed << ": max|diff| " << worst
+              << "\n";
+    EXPECT_LE(worst, 1e-4f) << "seed " << seed;
+  }
+}
+
+// A call that fails changes nothing, even the buggy one: under bug=reuse a second session's
+// 3-token prompt fails on the first session's 5 positions, and the shared cache is rolled back,
+// so the first session goes on exactly as a checked engine's would.
+TEST_F(RustEngineInProcess, TheReuseErrorLeavesTheSharedCacheAsItWas) {
+  const engines::Engine reuse = Open("bug=reuse");
+  engines::Session first = reuse.NewSession();
+  engines::Session second = reuse.NewSession();
+  first.Append({5, 17, 3, 99, 42});
+  try {
+    second.Append({8, 17, 3});
+    ADD_FAILURE() << "expected EngineError";
+  } catch (const EngineError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("rust_example: cannot broadcast [3, 3] to [1, 4, 3, 8]"));
+  }
+  EXPECT_EQ(second.Length(), 0);
+  engines::Session checked = Open("").NewSession();
+  checked.Append({5, 17, 3, 99, 42});
+  const Logits want = checked.Append({7});
+  const Logits got = first.Append({7});
+  EXPECT_EQ(MaxAbsDiff(got, want), 0.0f);
 }
 
 TEST(RustEngine, ABadOptionIsBadInputNamingWhatIsAccepted) {

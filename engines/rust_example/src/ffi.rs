@@ -1,6 +1,7 @@
 //! The C ABI of include/kvdiff/engine.h (version 2), declared by hand: no bindgen, no crates.
 //! Every entry point runs its work inside catch_unwind, since a panic unwinding into C is
-//! undefined behaviour: a panic becomes KVDIFF_ENGINE_FAILURE with the panic's text.
+//! undefined behaviour: a panic becomes KVDIFF_ENGINE_FAILURE with the panic's text. (The two
+//! error getters only return a pointer the handle holds: there is no work in them to guard.)
 
 use std::ffi::{CStr, CString};
 use std::os::raw::c_char;
@@ -302,11 +303,13 @@ unsafe extern "C" fn append(
     })
 }
 
+/// -1 for a NULL session (the ABI has no status here); nothing in it can panic, but every entry
+/// point is guarded alike, so no later change can let a panic reach C.
 unsafe extern "C" fn length(s: *const SessionHandle) -> i64 {
     if s.is_null() {
         return -1;
     }
-    (*s).session.length() as i64
+    catch_unwind(AssertUnwindSafe(|| (*s).session.length() as i64)).unwrap_or(-1)
 }
 
 unsafe extern "C" fn truncate(s: *mut SessionHandle, n: i64) -> KvdiffStatus {
