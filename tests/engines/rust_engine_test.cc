@@ -60,6 +60,18 @@ TEST(RustEngine, PassesACheckCampaignOnTheTinyPreset) {
   EXPECT_THAT(r.out, Not(HasSubstr("kvdiff-failures/")));
 }
 
+#ifdef KVDIFF_TEST_WITH_TORCH
+// Three ways: the engine, impl and the LibTorch reference (transformers' semantics), every row of
+// each held to the others at the default gate (ref's float32 RoPE under its measured profile).
+TEST(RustEngine, PassesACheckCampaignAgainstImplAndTheReference) {
+  TempDir dir;
+  const CommandResult r = RunKvdiff(
+      fmt::format("check --backends 'impl,ref,plugin:{}' --cases 40", kEngine), dir.path());
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("PASS: 40 of 40 cases run"));
+}
+#endif
+
 TEST(RustEngine, PassesACheckCampaignOnStories260K) {
   KVDIFF_REQUIRE_SHARED_DATA(data);
   TempDir dir;
