@@ -421,3 +421,29 @@ unsafe fn batch_items<'a>(
     }
     Ok(batch)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_an_engine_failure_with_its_text() {
+        let mut error = CString::default();
+        let status = guarded(&mut error, || panic!("index 9 out of range for length 4"));
+        assert_eq!(status, KVDIFF_ENGINE_FAILURE);
+        assert_eq!(
+            error.to_str().unwrap(),
+            "internal error in the Rust engine (a panic): index 9 out of range for length 4"
+        );
+    }
+
+    #[test]
+    fn a_refusal_keeps_its_status_and_message() {
+        let mut error = CString::default();
+        let status = guarded(&mut error, || Err(invalid("truncate to 9: expected ...".into())));
+        assert_eq!(
+            (status, error.to_str().unwrap()),
+            (KVDIFF_INVALID_INPUT, "truncate to 9: expected ...")
+        );
+    }
+}

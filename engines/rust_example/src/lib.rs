@@ -15,5 +15,7 @@ mod model;
 mod options;
 mod safetensors;
 mod session;
+#[cfg(test)]
+mod tests;
 
 pub use ffi::kvdiff_engine_entry;

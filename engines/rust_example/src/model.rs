@@ -81,7 +81,7 @@ impl Llama {
         Llama::from_tensors(config, &st).map_err(|e| format!("{}: {}", what, e))
     }
 
-    fn from_tensors(config: Config, st: &SafeTensors) -> Result<Llama, String> {
+    pub(crate) fn from_tensors(config: Config, st: &SafeTensors) -> Result<Llama, String> {
         let (h, inter) = (config.hidden as u64, config.inter as u64);
         let q = (config.heads * config.head_dim) as u64;
         let kv = (config.kv_heads * config.head_dim) as u64;
