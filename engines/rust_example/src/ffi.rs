@@ -24,6 +24,8 @@ const KVDIFF_ENGINE_FAILURE: KvdiffStatus = 2;
 /// kvdiff_engine: the opened model, or the reason it could not be opened.
 pub struct EngineHandle {
     engine: Option<Engine>,
+    /// Why open failed (kept apart from `error`, which every later failed call overwrites).
+    open_failure: String,
     error: CString,
 }
 
@@ -159,9 +161,7 @@ fn guarded<F: FnOnce() -> Result<(), Failure>>(error: *mut CString, work: F) -> 
 fn opened(handle: &mut EngineHandle) -> Result<&mut Engine, Failure> {
     match handle.engine.as_mut() {
         Some(engine) => Ok(engine),
-        None => {
-            Err(invalid(format!("the engine did not open: {}", handle.error.to_string_lossy())))
-        }
+        None => Err(invalid(format!("the engine did not open: {}", handle.open_failure))),
     }
 }
 
@@ -176,19 +176,22 @@ fn c_str_arg(p: *const c_char, what: &str) -> Result<String, Failure> {
         .map_err(|_| invalid(format!("{} is not valid UTF-8", what)))
 }
 
-/// tokens[0..n] as a slice, refusing a NULL pointer or n < 1 as the checked session would.
+/// tokens[0..n] as a slice, refusing n < 1 as the checked session would, and a NULL pointer.
 unsafe fn tokens_arg<'a>(tokens: *const i32, n: i64) -> Result<&'a [i32], Failure> {
-    if n < 1 || tokens.is_null() {
+    if n < 1 {
         return Err(invalid(format!(
             "tokens is empty (expected at least one token, got n = {})",
             n
         )));
     }
+    if tokens.is_null() {
+        return Err(invalid(format!("tokens is NULL with n = {}", n)));
+    }
     Ok(std::slice::from_raw_parts(tokens, n as usize))
 }
 
-/// Copies `values` into the caller's buffer of `capacity` floats, refusing a short one before
-/// anything runs (`rows` and `vocab` name the need in the message).
+/// Refuses a logits buffer of `capacity` floats that cannot take rows x vocab (or is NULL), before
+/// anything runs; `what` names the rows in the message.
 unsafe fn check_capacity(
     out: *mut f32,
     capacity: i64,
@@ -216,9 +219,13 @@ unsafe extern "C" fn engine_open(
     if out.is_null() {
         return KVDIFF_INVALID_INPUT;
     }
-    let handle = Box::into_raw(Box::new(EngineHandle { engine: None, error: CString::default() }));
+    let handle = Box::into_raw(Box::new(EngineHandle {
+        engine: None,
+        open_failure: String::new(),
+        error: CString::default(),
+    }));
     *out = handle;
-    guarded(&mut (*handle).error, || {
+    let status = guarded(&mut (*handle).error, || {
         let dir = c_str_arg(model_dir, "model_dir")?;
         let option_text =
             if options.is_null() { String::new() } else { c_str_arg(options, "options")? };
@@ -226,7 +233,11 @@ unsafe extern "C" fn engine_open(
         let options = Options::parse(&option_text, model.config.max_pos).map_err(invalid)?;
         (*handle).engine = Some(Engine::new(model, options));
         Ok(())
-    })
+    });
+    if status != KVDIFF_OK {
+        (*handle).open_failure = (*handle).error.to_string_lossy().into_owned();
+    }
+    status
 }
 
 unsafe extern "C" fn engine_error(e: *const EngineHandle) -> *const c_char {
