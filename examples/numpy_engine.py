@@ -4,7 +4,7 @@ LlamaForCausalLM (eager attention; the "spec, N" notes number its steps) in floa
 session. It reads config.json and model.safetensors itself.
 
     kvdiff conform exec:"/usr/bin/python3 examples/numpy_engine.py"
-    kvdiff check --backends 'impl,exec:/usr/bin/python3 examples/numpy_engine.py'
+    kvdiff check --cases 200 --backends 'impl,exec:/usr/bin/python3 examples/numpy_engine.py'
 
 Options (in the open call; `exec:COMMAND?key=value&...` on kvdiff's command line):
     bug=forgot-position   the session's position is never advanced: every append rotates its
