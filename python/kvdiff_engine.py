@@ -116,8 +116,8 @@ class Engine:
     append_batch = None  # optional: see the module's documentation
 
     def run(self, stdin_fd=0, stdout_fd=1):
-        """Serves kvdiff until it closes the stream. Returns the exit code (0) after a clean close;
-        exits 3 when the peer does not speak the protocol."""
+        """Serves kvdiff until it closes the stream. Returns the exit code: 0 after a clean close,
+        3 when the peer sent a request header outside the protocol (said on stderr)."""
         # The protocol owns fd 1: print() and C code writing to fd 1 go to stderr from here on.
         out_fd = os.dup(stdout_fd)
         os.dup2(2, stdout_fd)
