@@ -312,6 +312,12 @@ EngineInfo OpenIn(HostProcess& host, const EngineProcessSpec& spec) {
         host.who, hello.value, wire::kOldestProtocolVersion, wire::kProtocolVersion));
   }
   const std::string dir = spec.model_dir.string();
+  // The child would take more for a breach of the protocol; say so here instead, as bad input.
+  KVDIFF_CHECK(static_cast<int64_t>(dir.size()) <= wire::kMaxTextBytes &&
+                   static_cast<int64_t>(spec.options.size()) <= wire::kMaxTextBytes,
+               "{}: a model path of {} bytes and options of {} bytes; the engine protocol's open "
+               "takes at most {} bytes each",
+               host.name, dir.size(), spec.options.size(), wire::kMaxTextBytes);
   host.Call(Request{Op::kOpen, -1, static_cast<int64_t>(dir.size()),
                     static_cast<int64_t>(spec.options.size())},
             dir + spec.options, payload);
@@ -445,6 +451,9 @@ IsolatedSession::~IsolatedSession() {
 Logits IsolatedSession::Append(const Tokens& tokens) {
   KVDIFF_CHECK(!tokens.empty(), "{}: tokens is empty (expected at least one token)", host_->name);
   const int64_t n = static_cast<int64_t>(tokens.size());
+  KVDIFF_CHECK(n <= wire::kMaxRequestTokens,
+               "{}: an append of {} tokens; an engine in another process takes at most {} per call",
+               host_->name, n, wire::kMaxRequestTokens);
   const int64_t vocab = host_->vocab_size;
   const int64_t bytes = n * vocab * static_cast<int64_t>(sizeof(float));
   std::string body, payload;
