@@ -2,8 +2,9 @@
 // on python/kvdiff_engine.py, passes `kvdiff conform` and a check beside impl at 1e-4; its injected
 // bug (bug=forgot-position) is caught by both; its refusals are bad input; a Python without numpy
 // refuses clearly; a program that dies mid-call fails the case and the next case gets a fresh
-// process. Debian's interpreter is named explicitly: the python3 first on PATH may have no numpy.
-// (What a program that breaks the protocol gets is in the bad-input catalogue.)
+// process; it conforms on the real stories260K model too. Debian's interpreter is named explicitly:
+// the python3 first on PATH may have no numpy. (What a program that breaks the protocol gets is in
+// the bad-input catalogue.)
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -50,6 +51,23 @@ TEST(ExecEngine, TheNumpyEnginePassesACheckBesideImpl) {
       RunKvdiff("check --cases 6 --backends " + NumpyEngine().insert(1, "impl,"), dir.path());
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("PASS: 6 of 6 cases run"));
+}
+
+// A real trained model (stories260K, converted from llama2.c): 5 layers, 8/4 heads, tied head.
+TEST(ExecEngine, TheNumpyEnginePassesConformOnStories260K) {
+  KVDIFF_REQUIRE_SHARED_DATA(data);
+  TempDir dir;
+  const auto stories = data / "stories260K";
+  ASSERT_EQ(RunKvdiff(fmt::format("convert llama2c --checkpoint '{}' --out s260k",
+                                  (stories / "stories260K.bin").string()),
+                      dir.path())
+                .exit_code,
+            0);
+  const CommandResult r =
+      RunKvdiff("conform " + NumpyEngine() + " --model s260k --cases 4", dir.path());
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("5 layers, hidden 64, 8/4 heads"));
+  EXPECT_THAT(r.out, HasSubstr("PASS: 15 of 15 checks passed, 0 failed"));
 }
 
 TEST(ExecEngine, AForgottenPositionUpdateIsCaughtByConformAndByCheck) {
