@@ -162,9 +162,12 @@ harness::ModelSpec ModelFlags::Spec() const {
 }
 
 std::string BackendsHelp(const std::string& defaults_note) {
-  return fmt::format("Comma-separated backends: {}{}",
-                     harness::BackendRegistry::Global().HelpText(),
-                     defaults_note.empty() ? "" : " (" + defaults_note + ")");
+  return fmt::format(
+      "Comma-separated backends: {}, plugin:PATH[?key=value&...] (an engine plugin), "
+      "exec:COMMAND[?key=value&...] (an engine program on stdin/stdout: "
+      "docs/protocol.md){}",
+      harness::BackendRegistry::Global().HelpText(),
+      defaults_note.empty() ? "" : " (" + defaults_note + ")");
 }
 
 }  // namespace kvdiff::cli

@@ -1,8 +1,8 @@
-// `kvdiff conform ENGINE`: the conformance suite for an engine (a plugin path, plugin:PATH?k=v, or
-// any backend name): every op against an oracle backend, the error paths, fork, reset,
-// determinism, capacity, batched calls (against the oracle and the items alone, and their
-// refusals), then a campaign. Exit 0 when every check passes, 1 when one fails, 2 on
-// bad input (an engine that cannot be loaded, an unknown backend).
+// `kvdiff conform ENGINE`: the conformance suite for an engine (a plugin path, plugin:PATH?k=v,
+// exec:COMMAND?k=v, or any backend name): every op against an oracle backend, the error paths,
+// fork, reset, determinism, capacity, batched calls (against the oracle and the items alone, and
+// their refusals), then a campaign. Exit 0 when every check passes, 1 when one fails, 2 on bad
+// input (an engine that cannot be loaded, an unknown backend).
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -89,7 +89,8 @@ void AddConformCommand(CLI::App& app, int& exit_code) {
       "campaign");
   cmd->add_option(
          "engine", args->engine,
-         "The engine: a plugin file (PATH[?key=value&...]), plugin:PATH, or a backend name")
+         "The engine: a plugin file (PATH[?key=value&...]), plugin:PATH, exec:COMMAND (an engine "
+         "program: docs/any-language.md), or a backend name")
       ->required();
   AddModelFlags(cmd, PresetUnlessModelSpelling(), args->model);
   cmd->add_option("--against", args->against,

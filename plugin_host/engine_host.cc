@@ -1,6 +1,7 @@
-// The child's side of an isolated engine (`kvdiff engine-host`): loads the plugin, opens the engine
-// and answers the parent's requests (plugin_host/engine_wire.h) until the parent closes the socket.
-// Everything that runs plugin code runs here, so a crash or a hang in it ends this process only.
+// The child's side of an isolated engine (`kvdiff engine-host`): answers hello, loads the plugin
+// and opens the engine on open, and answers the parent's requests (plugin_host/engine_wire.h, the
+// public protocol of docs/protocol.md) until the parent closes the socket. Everything that runs
+// plugin code runs here, so a crash or a hang in it ends this process only.
 #include <fmt/format.h>
 
 #include <cstring>
@@ -40,7 +41,8 @@ class Server {
       payload = e.what();
     }
     reply.bytes = static_cast<int64_t>(payload.size());
-    return wire::SendAll(fd_, &reply, sizeof reply) &&
+    const auto header = wire::EncodeReply(reply);
+    return wire::SendAll(fd_, header.data(), header.size()) &&
            wire::SendAll(fd_, payload.data(), payload.size());
   }
 
@@ -75,10 +77,12 @@ std::optional<BatchBody> ParseBatch(const Request& request, const std::string& b
   batch.heads.resize(static_cast<size_t>(request.arg));
   batch.tokens.resize(static_cast<size_t>(request.count));
   batch.flags.resize(static_cast<size_t>(request.count));
-  const size_t head_bytes = batch.heads.size() * sizeof(wire::BatchItemHeader);
-  const size_t token_bytes = batch.tokens.size() * sizeof(Token);
-  std::memcpy(batch.heads.data(), body.data(), head_bytes);
-  std::memcpy(batch.tokens.data(), body.data() + head_bytes, token_bytes);
+  const size_t head_bytes = batch.heads.size() * wire::kBatchItemHeaderBytes;
+  const size_t token_bytes = batch.tokens.size() * 4;
+  for (size_t i = 0; i < batch.heads.size(); ++i) {
+    batch.heads[i] = wire::DecodeBatchItemHeader(body.data() + i * wire::kBatchItemHeaderBytes);
+  }
+  wire::ReadTokens(body.data() + head_bytes, batch.tokens.size(), batch.tokens.data());
   std::memcpy(batch.flags.data(), body.data() + head_bytes + token_bytes, batch.flags.size());
   int64_t left = request.count;
   for (const wire::BatchItemHeader& head : batch.heads) {
@@ -105,8 +109,7 @@ int64_t RunBatch(const Engine& engine, Server& server, const BatchBody& batch,
   }
   int64_t rows = 0;
   for (const Logits& logits : engine.AppendBatch(items)) {
-    payload.append(reinterpret_cast<const char*>(logits.data()),
-                   static_cast<size_t>(logits.size()) * sizeof(float));
+    wire::AppendFloats(payload, logits.data(), static_cast<size_t>(logits.size()));
     rows += logits.rows();
   }
   return rows;
@@ -114,12 +117,12 @@ int64_t RunBatch(const Engine& engine, Server& server, const BatchBody& batch,
 
 }  // namespace
 
-int ServeIsolatedEngine(int fd, const std::filesystem::path& plugin_path,
-                        const std::filesystem::path& model_dir, const std::string& options) {
+int ServeIsolatedEngine(int fd, const std::filesystem::path& plugin_path) {
   Server server(fd);
   std::optional<Engine> engine;
-  Request request{};
-  while (wire::ReadAll(fd, &request, sizeof request)) {
+  char header[wire::kRequestHeaderBytes];
+  while (wire::ReadAll(fd, header, sizeof header)) {
+    const Request request = wire::DecodeRequest(header);
     const int64_t body_bytes = wire::RequestBodyBytes(request);
     if (body_bytes < 0) return 3;  // not our protocol: nothing sensible to answer
     std::string body(static_cast<size_t>(body_bytes), '\0');
@@ -127,7 +130,7 @@ int ServeIsolatedEngine(int fd, const std::filesystem::path& plugin_path,
     Tokens tokens;
     if (request.op == Op::kAppend) {
       tokens.resize(static_cast<size_t>(request.count));
-      std::memcpy(tokens.data(), body.data(), body.size());
+      wire::ReadTokens(body.data(), tokens.size(), tokens.data());
     }
     std::optional<BatchBody> batch;
     if (request.op == Op::kAppendBatch) {
@@ -135,13 +138,27 @@ int ServeIsolatedEngine(int fd, const std::filesystem::path& plugin_path,
       if (!batch) return 3;
     }
     const bool sent = server.Answer([&](Reply& reply, std::string& payload) {
-      if (request.op == Op::kInfo) {
+      if (request.op == Op::kHello) {
+        // arg..count is the parent's range of versions (newest, oldest).
+        if (request.count > wire::kProtocolVersion || request.arg < wire::kProtocolVersion) {
+          throw InputError(fmt::format(
+              "kvdiff engine-host speaks protocol version {}; the parent speaks {} to {}",
+              wire::kProtocolVersion, request.count, request.arg));
+        }
+        reply.value = wire::kProtocolVersion;
+        return;
+      }
+      if (request.op == Op::kOpen) {
+        const std::string model_dir = body.substr(0, static_cast<size_t>(request.arg));
+        const std::string options = body.substr(static_cast<size_t>(request.arg));
         engine.emplace(Plugin::Load(plugin_path).Open(model_dir, options));
-        payload = wire::EncodeInfo(engine->Info());
         return;
       }
       if (!engine) throw EngineError("engine host: the engine is not open");
       switch (request.op) {
+        case Op::kInfo:
+          payload = wire::EncodeInfo(engine->Info());
+          break;
         case Op::kNewSession:
           reply.value = server.Keep(engine->NewSession());
           break;
@@ -151,8 +168,7 @@ int ServeIsolatedEngine(int fd, const std::filesystem::path& plugin_path,
         case Op::kAppend: {
           const Logits logits = server.Find(request.session).Append(tokens);
           reply.value = logits.rows();
-          payload.assign(reinterpret_cast<const char*>(logits.data()),
-                         static_cast<size_t>(logits.size()) * sizeof(float));
+          wire::AppendFloats(payload, logits.data(), static_cast<size_t>(logits.size()));
           break;
         }
         case Op::kLength:
@@ -170,7 +186,8 @@ int ServeIsolatedEngine(int fd, const std::filesystem::path& plugin_path,
         case Op::kAppendBatch:
           reply.value = RunBatch(*engine, server, *batch, payload);
           break;
-        case Op::kInfo:
+        case Op::kHello:
+        case Op::kOpen:
           break;
       }
     });

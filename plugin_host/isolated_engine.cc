@@ -1,6 +1,6 @@
-// The parent's side of an isolated engine: starts the child (`kvdiff engine-host`, whose side is
-// engine_host.cc), sends it requests over the socket (engine_wire.h) and turns its death, its
-// silence or its errors into exceptions.
+// The parent's side of an engine in a child process: starts the child (`kvdiff engine-host`, whose
+// side is engine_host.cc, or an engine program), speaks the protocol to it (engine_wire.h) and
+// turns its death, its silence, its errors and its breaches of the protocol into exceptions.
 #include "plugin_host/isolated_engine.h"
 
 #include <fcntl.h>
@@ -48,18 +48,23 @@ std::string DescribeExit(int status) {
   return "stopped";
 }
 
-// Waits for `pid` at most `seconds`, then kills it. "" when it exited with code 0, else what
-// happened. Polls (1 ms, doubling to 50 ms): a child closing cleanly is gone within milliseconds.
-std::string Reap(pid_t pid, double seconds) {
+// Waits for `pid` at most `seconds`, then kills it (and its process group, when it leads one). ""
+// when it exited with code 0, else what happened. Polls (1 ms, doubling to 50 ms): a child closing
+// cleanly is gone within milliseconds.
+std::string Reap(pid_t pid, double seconds, bool group) {
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   auto pause = std::chrono::milliseconds(1);
   int status = 0;
   while (true) {
     const pid_t done = waitpid(pid, &status, WNOHANG);
-    if (done == pid || (done < 0 && errno != EINTR)) break;
+    if (done == pid || (done < 0 && errno != EINTR)) {
+      // A shell that exited may leave what it started behind, holding nothing of ours: end it.
+      if (group) kill(-pid, SIGKILL);
+      break;
+    }
     if (std::chrono::steady_clock::now() >= deadline) {
-      kill(pid, SIGKILL);
+      kill(group ? -pid : pid, SIGKILL);
       waitpid(pid, &status, 0);
       return fmt::format("did not finish within {} s (killed)", seconds);
     }
@@ -77,21 +82,6 @@ void RecordCloseFault(std::string message) {
   close_faults.push_back(std::move(message));
 }
 
-// What a request was, for messages: "append of 8 tokens", "append_batch of 2 items (9 tokens)".
-std::string DescribeCall(const Request& request) {
-  std::string call = wire::OpName(request.op);
-  const auto plural = [](int64_t n) { return n == 1 ? "" : "s"; };
-  if (request.op == Op::kAppend) {
-    call += fmt::format(" of {} token{}", request.count, plural(request.count));
-  }
-  if (request.op == Op::kAppendBatch) {
-    call += fmt::format(" of {} item{} ({} token{})", request.arg, plural(request.arg),
-                        request.count, plural(request.count));
-  }
-  if (request.op == Op::kTruncate) call += fmt::format("({})", request.arg);
-  return call;
-}
-
 }  // namespace
 
 std::vector<std::string> TakeCloseFaults() {
@@ -102,8 +92,11 @@ std::vector<std::string> TakeCloseFaults() {
 // ---- The parent's side ----
 
 struct HostProcess {
-  std::string name;  // the plugin file, for messages until the engine has said its name
+  std::string name;  // the plugin file or the command, for messages until the engine says its name
+  std::string who;   // "the isolated engine process", "the engine program"
+  std::string start_call;  // how hello, open and info are named in messages, when not empty
   pid_t pid = -1;
+  bool own_group = false;  // the child leads its own process group (a shell and its children)
   int fd = -1;
   double timeout_seconds = 600;
   int64_t vocab_size = 0;           // as the info said, once the engine is open
@@ -114,40 +107,78 @@ struct HostProcess {
   ~HostProcess() {
     if (fd >= 0) close(fd);
     if (pid <= 0) return;
-    const std::string what = Reap(pid, timeout_seconds);
+    const std::string what = Reap(pid, timeout_seconds, own_group);
     if (!what.empty()) {
-      RecordCloseFault(
-          fmt::format("{}: the isolated engine process {} while closing the engine", name, what));
+      RecordCloseFault(fmt::format("{}: {} {} while closing the engine", name, who, what));
     }
   }
 
+  // What a request was, for messages: "append of 8 tokens", "append_batch of 2 items (9 tokens)".
+  std::string DescribeCall(const Request& request) const {
+    const bool starting =
+        request.op == Op::kHello || request.op == Op::kOpen || request.op == Op::kInfo;
+    if (starting && !start_call.empty()) return start_call;
+    std::string call = wire::OpName(request.op);
+    const auto plural = [](int64_t n) { return n == 1 ? "" : "s"; };
+    if (request.op == Op::kAppend) {
+      call += fmt::format(" of {} token{}", request.count, plural(request.count));
+    }
+    if (request.op == Op::kAppendBatch) {
+      call += fmt::format(" of {} item{} ({} token{})", request.arg, plural(request.arg),
+                          request.count, plural(request.count));
+    }
+    if (request.op == Op::kTruncate) call += fmt::format("({})", request.arg);
+    return call;
+  }
+
   // One request (its header, then `body`) and its reply, whose payload may be at most
-  // `max_payload` bytes (or wire::kMaxTextReplyBytes, for an error message). Throws what the
-  // engine threw; EngineError when the child died, timed out or announced a larger reply during
-  // the call (and the child is then gone for good).
+  // `max_payload` bytes (or wire::kMaxTextBytes, for an error message). Throws what the engine
+  // threw; EngineError when the child died, timed out or broke the protocol during the call (and
+  // the child is then gone for good).
   Reply Call(const Request& request, std::string_view body, std::string& payload,
              int64_t max_payload = 0) {
     if (dead) throw EngineError(fmt::format("{}: {}", name, *dead));
-    bool sent = wire::SendAll(fd, &request, sizeof request);
-    if (sent && !body.empty()) sent = wire::SendAll(fd, body.data(), body.size());
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
-    Reply reply{};
     bool timed_out = false;
-    if (!sent || !wire::ReadAll(fd, &reply, sizeof reply, deadline, &timed_out)) {
-      Bury(request, timed_out);
+    const auto header = wire::EncodeRequest(request);
+    bool sent = wire::SendAll(fd, header.data(), header.size(), deadline, &timed_out);
+    if (sent && !body.empty()) {
+      sent = wire::SendAll(fd, body.data(), body.size(), deadline, &timed_out);
     }
+    if (!sent) Bury(request, timed_out);
+    // The header in two reads: status and reserved first, so that a peer writing text (or any
+    // garbage) is refused as soon as 8 bytes have come, not after a time-out.
+    char head[wire::kReplyHeaderBytes] = {};
+    size_t got = 0;
+    if (!wire::ReadAll(fd, head, 8, deadline, &timed_out, &got)) {
+      Bury(request, timed_out, "", Partial(head, got, "of a reply header"));
+    }
+    const uint32_t status = static_cast<uint32_t>(wire::DecodeReply(head).status);
+    if (status > 2 || head[4] || head[5] || head[6] || head[7]) {
+      Bury(request, false,
+           fmt::format("sent a reply header starting {} (\"{}\"): status {} where the protocol "
+                       "has 0, 1 or 2 and a zero reserved word; it does not speak the kvdiff "
+                       "engine protocol (killed)",
+                       wire::Hex(head, 8), Printable(head, 8), status));
+    }
+    if (!wire::ReadAll(fd, head + 8, wire::kReplyHeaderBytes - 8, deadline, &timed_out, &got)) {
+      Bury(request, timed_out, "", Partial(head, 8 + got, "of a reply header"));
+    }
+    const Reply reply = wire::DecodeReply(head);
     // Never trust the child's numbers: a size beyond what this call can take is refused before
     // anything is allocated for it, and the stream is then out of step, so the child goes.
-    const int64_t limit = std::max(max_payload, wire::kMaxTextReplyBytes);
+    const int64_t limit = std::max(max_payload, wire::kMaxTextBytes);
     if (reply.bytes < 0 || reply.bytes > limit) {
       Bury(request, false,
            fmt::format("announced a reply of {} bytes, where this call takes at most {} (killed)",
                        reply.bytes, limit));
     }
     payload.resize(static_cast<size_t>(reply.bytes));
-    if (!wire::ReadAll(fd, payload.data(), payload.size(), deadline, &timed_out)) {
-      Bury(request, timed_out);
+    if (!wire::ReadAll(fd, payload.data(), payload.size(), deadline, &timed_out, &got)) {
+      Bury(request, timed_out, "",
+           fmt::format("sent {} of the {} bytes of payload its reply header announced", got,
+                       payload.size()));
     }
     if (reply.status == Status::kInputError) throw InputError(payload);
     if (reply.status == Status::kEngineError) throw EngineError(payload);
@@ -156,64 +187,140 @@ struct HostProcess {
   Reply Call(const Request& request, std::string& payload) { return Call(request, {}, payload); }
 
   // The child failed during `request` (it died, fell silent, or `broke` the protocol as this
-  // says): kill it if it still runs, reap it, and throw.
-  [[noreturn]] void Bury(const Request& request, bool timed_out, const std::string& broke = "") {
-    if (timed_out || !broke.empty()) kill(pid, SIGKILL);
-    int status = 0;
-    waitpid(pid, &status, 0);
+  // says; `partial`: what it had sent of the reply): kill it if it still runs, reap it, and throw.
+  [[noreturn]] void Bury(const Request& request, bool timed_out, const std::string& broke = "",
+                         const std::string& partial = "") {
+    std::string what = broke;
+    if (what.empty()) {
+      // A child whose stream ended may still be running (it closed its end and went on): it has
+      // a moment to exit, then it is killed.
+      constexpr double kGraceSeconds = 2;
+      const std::string ended = Reap(pid, timed_out ? 0 : kGraceSeconds, own_group);
+      if (timed_out) {
+        what = fmt::format("did not answer within {} s (killed)", timeout_seconds);
+      } else if (ended.empty()) {
+        what = "exited with code 0";
+      } else if (ended.rfind("did not finish", 0) == 0) {
+        what = fmt::format("closed its end of the stream and did not exit within {} s (killed)",
+                           kGraceSeconds);
+      } else if (own_group && ended == "exited with code 127") {
+        // The shell's code for a command it could not find or run: its message is above.
+        what = "exited with code 127 (the shell could not run the command: see its message)";
+      } else {
+        what = ended;
+      }
+      if (!partial.empty()) what = fmt::format("{}, then {}", partial, what);
+    } else {
+      Reap(pid, 0, own_group);
+    }
     pid = -1;
-    const std::string what =
-        !broke.empty() ? broke
-        : timed_out    ? fmt::format("did not answer within {} s (killed)", timeout_seconds)
-                       : DescribeExit(status);
-    dead = fmt::format("the isolated engine process {} during {}", what, DescribeCall(request));
-    throw EngineError(
-        fmt::format("{}: {}; its sessions are gone, a new session starts a new "
-                    "process",
-                    name, *dead));
+    dead = fmt::format("{} {} during {}", who, what, DescribeCall(request));
+    throw EngineError(fmt::format(
+        "{}: {}; its sessions are gone, a new session starts a new process", name, *dead));
+  }
+
+  // A version this kvdiff does not speak: refused as bad input, and the child goes.
+  [[noreturn]] void Refuse(const std::string& message) {
+    Reap(pid, 0, own_group);
+    pid = -1;
+    dead = message;
+    throw InputError(fmt::format("{}: {}", name, message));
+  }
+
+ private:
+  // "sent 10 of the 24 bytes of a reply header (00 01 ...)"; "" when nothing came.
+  static std::string Partial(const char* bytes, size_t got, const char* what) {
+    if (got == 0) return "";
+    return fmt::format("sent {} of the {} bytes {} ({})", got, wire::kReplyHeaderBytes, what,
+                       wire::Hex(bytes, got));
+  }
+  // The bytes as text, non-printable ones as '.', for a peer that writes text.
+  static std::string Printable(const char* bytes, size_t n) {
+    std::string s(bytes, n);
+    for (char& c : s)
+      if (c < 0x20 || c > 0x7e || c == '"') c = '.';
+    return s;
   }
 };
 
 namespace {
 
-std::shared_ptr<HostProcess> Spawn(const IsolatedEngineSpec& spec) {
+std::shared_ptr<HostProcess> Spawn(const EngineProcessSpec& spec) {
   int fds[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
-    throw EngineError(fmt::format("--isolate: socketpair failed: {}", std::strerror(errno)));
+    throw EngineError(fmt::format("{}: socketpair failed: {}", spec.name, std::strerror(errno)));
   }
-  // The child gets its end as fd 3 (dup2 clears close-on-exec) and our stderr as its stdout,
-  // so nothing it prints mixes with kvdiff's reports.
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 3);
-  posix_spawn_file_actions_adddup2(&actions, 2, 1);
-  // An empty "--options=" would make CLI11 take the next word (the plugin) as its value.
-  std::vector<std::string> args = {spec.host.string(), "engine-host", "--fd=3"};
-  if (!spec.options.empty()) args.push_back("--options=" + spec.options);
-  args.push_back(spec.plugin.string());
-  args.push_back(spec.model_dir.string());
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  if (spec.protocol_on_stdio) {
+    // An engine program: the socket is its stdin and its stdout; its stderr is ours. Its own
+    // process group, so that a time-out kills the shell and whatever it started.
+    posix_spawn_file_actions_adddup2(&actions, fds[1], 0);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&attr, 0);
+  } else {
+    // The engine host gets its end as fd 3 (dup2 clears close-on-exec) and our stderr as its
+    // stdout, so nothing the plugin prints mixes with kvdiff's reports.
+    posix_spawn_file_actions_adddup2(&actions, fds[1], 3);
+    posix_spawn_file_actions_adddup2(&actions, 2, 1);
+  }
+  std::vector<std::string> args = spec.argv;
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   pid_t pid = -1;
-  const int rc = posix_spawn(&pid, spec.host.c_str(), &actions, nullptr, argv.data(), environ);
+  const int rc = posix_spawn(&pid, argv[0], &actions, &attr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
   close(fds[1]);
   if (rc != 0) {
     close(fds[0]);
     throw EngineError(
-        fmt::format("--isolate: cannot start {}: {}", spec.host.string(), std::strerror(rc)));
+        fmt::format("{}: cannot start {}: {}", spec.name, spec.argv[0], std::strerror(rc)));
   }
   auto host = std::make_shared<HostProcess>();
-  host->name = spec.plugin.filename().string();
+  host->name = spec.name;
+  host->who = spec.who;
+  host->start_call = spec.start_call;
   host->pid = pid;
+  host->own_group = spec.protocol_on_stdio;
   host->fd = fds[0];
   host->timeout_seconds = spec.timeout_seconds;
   return host;
 }
 
-EngineInfo OpenIn(HostProcess& host) {
+// hello, open, info: the version handshake, then the engine opened on the model.
+EngineInfo OpenIn(HostProcess& host, const EngineProcessSpec& spec) {
   std::string payload;
+  // hello measures the start of a process (kvdiff engine-host loads LibTorch; a Python engine
+  // imports numpy), not an engine call: it gets kStartSeconds even under a shorter time-out, so a
+  // loaded machine does not fail the start. The plugin itself is loaded in open, under the
+  // time-out.
+  constexpr double kStartSeconds = 10;
+  const double call_seconds = host.timeout_seconds;
+  host.timeout_seconds = std::max(call_seconds, kStartSeconds);
+  const Reply hello = host.Call(
+      Request{Op::kHello, -1, wire::kProtocolVersion, wire::kOldestProtocolVersion}, payload);
+  host.timeout_seconds = call_seconds;
+  if (hello.value < wire::kOldestProtocolVersion || hello.value > wire::kProtocolVersion) {
+    host.Refuse(fmt::format(
+        "{} answered hello with protocol version {}; this kvdiff speaks version {} to {} "
+        "(docs/protocol.md, \"Versions\")",
+        host.who, hello.value, wire::kOldestProtocolVersion, wire::kProtocolVersion));
+  }
+  const std::string dir = spec.model_dir.string();
+  // The child would take more for a breach of the protocol; say so here instead, as bad input.
+  KVDIFF_CHECK(static_cast<int64_t>(dir.size()) <= wire::kMaxTextBytes &&
+                   static_cast<int64_t>(spec.options.size()) <= wire::kMaxTextBytes,
+               "{}: a model path of {} bytes and options of {} bytes; the engine protocol's open "
+               "takes at most {} bytes each",
+               host.name, dir.size(), spec.options.size(), wire::kMaxTextBytes);
+  host.Call(Request{Op::kOpen, -1, static_cast<int64_t>(dir.size()),
+                    static_cast<int64_t>(spec.options.size())},
+            dir + spec.options, payload);
   host.Call(Request{Op::kInfo}, payload);
   EngineInfo info = wire::DecodeInfo(payload);
   host.name = info.name;
@@ -223,56 +330,69 @@ EngineInfo OpenIn(HostProcess& host) {
 
 }  // namespace
 
-IsolatedEngine IsolatedEngine::Start(IsolatedEngineSpec spec) {
+IsolatedEngine IsolatedEngine::Start(const IsolatedEngineSpec& spec) {
+  EngineProcessSpec process;
+  process.argv = {spec.host.string(), "engine-host", "--fd=3", spec.plugin.string()};
+  process.name = spec.plugin.filename().string();
+  process.who = "the isolated engine process";
+  process.start_call = "loading the plugin and opening the engine";
+  process.model_dir = spec.model_dir;
+  process.options = spec.options;
+  process.timeout_seconds = spec.timeout_seconds;
+  return StartProcess(std::move(process));
+}
+
+IsolatedEngine IsolatedEngine::StartProgram(const EngineProgramSpec& spec) {
+  EngineProcessSpec process;
+  process.argv = {"/bin/sh", "-c", spec.command};
+  process.protocol_on_stdio = true;
+  process.name = "exec:" + spec.command;
+  process.who = "the engine program";
+  process.model_dir = spec.model_dir;
+  process.options = spec.options;
+  process.timeout_seconds = spec.timeout_seconds;
+  return StartProcess(std::move(process));
+}
+
+IsolatedEngine IsolatedEngine::StartProcess(EngineProcessSpec spec) {
   std::shared_ptr<HostProcess> host = Spawn(spec);
-  EngineInfo info = OpenIn(*host);
+  EngineInfo info = OpenIn(*host, spec);
   return IsolatedEngine(std::move(spec), std::move(host), std::move(info));
 }
 
 IsolatedSession IsolatedEngine::NewSession() const {
   if (host_->dead) {
     host_ = Spawn(spec_);
-    OpenIn(*host_);
+    OpenIn(*host_, spec_);
   }
   std::string payload;
   const Reply reply = host_->Call(Request{Op::kNewSession}, payload);
   return IsolatedSession(host_, reply.value);
 }
 
-namespace {
-
-// Appends the bytes of `values` to `body`.
-template <class T>
-void AppendBytes(std::string& body, const T* values, size_t count) {
-  body.append(reinterpret_cast<const char*>(values), count * sizeof(T));
-}
-
-}  // namespace
-
 std::vector<Logits> IsolatedEngine::AppendBatch(const std::vector<IsolatedBatchItem>& items) const {
-  KVDIFF_CHECK(HasBatch(), "{}: a version-{} plugin has no append_batch", info_.name,
+  KVDIFF_CHECK(HasBatch(), "{}: a version-{} engine has no append_batch", info_.name,
                info_.abi_version);
   // A session of a child that died and was replaced is not this engine's any more.
   CheckBatchItems(info_.name, items, [&](const IsolatedSession* s) {
     return s != nullptr && s->host_ == host_ && s->id_ >= 0;
   });
   // The body (wire::BatchItemHeader): the items, then every token, then every output flag.
-  std::vector<wire::BatchItemHeader> heads;
-  std::string tokens, flags;
+  std::string body, tokens, flags;
   std::vector<int64_t> rows;  // per item, its flagged rows
+  int64_t n_tokens = 0;
   for (const IsolatedBatchItem& item : items) {
     const std::vector<uint8_t> item_flags = OutputFlags(item);
-    heads.push_back({item.session->id_, static_cast<int64_t>(item.tokens.size())});
-    AppendBytes(tokens, item.tokens.data(), item.tokens.size());
-    AppendBytes(flags, item_flags.data(), item_flags.size());
+    wire::AppendBatchItemHeader(body,
+                                {item.session->id_, static_cast<int64_t>(item.tokens.size())});
+    wire::AppendTokens(tokens, item.tokens.data(), item.tokens.size());
+    flags.append(item_flags.begin(), item_flags.end());
     rows.push_back(FlaggedRows(item_flags));
+    n_tokens += static_cast<int64_t>(item.tokens.size());
   }
-  std::string body;
-  AppendBytes(body, heads.data(), heads.size());
   body += tokens;
   body += flags;
 
-  const int64_t n_tokens = static_cast<int64_t>(tokens.size() / sizeof(Token));
   // The child would refuse more by exiting; say so here instead, as bad input.
   KVDIFF_CHECK(static_cast<int64_t>(items.size()) <= wire::kMaxBatchItems &&
                    n_tokens <= wire::kMaxRequestTokens,
@@ -284,22 +404,23 @@ std::vector<Logits> IsolatedEngine::AppendBatch(const std::vector<IsolatedBatchI
   const int64_t bytes = total * vocab * static_cast<int64_t>(sizeof(float));
   std::string payload;
   const Reply reply =
-      host_->Call(Request{Op::kAppendBatch, 0, -1, static_cast<int64_t>(items.size()), n_tokens},
-                  body, payload, bytes);
-  // The child is kvdiff's own code, but it shares its process with the plugin under test.
+      host_->Call(Request{Op::kAppendBatch, -1, static_cast<int64_t>(items.size()), n_tokens}, body,
+                  payload, bytes);
+  // An isolated plugin's host is kvdiff's own code, but it shares its process with the plugin
+  // under test; an engine program is all the engine's.
   if (reply.value != total || static_cast<int64_t>(payload.size()) != bytes) {
     throw EngineError(fmt::format(
-        "{}: the engine host sent {} rows ({} bytes) for a batch of {} items whose output flags "
-        "ask for {} rows of vocab {} ({} bytes)",
-        info_.name, reply.value, payload.size(), items.size(), total, vocab, bytes));
+        "{}: {} sent {} rows ({} bytes) for a batch of {} items whose output flags ask for {} rows "
+        "of vocab {} ({} bytes)",
+        info_.name, host_->who, reply.value, payload.size(), items.size(), total, vocab, bytes));
   }
   std::vector<Logits> out;
   size_t offset = 0;
   for (int64_t n : rows) {
     Logits logits(n, vocab);
-    const size_t size = static_cast<size_t>(logits.size()) * sizeof(float);
-    if (size > 0) std::memcpy(logits.data(), payload.data() + offset, size);
-    offset += size;
+    const size_t values = static_cast<size_t>(logits.size());
+    if (values > 0) wire::ReadFloats(payload.data() + offset, values, logits.data());
+    offset += values * sizeof(float);
     out.push_back(std::move(logits));
   }
   return out;
@@ -321,7 +442,7 @@ IsolatedSession::~IsolatedSession() {
   if (!host_ || id_ < 0 || host_->dead) return;
   std::string payload;
   try {
-    host_->Call(Request{Op::kFree, 0, id_}, payload);
+    host_->Call(Request{Op::kFree, id_}, payload);
   } catch (const std::exception&) {
     // A child that dies while freeing is reported by the next call that needs it.
   }
@@ -330,42 +451,45 @@ IsolatedSession::~IsolatedSession() {
 Logits IsolatedSession::Append(const Tokens& tokens) {
   KVDIFF_CHECK(!tokens.empty(), "{}: tokens is empty (expected at least one token)", host_->name);
   const int64_t n = static_cast<int64_t>(tokens.size());
+  KVDIFF_CHECK(n <= wire::kMaxRequestTokens,
+               "{}: an append of {} tokens; an engine in another process takes at most {} per call",
+               host_->name, n, wire::kMaxRequestTokens);
   const int64_t vocab = host_->vocab_size;
   const int64_t bytes = n * vocab * static_cast<int64_t>(sizeof(float));
-  std::string payload;
-  const Reply reply =
-      host_->Call(Request{Op::kAppend, 0, id_, 0, n},
-                  std::string_view(reinterpret_cast<const char*>(tokens.data()), n * sizeof(Token)),
-                  payload, bytes);
+  std::string body, payload;
+  wire::AppendTokens(body, tokens.data(), tokens.size());
+  const Reply reply = host_->Call(Request{Op::kAppend, id_, 0, n}, body, payload, bytes);
   if (reply.value != n || static_cast<int64_t>(payload.size()) != bytes) {
     throw EngineError(
-        fmt::format("{}: the engine host sent {} rows ({} bytes) for {} tokens of vocab {}",
-                    host_->name, reply.value, payload.size(), n, vocab));
+        fmt::format("{}: {} sent {} rows ({} bytes, {} floats) for append of {} tokens of vocab {} "
+                    "(expected {} bytes)",
+                    host_->name, host_->who, reply.value, payload.size(),
+                    payload.size() / sizeof(float), n, vocab, bytes));
   }
   Logits logits(n, vocab);
-  std::memcpy(logits.data(), payload.data(), payload.size());
+  wire::ReadFloats(payload.data(), static_cast<size_t>(logits.size()), logits.data());
   return logits;
 }
 
 int64_t IsolatedSession::Length() const {
   std::string payload;
-  return host_->Call(Request{Op::kLength, 0, id_}, payload).value;
+  return host_->Call(Request{Op::kLength, id_}, payload).value;
 }
 
 void IsolatedSession::Truncate(int64_t length) {
   std::string payload;
-  host_->Call(Request{Op::kTruncate, 0, id_, length}, payload);
+  host_->Call(Request{Op::kTruncate, id_, length}, payload);
 }
 
 IsolatedSession IsolatedSession::Fork() const {
   std::string payload;
-  const Reply reply = host_->Call(Request{Op::kFork, 0, id_}, payload);
+  const Reply reply = host_->Call(Request{Op::kFork, id_}, payload);
   return IsolatedSession(host_, reply.value);
 }
 
 void IsolatedSession::Reset() {
   std::string payload;
-  host_->Call(Request{Op::kReset, 0, id_}, payload);
+  host_->Call(Request{Op::kReset, id_}, payload);
 }
 
 }  // namespace kvdiff::engines

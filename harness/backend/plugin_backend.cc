@@ -10,6 +10,8 @@
 // (plugin_host/isolated_engine.h), the same adapter over the other engine type: kvdiff itself never
 // maps a plugin it runs isolated, so none of its code runs here. A batch (Backend::AppendBatch) is
 // ONE append_batch call when the plugin has it (ABI 2), else one append per item.
+// An engine program (`exec:COMMAND`, any language, speaking docs/protocol.md on its stdin/stdout)
+// is the same adapter over the same IsolatedEngine: only how the child starts differs.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -61,8 +63,10 @@ template <class EngineT>
 class PluginBackend : public Backend {
  public:
   // `open` opens the engine on the model directory it is given.
+  // `kind` says what the engine is in the description: "engine plugin", "engine program".
   template <class Open>
-  PluginBackend(BackendInfo info, std::shared_ptr<const format::ModelWeights> weights, Open&& open)
+  PluginBackend(BackendInfo info, std::shared_ptr<const format::ModelWeights> weights, Open&& open,
+                const char* kind = "engine plugin")
       : info_(std::move(info)), weights_(std::move(weights)), dir_("plugin-model") {
     format::SaveModel(dir_.path(), *weights_, format::DType::kF32);
     engine_ = std::make_unique<EngineT>(open(dir_.path()));
@@ -70,9 +74,10 @@ class PluginBackend : public Backend {
     KVDIFF_CHECK(e.vocab_size == weights_->config.vocab_size,
                  "backend {}: the engine reports vocab_size {}, the model has {}", info_.name,
                  e.vocab_size, weights_->config.vocab_size);
+    const bool isolated = std::is_same_v<EngineT, engines::IsolatedEngine>;
     info_.description =
-        fmt::format("engine plugin {} {}, {} cache{}", e.name, e.version, e.cache_dtype,
-                    std::is_same_v<EngineT, engines::IsolatedEngine> ? ", isolated" : "");
+        fmt::format("{} {} {}, {} cache{}", kind, e.name, e.version, e.cache_dtype,
+                    isolated && std::string(kind) == "engine plugin" ? ", isolated" : "");
     for (const auto& [what, size] : e.sizes) info_.interesting_sizes.push_back(size);
     if (e.cache_dtype != "f32") info_.cache_dtype = e.cache_dtype;
     info_.max_length = e.max_length;
@@ -187,6 +192,41 @@ BackendFactory PluginFactory(const std::filesystem::path& path, const std::strin
 }  // namespace
 
 void SetEngineHost(const std::filesystem::path& executable) { EngineHostPath() = executable; }
+
+std::pair<BackendInfo, BackendFactory> ResolveExecBackend(const std::string& spec) {
+  const std::string rest = spec.substr(std::string(kExecPrefix).size());
+  // The options start at the last '?', as for plugin: (a command keeps its own '?' before it).
+  const size_t q = rest.rfind('?');
+  const std::string command = rest.substr(0, q);
+  KVDIFF_CHECK(command.find_first_not_of(" \t") != std::string::npos,
+               "backend '{}': expected exec:COMMAND[?key=value&...], a command run by /bin/sh -c "
+               "that speaks the kvdiff engine protocol on its stdin and stdout (docs/protocol.md)",
+               spec);
+  const std::string options = q == std::string::npos ? "" : EngineOptions(rest.substr(q + 1));
+  BackendInfo info;
+  info.name = spec;
+  info.description = fmt::format("engine program {}", command);
+  info.dtype = "float32";  // the logits; the cache's dtype is the engine's to say
+  info.raw_call = RawCall::kNone;
+  BackendFactory make = [command, options](
+                            const BackendInfo& info,
+                            std::shared_ptr<const format::ModelWeights> weights,
+                            const BackendOptions& backend_options) -> std::unique_ptr<Backend> {
+    // A program is a process of its own: there is no in-process way to run it.
+    KVDIFF_CHECK(backend_options.isolate,
+                 "backend '{}': an engine program always runs in its own process; --in-process "
+                 "applies to engine plugins only",
+                 info.name);
+    return std::make_unique<PluginBackend<engines::IsolatedEngine>>(
+        info, std::move(weights),
+        [&](const std::filesystem::path& dir) {
+          return engines::IsolatedEngine::StartProgram(
+              {command, dir, options, backend_options.isolate_timeout_seconds});
+        },
+        "engine program");
+  };
+  return {info, std::move(make)};
+}
 
 std::pair<BackendInfo, BackendFactory> ResolvePluginBackend(const std::string& spec) {
   const std::string rest = spec.substr(std::string(kPluginPrefix).size());

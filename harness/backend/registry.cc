@@ -15,6 +15,7 @@ BackendRegistry& BackendRegistry::Global() {
     auto* r = new BackendRegistry();
     RegisterImplBackend(*r);
     r->RegisterFamily(kPluginPrefix, ResolvePluginBackend);
+    r->RegisterFamily(kExecPrefix, ResolveExecBackend);
 #ifdef KVDIFF_LLAMACPP_ENGINE_PATH
     // Flash attention off and an f32 cache: the settings held to the 1e-4 gate (docs/engines.md,
     // "Testing llama.cpp").

@@ -81,6 +81,10 @@ void RegisterReferenceBackends(BackendRegistry& registry);
 // Outside engines: "plugin:PATH[?key=value&...]" names any engine plugin (include/kvdiff/engine.h).
 inline constexpr const char* kPluginPrefix = "plugin:";
 std::pair<BackendInfo, BackendFactory> ResolvePluginBackend(const std::string& spec);
+// Engine programs: "exec:COMMAND[?key=value&...]" runs COMMAND by /bin/sh -c and speaks the kvdiff
+// engine protocol (docs/protocol.md) on its stdin and stdout; always in its own process.
+inline constexpr const char* kExecPrefix = "exec:";
+std::pair<BackendInfo, BackendFactory> ResolveExecBackend(const std::string& spec);
 // The executable that serves isolated plugins (`kvdiff engine-host`): kvdiff's main sets itself;
 // $KVDIFF_ENGINE_HOST overrides. Without either, an isolated plugin backend throws InputError.
 void SetEngineHost(const std::filesystem::path& executable);

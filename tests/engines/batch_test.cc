@@ -273,7 +273,7 @@ TEST(IsolatedEngineBatchTest, RefusalsAreMadeInTheParentAndNameTheItems) {
   IsolatedSession s = v1.NewSession();
   EXPECT_FALSE(v1.HasBatch());
   ExpectRefusals<IsolatedBatchItem>(
-      v1, {{{{&s, {1}, {}}}, "broken-example: a version-1 plugin has no append_batch"}});
+      v1, {{{{&s, {1}, {}}}, "broken-example: a version-1 engine has no append_batch"}});
 }
 
 TEST(IsolatedEngineBatchTest, ACrashInAppendBatchIsAnEngineErrorAndEverySessionOfTheChildThrows) {
@@ -319,9 +319,10 @@ TEST(IsolatedEngineBatchTest, AReplyWithRowsTheFlagsDoNotAskForIsRefused) {
     const int64_t rows = lie == "rows" ? 5 : 3;
     ExpectEngineError(
         [&] { engine.AppendBatch(items); },
-        {fmt::format("example: the engine host sent {} rows ({} bytes) for a batch of 2 items "
-                     "whose output flags ask for 4 rows of vocab 256 (4096 bytes)",
-                     rows, lie == "rows" ? 4096 : 3072)});
+        {fmt::format(
+            "example: the isolated engine process sent {} rows ({} bytes) for a batch of 2 items "
+            "whose output flags ask for 4 rows of vocab 256 (4096 bytes)",
+            rows, lie == "rows" ? 4096 : 3072)});
   }
 }
 

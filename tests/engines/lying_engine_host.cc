@@ -1,7 +1,7 @@
 // A stand-in for `kvdiff engine-host` that lies, for batch_test: kvdiff's own engine host
 // (engines::ServeIsolatedEngine, on a thread) behind a proxy that passes every request through and
-// rewrites the reply to append_batch as the engine option host_lie=WHAT says (the other options go
-// to the engine):
+// rewrites the reply to append_batch as the engine option host_lie=WHAT says (taken out of the
+// open call's options; the others go to the engine):
 //
 //   host_lie=rows   claims one row more than it sends (the payload is the real one)
 //   host_lie=short  drops the last row: a consistent reply of one row too few
@@ -11,12 +11,11 @@
 // child's code is kvdiff's, but it shares its process with the plugin under test: a wild write
 // there could do any of these.
 //
-// Usage, as IsolatedEngine::Start spawns a host: HOST engine-host --fd=3 [--options=O] PLUGIN DIR
+// Usage, as IsolatedEngine::Start spawns a host: HOST engine-host --fd=3 PLUGIN
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
-#include <cstring>
 #include <string>
 #include <thread>
 
@@ -62,7 +61,8 @@ bool Lie(const std::string& lie, Reply& reply, std::string& payload) {
     reply.bytes = static_cast<int64_t>(payload.size());
   } else if (lie == "huge") {
     reply.bytes = int64_t{1} << 50;
-    wire::SendAll(kParentFd, &reply, sizeof reply);
+    const auto header = wire::EncodeReply(reply);
+    wire::SendAll(kParentFd, header.data(), header.size());
     return false;
   }
   return true;
@@ -71,43 +71,50 @@ bool Lie(const std::string& lie, Reply& reply, std::string& payload) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 4 || std::string(argv[1]) != "engine-host") {
-    std::fprintf(stderr, "usage: %s engine-host --fd=3 [--options=O] PLUGIN DIR\n", argv[0]);
+  if (argc != 4 || std::string(argv[1]) != "engine-host") {
+    std::fprintf(stderr, "usage: %s engine-host --fd=3 PLUGIN\n", argv[0]);
     return 2;
   }
-  std::string options;
-  for (int i = 2; i < argc - 2; ++i) {
-    if (std::strncmp(argv[i], "--options=", 10) == 0) options = argv[i] + 10;
-  }
-  const std::string lie = TakeLie(options);
-  const std::string plugin = argv[argc - 2], model_dir = argv[argc - 1];
+  const std::string plugin = argv[3];
 
   int inner[2];  // the proxy's end, the real host's end
   if (socketpair(AF_UNIX, SOCK_STREAM, 0, inner) != 0) return 2;
   std::thread host([&] {
-    kvdiff::engines::ServeIsolatedEngine(inner[1], plugin, model_dir, options);
+    kvdiff::engines::ServeIsolatedEngine(inner[1], plugin);
     close(inner[1]);
   });
 
-  Request request{};
-  while (wire::ReadAll(kParentFd, &request, sizeof request)) {
+  std::string lie;
+  char head[wire::kRequestHeaderBytes];
+  while (wire::ReadAll(kParentFd, head, sizeof head)) {
+    Request request = wire::DecodeRequest(head);
     const int64_t body_bytes = wire::RequestBodyBytes(request);
     if (body_bytes < 0) break;
     std::string body(static_cast<size_t>(body_bytes), '\0');
-    Reply reply{};
-    if (!wire::ReadAll(kParentFd, body.data(), body.size()) ||
-        !wire::SendAll(inner[0], &request, sizeof request) ||
+    if (!wire::ReadAll(kParentFd, body.data(), body.size())) break;
+    if (request.op == Op::kOpen) {
+      // The body is the model directory (arg bytes), then the options.
+      std::string options = body.substr(static_cast<size_t>(request.arg));
+      lie = TakeLie(options);
+      body = body.substr(0, static_cast<size_t>(request.arg)) + options;
+      request.count = static_cast<int64_t>(options.size());
+    }
+    const auto out = wire::EncodeRequest(request);
+    char reply_head[wire::kReplyHeaderBytes];
+    if (!wire::SendAll(inner[0], out.data(), out.size()) ||
         !wire::SendAll(inner[0], body.data(), body.size()) ||
-        !wire::ReadAll(inner[0], &reply, sizeof reply)) {
+        !wire::ReadAll(inner[0], reply_head, sizeof reply_head)) {
       break;
     }
+    Reply reply = wire::DecodeReply(reply_head);
     std::string payload(static_cast<size_t>(reply.bytes), '\0');
     if (!wire::ReadAll(inner[0], payload.data(), payload.size())) break;
     if (request.op == Op::kAppendBatch && reply.status == Status::kOk &&
         !Lie(lie, reply, payload)) {
       break;
     }
-    if (!wire::SendAll(kParentFd, &reply, sizeof reply) ||
+    const auto reply_out = wire::EncodeReply(reply);
+    if (!wire::SendAll(kParentFd, reply_out.data(), reply_out.size()) ||
         !wire::SendAll(kParentFd, payload.data(), payload.size())) {
       break;
     }
