@@ -28,9 +28,8 @@ std::string Summary(const CampaignReport& r) {
       {"worst difference", HtmlFigure("worst-diff", r.worst_diff, worst)},
       {"seconds", HtmlEscape(fmt::format("{:.2f}", r.seconds))},
   };
-  if (r.demanding.skipped.empty()) {
-    items.push_back({"demanding part", HtmlEscape(r.demanding.Text())});
-  }
+  // Demanding::Text() is the terminal's line(s), which already begin "demanding part".
+  items.push_back({"demanding", "<pre>" + HtmlEscape(r.demanding.Text()) + "</pre>"});
   return HtmlSummary(items);
 }
 
