@@ -83,8 +83,9 @@ BarChart Boundaries(const Coverage& cov) {
              {},
              {}};
   for (const BoundaryCoverage& b : cov.boundaries) {
-    c.categories.push_back(b.declared_by.empty() ? std::to_string(b.size)
-                                                 : fmt::format("{} ({})", b.size, b.declared_by));
+    // The backends that declared a boundary go in a note under the chart: as a bar label they
+    // overlap their neighbours.
+    c.categories.push_back(std::to_string(b.size) + (b.declared_by.empty() ? "" : "*"));
     c.values.push_back({static_cast<double>(b.calls_at), static_cast<double>(b.calls_over),
                         static_cast<double>(b.rows_at), static_cast<double>(b.rows_over)});
   }
@@ -112,6 +113,10 @@ std::string CoverageSection(const Coverage& cov) {
   };
   for (const BarChart& c : charts) {
     out += c.categories.empty() ? "<p>" + HtmlEscape(c.title) + ": none</p>\n" : SvgBarChart(c);
+  }
+  for (const BoundaryCoverage& b : cov.boundaries) {
+    if (b.declared_by.empty()) continue;
+    out += HtmlEscape(fmt::format("{}*: declared by {}", b.size, b.declared_by)) + "<br>\n";
   }
   return out;
 }
