@@ -5,6 +5,7 @@
 // ci/install-deps): a browser test that skips would pass having checked nothing.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -20,9 +21,9 @@ namespace {
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
-// $KVDIFF_CHROMIUM, else chromium on PATH; "" when there is none.
+// $KVDIFF_CHROMIUM, else chromium on PATH; "" when there is none (or it cannot be run).
 std::string FindChromium() {
-  if (const char* env = std::getenv("KVDIFF_CHROMIUM")) return env;
+  if (const char* env = std::getenv("KVDIFF_CHROMIUM")) return access(env, X_OK) == 0 ? env : "";
   std::string path;
   if (FILE* p = popen("command -v chromium 2>/dev/null", "r")) {
     char buf[4096];
