@@ -22,6 +22,7 @@
 #include "harness/campaign/shape_generator.h"
 #include "harness/campaign/shards.h"
 #include "harness/compare/tolerance_profile.h"
+#include "harness/report/html_check_report.h"
 #include "harness/report/run_report.h"
 #include "harness/run/differential_run.h"
 
@@ -38,6 +39,7 @@ struct CheckArgs {
   std::string backends;
   std::string json;
   std::string junit;
+  std::string html;
   std::string out_dir = "kvdiff-failures";
   int64_t shrink = 3;          // --shrink: failing cases shrunk
   double shrink_seconds = 60;  // --shrink-seconds: each one's budget
@@ -120,6 +122,7 @@ void WriteReports(const CheckArgs& args, const harness::CampaignReport& report) 
   fmt::print(Report(), "{}", report.Summary());
   if (!args.json.empty()) harness::WriteTextFile(args.json, report.ToJson().dump(2) + "\n");
   if (!args.junit.empty()) harness::WriteTextFile(args.junit, report.ToJUnit());
+  if (!args.html.empty()) harness::WriteTextFile(args.html, harness::CampaignReportToHtml(report));
 }
 
 // The tolerance profile follows what the backends attend in (BackendInfo::cache_dtype), which no
@@ -290,6 +293,9 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(0, 100));
   cmd->add_option("--json", args->json, "Write the campaign report as JSON to this file");
   cmd->add_option("--junit", args->junit, "Write a JUnit XML report (one testcase per case)");
+  cmd->add_option("--html", args->html,
+                  "Write a self-contained HTML page (verdict, failing cases, worst difference, "
+                  "coverage charts) to this file");
   cmd->add_option("--out-dir", args->out_dir, "Where failing cases are written")
       ->default_val("kvdiff-failures");
   cmd->add_option("--shrink", args->shrink,

@@ -16,6 +16,7 @@
 #include "harness/backend/backend.h"
 #include "harness/compare/compare.h"
 #include "harness/compare/tolerance_profile.h"
+#include "harness/report/html_run_report.h"
 #include "harness/report/run_report.h"
 #include "harness/run/differential_run.h"
 #include "harness/scenario/scenario.h"
@@ -29,6 +30,7 @@ struct RunArgs {
   std::string backends;
   std::string json;
   std::string junit;
+  std::string html;
   std::optional<double> tolerance;
   bool localize = false;
   int threads = 0;
@@ -71,6 +73,7 @@ int Run(const RunArgs& args) {
     harness::WriteTextFile(args.json, harness::ReportToJson(report).dump(2) + "\n");
   }
   if (!args.junit.empty()) harness::WriteTextFile(args.junit, harness::ReportToJUnit(report));
+  if (!args.html.empty()) harness::WriteTextFile(args.html, harness::RunReportToHtml(report));
   return report.ExitCode();
 }
 
@@ -94,6 +97,9 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
                               harness::kDefaultTolerance));
   cmd->add_option("--json", args->json, "Write the full report as JSON to this file");
   cmd->add_option("--junit", args->junit, "Write a JUnit XML report to this file");
+  cmd->add_option("--html", args->html,
+                  "Write a self-contained HTML page (steps, |a-b| per row against position, the "
+                  "first divergence; with --localize the per-layer map) to this file");
   cmd->add_flag("--localize", args->localize,
                 "On the first divergence, find the first layer (attention or MLP) that differs");
   cmd->add_option("--threads", args->threads, "Threads per backend (0: every core)")

@@ -10,16 +10,17 @@
 #include "harness/scenario/conversations.h"
 
 namespace kvdiff::harness {
+
+std::string BucketName(int64_t lo) {
+  return lo <= 1 ? fmt::format("{}", lo) : fmt::format("{}-{}", lo, lo * 2 - 1);
+}
+
 namespace {
 
 int64_t Bucket(int64_t n) {
   int64_t b = 1;
   while (b * 2 <= n) b *= 2;
   return n < 1 ? 0 : b;
-}
-
-std::string BucketName(int64_t lo) {
-  return lo <= 1 ? fmt::format("{}", lo) : fmt::format("{}-{}", lo, lo * 2 - 1);
 }
 
 template <typename Key>

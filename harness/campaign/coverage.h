@@ -73,6 +73,9 @@ struct Coverage {
   std::string DeepText() const;
 };
 
+// A histogram bucket's name, as the JSON report keys it: "1", "2-3", "4-7" (from its lower end).
+std::string BucketName(int64_t lo);
+
 Coverage NewCoverage(const std::vector<Boundary>& boundaries, int64_t context);
 
 }  // namespace kvdiff::harness
