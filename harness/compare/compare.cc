@@ -5,47 +5,77 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
-#include <vector>
 
 #include "format/error.h"
 
 namespace kvdiff::harness {
 namespace {
 
-// Indices of the k largest values, largest first; ties keep the lower index first.
-std::vector<int64_t> TopK(const float* row, int64_t n, int64_t k) {
-  std::vector<int64_t> idx(n);
-  std::iota(idx.begin(), idx.end(), 0);
-  k = std::min(k, n);
-  // NaN ranks below everything so the order stays a strict weak ordering.
-  auto key = [row](int64_t i) {
-    return std::isnan(row[i]) ? -std::numeric_limits<float>::infinity() : row[i];
-  };
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&key](int64_t x, int64_t y) {
-    return key(x) > key(y) || (key(x) == key(y) && x < y);
-  });
-  idx.resize(k);
-  return idx;
+// The five largest values of a row, largest first, kept while the row is scanned once (a partial
+// sort of an index vector of the vocabulary cost ~10x more at vocab 49152). Ties keep the lower
+// index first: values come in index order, so a value equal to one held ranks after it. Keys are
+// the values, but NaN ranks below everything (-inf), as in a strict weak ordering.
+class TopFive {
+ public:
+  static constexpr int kSize = 5;
+
+  // The key of value i; i must be larger than every index offered before.
+  void Offer(float key, int64_t i) {
+    if (count_ == kSize && !(key > keys_[kSize - 1])) return;  // the common case: not in the top
+    int j = count_ < kSize ? count_++ : kSize - 1;
+    for (; j > 0 && keys_[j - 1] < key; --j) {  // strictly less: equal keys keep the lower index
+      keys_[j] = keys_[j - 1];
+      index_[j] = index_[j - 1];
+    }
+    keys_[j] = key;
+    index_[j] = i;
+  }
+  static float KeyOf(float value) {
+    return std::isnan(value) ? -std::numeric_limits<float>::infinity() : value;
+  }
+
+  int count() const { return count_; }
+  int64_t index(int k) const { return index_[k]; }
+  // |this ∩ other|: how many indices both hold.
+  int Overlap(const TopFive& other) const {
+    int shared = 0;
+    for (int x = 0; x < count_; ++x)
+      shared += std::count(other.index_, other.index_ + other.count_, index_[x]) ? 1 : 0;
+    return shared;
+  }
+
+ private:
+  float keys_[kSize] = {};
+  int64_t index_[kSize] = {};
+  int count_ = 0;
+};
+
+// The first index where a or b is not finite; -1 when both rows are finite.
+int64_t FirstNonFinite(const float* a, const float* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return i;
+  return -1;
 }
 
-// KL(softmax(b) || softmax(a)) over finite rows, every sum in double: with the log-sum-exps
-// la, lb, log p_x[i] = x[i] - lx, so KL = sum p_b[i] · ((b[i] - lb) - (a[i] - la)).
-double KlDivergence(const float* a, const float* b, int64_t n) {
-  auto log_sum_exp = [n](const float* x) {
-    double m = x[0];
-    for (int64_t i = 1; i < n; ++i) m = std::max(m, static_cast<double>(x[i]));
-    double s = 0;
-    for (int64_t i = 0; i < n; ++i) s += std::exp(static_cast<double>(x[i]) - m);
-    return m + std::log(s);
-  };
-  const double la = log_sum_exp(a), lb = log_sum_exp(b);
-  double kl = 0;
+// A row pair with a NaN or an inf: it fails, and only what a report prints of it is computed
+// (argmax and top-5 overlap; no margin, KL or scale), as before the fused pass existed.
+RowComparison CompareNonFinite(const float* a, const float* b, int64_t n, int64_t bad) {
+  RowComparison c;
+  c.nonfinite = true;
+  c.nonfinite_index = bad;
+  c.nonfinite_a = a[bad];
+  c.nonfinite_b = b[bad];
+  c.max_abs_diff = std::numeric_limits<double>::infinity();
+  c.max_diff_index = bad;
+  c.argmax_a = Argmax(a, n);
+  c.argmax_b = Argmax(b, n);
+  TopFive top_a, top_b;
   for (int64_t i = 0; i < n; ++i) {
-    const double log_pb = static_cast<double>(b[i]) - lb;
-    kl += std::exp(log_pb) * (log_pb - (static_cast<double>(a[i]) - la));
+    top_a.Offer(TopFive::KeyOf(a[i]), i);
+    top_b.Offer(TopFive::KeyOf(b[i]), i);
   }
-  return std::max(kl, 0.0);  // rounding can leave -1e-17 for equal rows
+  c.top5_overlap = top_a.Overlap(top_b);
+  return c;
 }
 
 }  // namespace
@@ -138,45 +168,57 @@ double RowComparison::relative_diff() const {
   return scale > 0 ? max_abs_diff / scale : (max_abs_diff > 0 ? HUGE_VAL : 0.0);
 }
 
+// Finite rows in three passes: one for everything but the KL (max |a-b|, argmax, top-5, the
+// maxima and the scale), one for both softmax sums, one for the KL terms. Every double sum runs in
+// index order as the two-pass-per-quantity version did, so every figure is bit-identical to it
+// (tests/harness/compare_test.cc holds it against that straightforward version).
 RowComparison CompareRows(const float* a, const float* b, int64_t n, const Tolerance& tolerance) {
   KVDIFF_CHECK(n >= 1, "CompareRows: rows must have at least one value, got n = {}", n);
+  const int64_t bad = FirstNonFinite(a, b, n);
+  if (bad >= 0) {
+    RowComparison c = CompareNonFinite(a, b, n, bad);
+    c.gate = std::max(tolerance.abs, tolerance.rel * c.scale);
+    return c;
+  }
   RowComparison c;
+  TopFive top_a, top_b;
+  double max_a = a[0], max_b = b[0];  // the log-sum-exps' shifts
   for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) {
-      c.nonfinite = true;
-      c.nonfinite_index = i;
-      c.nonfinite_a = a[i];
-      c.nonfinite_b = b[i];
-      break;
+    const double x = a[i], y = b[i];
+    const double d = std::fabs(x - y);
+    if (d > c.max_abs_diff || c.max_diff_index < 0) {
+      c.max_abs_diff = d;
+      c.max_diff_index = i;
     }
+    max_a = std::max(max_a, x);
+    max_b = std::max(max_b, y);
+    c.scale = std::max(c.scale, std::fabs(y));
+    top_a.Offer(a[i], i);  // finite: the key is the value
+    top_b.Offer(b[i], i);
   }
-  if (c.nonfinite) {
-    c.max_abs_diff = std::numeric_limits<double>::infinity();
-    c.max_diff_index = c.nonfinite_index;
-  } else {
-    for (int64_t i = 0; i < n; ++i) {
-      const double d = std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i]));
-      if (d > c.max_abs_diff || c.max_diff_index < 0) {
-        c.max_abs_diff = d;
-        c.max_diff_index = i;
-      }
-    }
+  // Finite rows: the first of the largest values is top-5's first (Argmax's rule).
+  c.argmax_a = top_a.index(0);
+  c.argmax_b = top_b.index(0);
+  c.top5_overlap = top_a.Overlap(top_b);
+  if (n >= 2) {
+    c.margin = static_cast<double>(b[top_b.index(0)]) - static_cast<double>(b[top_b.index(1)]);
   }
-  c.argmax_a = Argmax(a, n);
-  c.argmax_b = Argmax(b, n);
-  const auto top_a = TopK(a, n, 5);
-  const auto top_b = TopK(b, n, 5);
-  for (int64_t x : top_a) c.top5_overlap += std::count(top_b.begin(), top_b.end(), x) ? 1 : 0;
-  if (!c.nonfinite && n >= 2) {
-    c.margin = static_cast<double>(b[top_b[0]]) - static_cast<double>(b[top_b[1]]);
+  // KL(softmax(b) || softmax(a)), every sum in double: with the log-sum-exps la, lb,
+  // log p_x[i] = x[i] - lx, so KL = sum p_b[i] · ((b[i] - lb) - (a[i] - la)).
+  double sum_a = 0, sum_b = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    sum_a += std::exp(static_cast<double>(a[i]) - max_a);
+    sum_b += std::exp(static_cast<double>(b[i]) - max_b);
   }
-  if (!c.nonfinite) c.kl_divergence = KlDivergence(a, b, n);
-  if (!c.nonfinite) {
-    for (int64_t i = 0; i < n; ++i)
-      c.scale = std::max(c.scale, std::fabs(static_cast<double>(b[i])));
+  const double la = max_a + std::log(sum_a), lb = max_b + std::log(sum_b);
+  double kl = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double log_pb = static_cast<double>(b[i]) - lb;
+    kl += std::exp(log_pb) * (log_pb - (static_cast<double>(a[i]) - la));
   }
+  c.kl_divergence = std::max(kl, 0.0);  // rounding can leave -1e-17 for equal rows
   c.gate = std::max(tolerance.abs, tolerance.rel * c.scale);
-  c.within_tolerance = !c.nonfinite && c.max_abs_diff <= c.gate;
+  c.within_tolerance = c.max_abs_diff <= c.gate;
   return c;
 }
 
