@@ -254,6 +254,7 @@ CaseResult RunCase(const Scenario& sc, const std::vector<const Backend*>& backen
   result.worst_relative_diff = run.worst_relative_diff;
   if (!run.Passed()) {
     result.failure = FailureLine(run, demanding);
+    result.threw = !run.first_divergence.has_value();
     result.scenario_file = WriteFailingCase(options, k, sc);
   }
   return result;
@@ -284,12 +285,12 @@ void ShrinkFirstFailures(const format::LlamaConfig& config, const std::vector<Sc
     ++shrunk;
     // A candidate must fail the way the case did (a divergence, or a backend's error), so that
     // shrinking a wrong number cannot end on an unrelated refusal.
-    const bool diverged = r.failure.find(" threw: ") == std::string::npos;
+    // `failure` ends as the failure line of the last candidate that failed: the smallest.
     std::string failure;
     auto still_fails = [&](const Scenario& candidate) {
       try {
         const RunReport run = RunScenario(candidate, backends(i), options.run);
-        if (run.Passed() || run.first_divergence.has_value() != diverged) return false;
+        if (run.Passed() || run.first_divergence.has_value() == r.threw) return false;
         failure = FailureLine(run, r.demanding);
         return true;
       } catch (const std::exception&) {
@@ -297,10 +298,9 @@ void ShrinkFirstFailures(const format::LlamaConfig& config, const std::vector<Sc
       }
     };
     const Shrink shrink = ShrinkScenario(scenarios[i], config, still_fails, options.shrink_budget);
-    if (shrink.scenario.steps.size() == scenarios[i].steps.size() && failure.empty()) continue;
+    if (failure.empty()) continue;  // no candidate failed: nothing smaller to write
     Scenario smallest = shrink.scenario;
     smallest.description += fmt::format(" (shrunk from {} steps)", scenarios[i].steps.size());
-    still_fails(smallest);  // its failure line, for the report (a deterministic replay)
     r.shrunk = CaseResult::Shrunk{WriteFailingCase(options, r.index, smallest, "-shrunk"), failure,
                                   static_cast<int64_t>(smallest.steps.size()), shrink.runs,
                                   shrink.exhausted};

@@ -64,6 +64,7 @@ struct CaseResult {
   double worst_relative_diff = 0;  // max |a-b| / max |logit| over its rows
   WorstRow worst;                  // the row of worst_diff, with its gate
   std::string failure;             // first divergence or error, one line
+  bool threw = false;              // the failure is a backend's error, not a divergence
   std::string scenario_file;       // written when it failed
   // When the failing case was shrunk (CampaignOptions::shrink_cases): the smallest failing
   // scenario found, its file and first failure, its steps, and the replays it took.
