@@ -63,6 +63,7 @@ std::string CampaignReport::Summary() const {
       out += fmt::format("  replay: kvdiff run {}\n  the whole case: {}\n", r.shrunk->file,
                          r.scenario_file);
     } else {
+      if (!r.not_shrunk.empty()) out += "  " + r.not_shrunk + "\n";
       out += fmt::format("  replay: kvdiff run {}\n", r.scenario_file);
     }
   }
@@ -112,6 +113,7 @@ nlohmann::json CampaignReport::ToJson() const {
                        {"replays", r.shrunk->runs},
                        {"budget_spent", r.shrunk->exhausted}};
       }
+      if (!r.not_shrunk.empty()) j["not_shrunk"] = r.not_shrunk;
     }
     cases_json.push_back(j);
   }
@@ -241,8 +243,10 @@ Scenario NewCase(const format::LlamaConfig& config, const ModelSpec& model,
 
 CaseResult RunCase(const Scenario& sc, const std::vector<const Backend*>& backends,
                    const CampaignOptions& options, int64_t k, bool demanding) {
+  const auto start = std::chrono::steady_clock::now();
   const RunReport run = RunScenario(sc, backends, options.run);
   CaseResult result;
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.index = k;
   result.passed = run.Passed();
   result.steps = static_cast<int64_t>(sc.steps.size());
@@ -283,6 +287,15 @@ void ShrinkFirstFailures(const format::LlamaConfig& config, const std::vector<Sc
     CaseResult& r = results[i];
     if (r.passed) continue;
     ++shrunk;
+    // A case whose one run outlasts the budget (an engine that hangs until --isolate-timeout)
+    // would spend it on its first candidate and find nothing smaller.
+    if (r.seconds > options.shrink_budget.max_seconds) {
+      r.not_shrunk = fmt::format(
+          "not shrunk: one run of it took {:.3g} s, more than the shrink budget of {:.3g} s "
+          "(--shrink-seconds)",
+          r.seconds, options.shrink_budget.max_seconds);
+      continue;
+    }
     // A candidate must fail the way the case did (a divergence, or a backend's error), so that
     // shrinking a wrong number cannot end on an unrelated refusal.
     // `failure` ends as the failure line of the last candidate that failed: the smallest.

@@ -74,7 +74,11 @@ struct CaseResult {
     bool exhausted = false;  // the budget ran out first: a smaller one may exist
   };
   std::optional<Shrunk> shrunk;
-  std::string shape;  // --shapes random: the case's model (ShapeParams); else empty
+  // Why a failing case among the first shrink_cases was not shrunk (e.g. one run of it outlasts
+  // the whole shrink budget, as an engine's hang does); else empty.
+  std::string not_shrunk;
+  double seconds = 0;  // wall time of the case's run on its backends
+  std::string shape;   // --shapes random: the case's model (ShapeParams); else empty
   std::map<std::string, DistributionStats> distributions;  // RunReport's
 };
 

@@ -61,6 +61,7 @@ CaseResult CaseFromJson(const json& j) {
                              s.at("failure").get<std::string>(), s.at("steps").get<int64_t>(),
                              s.at("replays").get<int64_t>(), s.at("budget_spent").get<bool>()};
     }
+    r.not_shrunk = j.value("not_shrunk", "");
   }
   return r;
 }

@@ -259,6 +259,7 @@ ConformReport RunConformance(const ModelSpec& model, const Backend& engine, cons
     campaign.out_dir = options.out_dir;
     campaign.tolerance_abs = options.tolerance;
     campaign.run.rope_f32_per_position = options.rope_f32_per_position;
+    campaign.shrink_cases = 1;  // the row names one case: its smallest reproduction is the one
     const CampaignReport r = RunCampaign(model, {&oracle, &engine}, campaign);
     check.seconds = r.seconds;
     if (r.Passed()) {
@@ -271,6 +272,9 @@ ConformReport RunConformance(const ModelSpec& model, const Backend& engine, cons
         check.detail =
             fmt::format("{} of {} cases failed; case {}: {} (replay: kvdiff run {})", r.Failures(),
                         r.results.size(), c.index, c.failure, c.scenario_file);
+        if (c.shrunk)
+          check.detail += fmt::format("; shrunk to {} step{}: kvdiff run {}", c.shrunk->steps,
+                                      c.shrunk->steps == 1 ? "" : "s", c.shrunk->file);
         break;
       }
     }

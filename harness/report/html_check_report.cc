@@ -40,7 +40,8 @@ std::string Failures(const CampaignReport& r) {
       "<tr><th>case</th><th>failure</th><th>shrunk</th><th>replay</th></tr>\n";
   for (const CaseResult& c : r.results) {
     if (c.passed) continue;
-    std::string shrunk = "-", replay = "kvdiff run " + c.scenario_file;
+    std::string shrunk = c.not_shrunk.empty() ? "-" : c.not_shrunk,
+                replay = "kvdiff run " + c.scenario_file;
     if (c.shrunk) {
       shrunk = fmt::format("to {} steps ({} replays{}): {}", c.shrunk->steps, c.shrunk->runs,
                            c.shrunk->exhausted ? ", budget spent" : "", c.shrunk->failure);

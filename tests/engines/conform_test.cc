@@ -95,9 +95,10 @@ TEST(ConformCli, ATruncateThatKeepsTheCacheIsCaughtByConformAndByCheck) {
   EXPECT_THAT(RowOf(r.out, "fork"), HasSubstr("PASS"));
   EXPECT_THAT(RowOf(r.out, "campaign"), HasSubstr("FAIL"));
   EXPECT_THAT(RowOf(r.out, "campaign"), HasSubstr("replay: kvdiff run"));
+  EXPECT_THAT(RowOf(r.out, "campaign"), HasSubstr("-shrunk.json"));  // its smallest reproduction
 
   const CommandResult check =
-      RunKvdiff(fmt::format("check --backends 'impl,plugin:{}?bug=truncate' --cases 50",
+      RunKvdiff(fmt::format("check --backends 'impl,plugin:{}?bug=truncate' --cases 50 --shrink 0",
                             KVDIFF_BROKEN_ENGINE),
                 dir.path());
   EXPECT_EQ(check.exit_code, 1) << check.out << check.err;
@@ -113,9 +114,10 @@ TEST(ConformCli, AForkWithoutTheParentsCacheIsCaughtByConformAndByCheck) {
   EXPECT_THAT(RowOf(r.out, "fork"), HasSubstr("child +2 after the fork: position 8 differs"));
   EXPECT_THAT(RowOf(r.out, "truncate"), HasSubstr("PASS"));
 
-  const CommandResult check = RunKvdiff(
-      fmt::format("check --backends 'impl,plugin:{}?bug=fork' --cases 100", KVDIFF_BROKEN_ENGINE),
-      dir.path());
+  const CommandResult check =
+      RunKvdiff(fmt::format("check --backends 'impl,plugin:{}?bug=fork' --cases 100 --shrink 0",
+                            KVDIFF_BROKEN_ENGINE),
+                dir.path());
   EXPECT_EQ(check.exit_code, 1) << check.out << check.err;
 }
 

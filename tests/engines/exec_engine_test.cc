@@ -79,9 +79,9 @@ TEST(ExecEngine, AForgottenPositionUpdateIsCaughtByConformAndByCheck) {
   EXPECT_THAT(RowOf(conform.out, "chunks"), HasSubstr("FAIL"));
   EXPECT_THAT(RowOf(conform.out, "chunks"), HasSubstr("differs from impl's uncached forward"));
 
-  const CommandResult check = RunKvdiff(
-      "check --cases 4 --backends " + NumpyEngine("bug=forgot-position").insert(1, "impl,"),
-      dir.path());
+  const CommandResult check = RunKvdiff("check --cases 4 --shrink 0 --backends " +
+                                            NumpyEngine("bug=forgot-position").insert(1, "impl,"),
+                                        dir.path());
   EXPECT_EQ(check.exit_code, 1) << check.out << check.err;
   EXPECT_THAT(check.out, HasSubstr("replay: kvdiff run kvdiff-failures/"));
 }
@@ -112,7 +112,7 @@ TEST(ExecEngine, AProgramThatDiesMidCallFailsEveryCaseOnAFreshProcess) {
   const std::string engine =
       ShellQuote(fmt::format("impl,exec:{} {}/tests/engines/misbehaving_engine.py exit-mid-call",
                              kPython, KVDIFF_SOURCE_DIR));
-  const CommandResult r = RunKvdiff("check --cases 3 --backends " + engine, dir.path());
+  const CommandResult r = RunKvdiff("check --cases 3 --shrink 0 --backends " + engine, dir.path());
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   // Each case meets a new process that dies in its first append, so each names the exit.
   size_t named = 0;

@@ -35,7 +35,8 @@ std::string Summary(const std::string& out) {
 TEST(Isolate, ACrashingPluginFailsItsCasesNamingTheSignalAndTheCampaignReports) {
   TempDir dir;
   const CommandResult r = RunKvdiff(
-      "check --cases 20 --isolate --json report.json --backends " + Broken("crash"), dir.path());
+      "check --cases 20 --shrink 0 --isolate --json report.json --backends " + Broken("crash"),
+      dir.path());
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   // SIGSEGV (11); under AddressSanitizer its handler turns the crash into SIGABRT (6).
   EXPECT_THAT(r.out, HasSubstr("the isolated engine process was killed by signal "));
@@ -52,10 +53,16 @@ TEST(Isolate, ACrashingPluginFailsItsCasesNamingTheSignalAndTheCampaignReports) 
 
 TEST(Isolate, AHangingPluginIsKilledAfterTheTimeout) {
   TempDir dir;
-  const CommandResult r = RunKvdiff(
-      "check --cases 6 --isolate --isolate-timeout 1 --backends " + Broken("hang"), dir.path());
+  const CommandResult r =
+      RunKvdiff("check --cases 6 --isolate --isolate-timeout 1 --shrink-seconds 0.5 --backends " +
+                    Broken("hang"),
+                dir.path());
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("did not answer within 1 s (killed) during append of"));
+  // One run outlasts the shrink budget: the first three failing cases say why they are not shrunk.
+  EXPECT_THAT(r.out, HasSubstr("not shrunk: one run of it took "));
+  EXPECT_THAT(r.out, HasSubstr("more than the shrink budget of 0.5 s (--shrink-seconds)"));
+  EXPECT_THAT(r.out, Not(HasSubstr("shrunk to")));
   EXPECT_THAT(Summary(r.out), HasSubstr("6 of 6 cases run"));
 }
 

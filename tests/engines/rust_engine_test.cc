@@ -101,7 +101,8 @@ TEST(RustEngine, ForgettingThePositionIsCaughtByConformAndByCheck) {
   EXPECT_THAT(RowOf(r.out, "campaign"), HasSubstr("FAIL"));
 
   const CommandResult check = RunKvdiff(
-      fmt::format("check --backends 'impl,plugin:{}?bug=pos0' --cases 20", kEngine), dir.path());
+      fmt::format("check --backends 'impl,plugin:{}?bug=pos0' --cases 20 --shrink 0", kEngine),
+      dir.path());
   EXPECT_EQ(check.exit_code, 1) << check.out << check.err;
   EXPECT_THAT(check.out, HasSubstr("replay: kvdiff run kvdiff-failures/"));
 }
@@ -118,7 +119,8 @@ TEST(RustEngine, ReusingOneCacheIsCaughtByConformAndByCheck) {
   EXPECT_THAT(RowOf(r.out, "campaign"), HasSubstr("FAIL"));
 
   const CommandResult check = RunKvdiff(
-      fmt::format("check --backends 'impl,plugin:{}?bug=reuse' --cases 20", kEngine), dir.path());
+      fmt::format("check --backends 'impl,plugin:{}?bug=reuse' --cases 20 --shrink 0", kEngine),
+      dir.path());
   EXPECT_EQ(check.exit_code, 1) << check.out << check.err;
   EXPECT_THAT(check.out, HasSubstr("replay: kvdiff run kvdiff-failures/"));
 }

@@ -22,7 +22,8 @@ using ::testing::Not;
 // step of at most `max_steps` steps that `kvdiff run` fails again (exit 1).
 void ExpectCaughtAndShrunkToABatch(const std::string& backends, size_t max_steps) {
   TempDir dir;
-  const CommandResult r = RunKvdiff("check --cases 200 --backends '" + backends + "'", dir.path());
+  const CommandResult r =
+      RunKvdiff("check --cases 200 --shrink 1 --backends '" + backends + "'", dir.path());
   EXPECT_EQ(r.exit_code, 1) << backends << "\n" << r.out << r.err;
   const size_t first = r.out.find("FAIL case ");
   ASSERT_NE(first, std::string::npos) << backends << "\n" << r.out;

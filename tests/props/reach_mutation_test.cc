@@ -191,6 +191,7 @@ TEST_F(ReachTest, NumericFaultsAreCaughtByTheDefaultCampaignsDemandingPartOnly) 
     harness::CampaignOptions options;
     options.cases = kDefaultCampaignCases;
     options.out_dir = out.path();
+    options.shrink_cases = 0;  // what is asserted is the catch, not the smallest reproduction
     options.demanding = part;
     const harness::CampaignReport report =
         harness::RunCampaign(model_, {mutant.get(), impl_.get()}, options);
