@@ -54,13 +54,28 @@ struct CheckArgs {
   harness::DemandingOptions demanding;  // --demanding-fraction, --demanding-rtol
 };
 
-// The terminal's progress line: at most ten updates a second (a tiny case takes well under a
-// millisecond); nothing when stderr is not a terminal.
+// The progress line. On a terminal: one line redrawn, at most ten updates a second (a tiny case
+// takes well under a millisecond). Elsewhere (a CI log, a redirected run): a line a minute, with
+// the time spent and an estimate of what is left, so that an hours-long campaign shows it is alive.
 std::function<void(int64_t, int64_t, int64_t)> ProgressLine() {
-  if (isatty(fileno(stderr)) == 0) return {};
-  return [last = std::chrono::steady_clock::time_point{}](int64_t done, int64_t total,
-                                                          int64_t failures) mutable {
-    const auto now = std::chrono::steady_clock::now();
+  using Clock = std::chrono::steady_clock;
+  if (isatty(fileno(stderr)) == 0) {
+    return [start = Clock::now(), last = Clock::now()](int64_t done, int64_t total,
+                                                       int64_t failures) mutable {
+      const auto now = Clock::now();
+      if (done == total || now - last < std::chrono::minutes(1)) return;
+      last = now;
+      const double spent = std::chrono::duration<double>(now - start).count();
+      const double left = done > 0 ? spent / static_cast<double>(done) * (total - done) : 0;
+      fmt::print(
+          stderr,
+          "kvdiff check: {} of {} cases, {} failed; {:.0f} min spent, about {:.0f} min left\n",
+          done, total, failures, spent / 60, left / 60);
+      std::fflush(stderr);
+    };
+  }
+  return [last = Clock::time_point{}](int64_t done, int64_t total, int64_t failures) mutable {
+    const auto now = Clock::now();
     if (done < total && now - last < std::chrono::milliseconds(100)) return;
     last = now;
     fmt::print(stderr, "\r[{}/{}] {} failed", done, total, failures);
