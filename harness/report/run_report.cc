@@ -253,16 +253,20 @@ std::string FormatTerminal(const RunReport& r, bool color) {
   std::vector<std::string> paths;
   if (!r.steps.empty())
     for (const auto& o : r.steps[0].outcomes) paths.push_back(o.path);
-  size_t cell_width = 14;
-  for (const auto& p : paths) cell_width = std::max(cell_width, p.size() + 2);
+  // Each column as wide as its own heading (a plugin's path can be long), at least 14.
+  std::vector<size_t> cell_widths;
+  for (const auto& p : paths) cell_widths.push_back(std::max<size_t>(14, p.size() + 2));
 
   out += fmt::format("{:>4}  {:<{}}", "step", "op", param_width);
-  for (const auto& p : paths) out += fmt::format("  {:<{}}", p, cell_width);
+  for (size_t i = 0; i < paths.size(); ++i)
+    out += fmt::format("  {:<{}}", paths[i], cell_widths[i]);
   out += "\n";
   for (const auto& s : r.steps) {
     out += fmt::format("{:>4}  {:<{}}", s.index, s.step.ParamString(), param_width);
-    for (const auto& o : s.outcomes) {
-      const std::string cell = fmt::format("{:<{}}", Cell(o), cell_width);
+    for (size_t i = 0; i < s.outcomes.size(); ++i) {
+      const PathOutcome& o = s.outcomes[i];
+      const std::string cell =
+          fmt::format("{:<{}}", Cell(o), i < cell_widths.size() ? cell_widths[i] : size_t{14});
       out += "  " + Paint(cell, CellColour(o.status), color && o.status != PathStatus::kNoRows);
     }
     out += "\n";
