@@ -73,6 +73,12 @@ std::vector<Scenario> Candidates(const Scenario& sc) {
       }
     } else if (s.op == Op::kDecode) {
       for (int64_t n : ShorterLengths(s.n)) with_step(i, Step::Decode(s.conversation, n));
+    } else if (s.op == Op::kTruncate) {
+      // A shorter truncate lets the steps before it shrink: a prompt or decode it depended on
+      // to be long enough can then go.
+      for (int64_t length : ShorterLengths(s.length))
+        with_step(i, Step::Truncate(s.conversation, length));
+      if (s.length == 1) with_step(i, Step::Truncate(s.conversation, 0));
     }
   }
   return out;

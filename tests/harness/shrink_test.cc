@@ -58,6 +58,28 @@ TEST(Shrink, EndsAtTheSmallestScenarioThePredicateStillFails) {
   ValidateScenario(shrink.scenario, config);  // what it writes replays
 }
 
+// "Fails" when main is appended to after a truncate. Before truncates could shrink, the prompt
+// had to keep the 3 tokens the truncate cut back to; a truncate that shrinks too lets it go.
+TEST(Shrink, ShortensATruncateSoThatWhatCameBeforeItCanShrink) {
+  const format::LlamaConfig config = TinyConfig();
+  auto fails = [](const Scenario& sc) {
+    bool truncated = false;
+    for (const Step& s : sc.steps) {
+      if (s.conversation != "main") continue;
+      if (s.op == Op::kTruncate) truncated = true;
+      if (s.op == Op::kPrefill && truncated) return true;
+    }
+    return false;
+  };
+  const Shrink shrink = ShrinkScenario(LongScenario(), config, fails);
+  // The truncate goes down to 0, which an empty main allows: the prompt before it goes too.
+  ASSERT_EQ(shrink.scenario.steps.size(), 2u) << shrink.scenario.ToText();
+  EXPECT_EQ(shrink.scenario.steps[0].op, Op::kTruncate);
+  EXPECT_EQ(shrink.scenario.steps[0].length, 0);
+  EXPECT_EQ(shrink.scenario.steps[1].tokens, Tokens({40})) << shrink.scenario.ToText();
+  ValidateScenario(shrink.scenario, config);
+}
+
 TEST(Shrink, RemovesBatchItemsAndTokensAndKeepsTheItemThatMatters) {
   const format::LlamaConfig config = TinyConfig();
   auto fails = [](const Scenario& sc) {
