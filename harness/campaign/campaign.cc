@@ -380,6 +380,7 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model,
   generation.max_sessions = CampaignMaxSessions(backends);
   generation.max_call_tokens = CampaignMaxCallTokens(backends);
   report.coverage = NewCoverage(generation.boundaries, context);
+  report.coverage.reach_limit = CampaignReachLimit(config, options.generation.max_length, backends);
   // Results land in case order whichever job ran them; the report (and the coverage) is folded
   // from them after, so it is the same for any number of jobs.
   const DemandingPart& demanding = options.demanding;

@@ -86,6 +86,23 @@ int64_t CampaignMaxLength(const format::LlamaConfig& config, int64_t max_length,
   return out;
 }
 
+std::string CampaignReachLimit(const format::LlamaConfig& config, int64_t max_length,
+                               const std::vector<const Backend*>& backends) {
+  const int64_t context = config.max_position_embeddings;
+  const int64_t reach = CampaignMaxLength(config, max_length, backends);
+  if (reach >= context) return "";
+  for (const Backend* b : backends) {
+    if (b->Info().max_length == reach && reach < CampaignMaxLength(config, max_length)) {
+      return fmt::format("histories stop at {} of the model's {} positions: backend {} holds {}",
+                         reach, context, b->Name(), reach);
+    }
+  }
+  return fmt::format(
+      "histories stop at {} of the model's {} positions: --max-length {} (--max-length 0 reaches "
+      "them all)",
+      reach, context, max_length);
+}
+
 std::vector<Boundary> CampaignBoundaries(const std::vector<const Backend*>& backends,
                                          int64_t max_length) {
   std::map<int64_t, std::string> by_size;

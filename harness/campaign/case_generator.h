@@ -72,6 +72,12 @@ int64_t CampaignMaxLength(const format::LlamaConfig& config, int64_t max_length)
 int64_t CampaignMaxLength(const format::LlamaConfig& config, int64_t max_length,
                           const std::vector<const Backend*>& backends);
 
+// Empty when the campaign's histories may reach the model's whole context; else why they stop
+// short, naming what to change: "histories stop at 1024 of the model's 8192 positions:
+// --max-length 1024 (--max-length 0 reaches them all)", or the backend that holds fewer.
+std::string CampaignReachLimit(const format::LlamaConfig& config, int64_t max_length,
+                               const std::vector<const Backend*>& backends);
+
 // Powers of two from 2 below max_length, and every size a backend declares below max_length,
 // ascending, each once (a declared power of two names who declared it).
 std::vector<Boundary> CampaignBoundaries(const std::vector<const Backend*>& backends,

@@ -82,6 +82,8 @@ Coverage Coverage::FromJson(const nlohmann::json& j, const std::string& where) {
   c.context = Count(j, "context", where);
   c.longest = Count(j, "longest", where);
   c.cases_at_context = Count(j, "cases_at_context", where);
+  if (j.contains("reach_limit") && j.at("reach_limit").is_string())  // since 0.3
+    c.reach_limit = j.at("reach_limit").get<std::string>();
   c.lengths = CountsFromJson<int64_t>(j, "lengths", where, BucketLow);
   c.call_sizes = CountsFromJson<int64_t>(j, "call_sizes", where, BucketLow);
   c.conversations = CountsFromJson<int64_t>(j, "conversations", where, BucketLow);
@@ -197,6 +199,7 @@ void Coverage::Merge(const Coverage& o) {
   cases += o.cases;
   long_cases += o.long_cases;
   context = std::max(context, o.context);
+  if (reach_limit.empty()) reach_limit = o.reach_limit;
   longest = std::max(longest, o.longest);
   cases_at_context += o.cases_at_context;
   AddAll(lengths, o.lengths);
@@ -248,6 +251,7 @@ std::string Coverage::Text() const {
   std::string out =
       fmt::format("coverage: {} cases ({} long); longest history {} of {}, reached by {} cases\n",
                   cases, long_cases, longest, context, cases_at_context);
+  if (!reach_limit.empty()) out += fmt::format("  reach:         {}\n", reach_limit);
   out += fmt::format("  lengths:       {}\n", Histogram(lengths));
   out += fmt::format("  call sizes:    {}\n", Histogram(call_sizes));
   std::string ops_text;
@@ -356,6 +360,7 @@ nlohmann::json Coverage::ToJson() const {
           {"batches", batches},
           {"deep", deep},
           {"boundaries", bounds},
+          {"reach_limit", reach_limit},
           {"warnings", Warnings()}};
 }
 

@@ -98,6 +98,7 @@ std::string CoverageSection(const Coverage& cov) {
   out += fmt::format(
       "<p>{} cases ({} long); longest history {} of a context of {}; {} reached the context.</p>\n",
       cov.cases, cov.long_cases, cov.longest, cov.context, cov.cases_at_context);
+  if (!cov.reach_limit.empty()) out += "<p>Reach: " + HtmlEscape(cov.reach_limit) + ".</p>\n";
   for (const std::string& w : cov.Warnings())
     out += "<p class=\"fail\">" + HtmlEscape(w) + "</p>\n";
   const BarChart charts[] = {

@@ -59,6 +59,18 @@ TEST(CaseGenerator, ShortCasesDoNotDependOnTheLongFraction) {
   EXPECT_EQ(CampaignMaxLength(config, 100000), 512);
 }
 
+// The report says how far the histories may go when it is short of the model's context, and why.
+TEST(CaseGenerator, TheReachLimitNamesWhatStopsTheHistoriesShortOfTheContext) {
+  const auto weights = LoadModelFor(TinySpec());
+  const auto impl = MakeBackend("impl", weights, 1);
+  const std::vector<const Backend*> backends = {impl.get()};
+  EXPECT_EQ(CampaignReachLimit(weights->config, 0, backends), "");
+  EXPECT_EQ(CampaignReachLimit(weights->config, 512, backends), "");
+  EXPECT_EQ(CampaignReachLimit(weights->config, 100, backends),
+            "histories stop at 100 of the model's 512 positions: --max-length 100 "
+            "(--max-length 0 reaches them all)");
+}
+
 TEST(CaseGenerator, TheOtherCasesDoNotDependOnTheDeepFraction) {
   const auto config = Tiny();
   GenerationOptions none, some;
