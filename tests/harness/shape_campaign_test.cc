@@ -222,12 +222,24 @@ std::shared_ptr<const format::ModelWeights> PairedKvHeads(const format::ModelWei
   return out;
 }
 
-class PairedKvBackend : public Backend {
+// A port that ignores the config's rope_scaling (a llama3 scaling misread, as in unsloth#6197 or
+// vllm#48351, in its bluntest form): impl over the same weights with the scaling removed.
+std::shared_ptr<const format::ModelWeights> WithoutRopeScaling(const format::ModelWeights& w) {
+  auto out = std::make_shared<format::ModelWeights>(w);
+  out->config.rope_scaling.reset();
+  return out;
+}
+
+// impl run on rewritten weights (a mutant), under its own name and the model's own config.
+class RewrittenImplBackend : public Backend {
  public:
-  PairedKvBackend(BackendInfo info, std::shared_ptr<const format::ModelWeights> weights)
+  using Rewrite =
+      std::shared_ptr<const format::ModelWeights> (*)(const format::ModelWeights& weights);
+  RewrittenImplBackend(BackendInfo info, std::shared_ptr<const format::ModelWeights> weights,
+                       Rewrite rewrite)
       : info_(std::move(info)),
         config_(weights->config),
-        inner_(MakeBackend("impl", PairedKvHeads(*weights), 1)) {}
+        inner_(MakeBackend("impl", rewrite(*weights), 1)) {}
   const BackendInfo& Info() const override { return info_; }
   const format::LlamaConfig& config() const override { return config_; }  // the model's own
   Logits ForwardFull(const Tokens& tokens, ForwardTrace* trace) const override {
@@ -242,19 +254,25 @@ class PairedKvBackend : public Backend {
 };
 
 constexpr const char* kMutant = "impl-kv-pairs";
+constexpr const char* kUnscaled = "impl-ignoring-rope-scaling";
 
-void RegisterMutantOnce() {
-  if (BackendRegistry::Global().Has(kMutant)) return;
+void RegisterOnce(const char* name, const char* description,
+                  RewrittenImplBackend::Rewrite rewrite) {
+  if (BackendRegistry::Global().Has(name)) return;
   BackendInfo info;
-  info.name = kMutant;
-  info.description = "impl with query head h reading KV head (h / 2) mod n_kv";
+  info.name = name;
+  info.description = description;
   info.dtype = "float32";
   BackendRegistry::Global().Register(
       info,
-      [](const BackendInfo& i, std::shared_ptr<const format::ModelWeights> w,
-         const BackendOptions&) -> std::unique_ptr<Backend> {
-        return std::make_unique<PairedKvBackend>(i, std::move(w));
+      [rewrite](const BackendInfo& i, std::shared_ptr<const format::ModelWeights> w,
+                const BackendOptions&) -> std::unique_ptr<Backend> {
+        return std::make_unique<RewrittenImplBackend>(i, std::move(w), rewrite);
       });
+}
+
+void RegisterMutantOnce() {
+  RegisterOnce(kMutant, "impl with query head h reading KV head (h / 2) mod n_kv", PairedKvHeads);
 }
 
 TEST(RandomShapeCampaign, CatchesABugTheFixedPresetCannotAndItsFileReplaysIt) {
@@ -307,6 +325,25 @@ TEST(RandomShapeCampaign, CatchesABugTheFixedPresetCannotAndItsFileReplaysIt) {
   EXPECT_THAT(first_failure->failure,
               HasSubstr(fmt::format("step {} {}: ", run.first_divergence->step,
                                     run.first_divergence->params)));
+}
+
+// The fixed presets have no rope_scaling, so only random shapes can see a port that ignores it:
+// every case on a llama3-scaled shape fails (its original context is 8..64 positions, so most
+// frequencies are scaled and every position past 0 moves), every other case passes.
+TEST(RandomShapeCampaign, CatchesAPortThatIgnoresRopeScalingOnTheScaledShapesAlone) {
+  RegisterOnce(kUnscaled, "impl reading the config as if it had no rope_scaling",
+               WithoutRopeScaling);
+  TempDir tmp;
+  const CampaignReport random = RunRandomShapeCampaign({"impl", kUnscaled}, BackendOptions{1}, 2,
+                                                       Options(60, tmp.path() / "random"));
+  int64_t scaled = 0;
+  for (const CaseResult& r : random.results) {
+    const bool is_scaled = DrawShape(0, r.index).rope_scaling.has_value();
+    scaled += is_scaled ? 1 : 0;
+    EXPECT_EQ(r.passed, !is_scaled) << r.shape << ": " << r.failure;
+  }
+  EXPECT_GT(scaled, 10) << "too few scaled shapes to show anything";
+  EXPECT_EQ(random.Failures(), scaled);
 }
 
 // ---- An engine that refuses some shapes ------------------------------------------------------
