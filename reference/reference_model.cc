@@ -34,6 +34,7 @@
 #include "reference/dynamic_cache_impl.h"
 #include "reference/padded_batch.h"
 #include "reference/rope_utils.h"
+#include "reference/shared_double_weights.h"
 
 namespace kvdiff::ref {
 namespace {
@@ -132,7 +133,7 @@ struct ReferenceModel::Impl {
                  ShapeString(t.shape), count, t.data.size());
     Tensor view = at::from_blob(const_cast<float*>(t.data.data()), t.shape,
                                 at::TensorOptions().dtype(at::kFloat));
-    return dtype == at::kFloat ? view : view.to(dtype);
+    return dtype == at::kFloat ? view : SharedDoubleCopy(t);
   }
 
   void CheckShapes() const {
