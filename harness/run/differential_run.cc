@@ -81,12 +81,6 @@ Localization CompareTraces(const std::vector<TracedColumn>& columns, size_t dive
       attn.push_back(diff(l, c, &LayerTrace::after_attention));
       mlp.push_back(diff(l, c, &LayerTrace::after_mlp));
     }
-    for (const auto& [block, row] : {std::pair{"attention", &attn}, std::pair{"mlp", &mlp}}) {
-      for (size_t c = 0; c < row->size() && !loc.first_cell; ++c) {
-        if (!((*row)[c] <= tolerance))
-          loc.first_cell = LocalizedCell{static_cast<int64_t>(l), block, c};
-      }
-    }
     loc.attention_diffs.push_back(attn[divergent]);
     loc.mlp_diffs.push_back(mlp[divergent]);
     if (!loc.found && !(attn[divergent] <= tolerance)) {
@@ -103,6 +97,16 @@ Localization CompareTraces(const std::vector<TracedColumn>& columns, size_t dive
     loc.note =
         "every layer's hidden state is within tolerance: the difference arises in the "
         "final norm or lm_head";
+  }
+  // Where it starts: the earliest column with a block beyond the tolerance, and its first block.
+  for (size_t c = 0; c < columns.size() && !loc.first_cell; ++c) {
+    for (size_t l = 0; l < n && !loc.first_cell; ++l) {
+      if (!(loc.attention_map[l][c] <= tolerance)) {
+        loc.first_cell = LocalizedCell{static_cast<int64_t>(l), "attention", c};
+      } else if (!(loc.mlp_map[l][c] <= tolerance)) {
+        loc.first_cell = LocalizedCell{static_cast<int64_t>(l), "mlp", c};
+      }
+    }
   }
   return loc;
 }

@@ -112,9 +112,11 @@ struct Localization {
   std::vector<LocalizedRow> columns;  // the step's rows both paths traced, in row order
   size_t divergent_column = 0;        // columns[divergent_column] is the first divergence's row
   std::vector<std::vector<double>> attention_map, mlp_map;
-  // The map's first cell beyond the tolerance in depth (layer by layer, attention before the MLP)
-  // and, in that block, the earliest column: where the divergence starts. Every block below it is
-  // within the tolerance at every column, and its own block at every earlier column.
+  // Where the divergence starts: the earliest column with a block beyond the tolerance, and there
+  // the first such block in depth (layer by layer, attention before the MLP). Every block is within
+  // the tolerance at every earlier column (a row depends on earlier rows only, so none of them
+  // caused it), and so is every block below it at its own column. At the divergent column it is
+  // `layer` and `block`.
   std::optional<LocalizedCell> first_cell;
 };
 
