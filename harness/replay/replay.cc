@@ -151,9 +151,9 @@ class Replayer {
   // One forward call through the driver; records one row per token.
   void Append(int64_t i, const ForwardCall& call, ReplayedConversation& conv, const Tokens& tokens,
               int64_t chosen_by) {
-    ForwardTrace* trace = nullptr;
-    if (trace_ && trace_->step == i && trace_->call == call_) trace = &trace_->trace;
-    const Logits logits = driver_->Append(call.conversation, tokens, trace);
+    ForwardTrace trace;
+    const bool traced = trace_ && trace_->step == i;
+    const Logits logits = driver_->Append(call.conversation, tokens, traced ? &trace : nullptr);
     const auto n = static_cast<int64_t>(tokens.size());
     KVDIFF_CHECK(logits.rows() == n && logits.cols() == vocab_,
                  "backend {} returned logits [{}, {}] for {} tokens; expected [{}, {}]",
@@ -166,7 +166,7 @@ class Replayer {
     Record(i, call_, call, conv, tokens, {}, logits, chosen_by, 0);
     CheckLength(call.conversation, call.first_position + n,
                 fmt::format("an append of {} token{}", n, n == 1 ? "" : "s"));
-    if (trace) trace_->hit = true;
+    if (traced) trace_->traces[call_] = std::move(trace);
     ++call_;
   }
 

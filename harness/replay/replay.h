@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -59,11 +60,11 @@ struct Recording {
   bool SameHistory(const RecordedRow& x, const Recording& other, const RecordedRow& y) const;
 };
 
-// --localize: record the layer trace of one forward call of one step.
+// --localize: record the layer trace of every forward call of one step, so the map covers each
+// of its rows (a decode step makes one call per token).
 struct TraceRequest {
-  int64_t step = 0, call = 0;
-  ForwardTrace trace;
-  bool hit = false;
+  int64_t step = 0;
+  std::map<int64_t, ForwardTrace> traces;  // by RecordedRow::call; only the calls that returned
 };
 
 // The scenario must be prepared and validated (PrepareScenario). InputError when its driver does

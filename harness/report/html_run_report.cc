@@ -125,33 +125,61 @@ std::string DivergenceSection(const RunReport& r) {
   return out;
 }
 
-// --localize: one row per layer, the attention and MLP blocks' max |a-b| at the divergent row.
+// A map column's label: its position, with its conversation when the step spans several.
+std::vector<std::string> ColumnLabels(const std::vector<LocalizedRow>& columns) {
+  bool one_conversation = true;
+  for (const LocalizedRow& c : columns)
+    one_conversation = one_conversation && c.conversation == columns.front().conversation;
+  std::vector<std::string> labels;
+  for (const LocalizedRow& c : columns) {
+    labels.push_back(one_conversation ? std::to_string(c.position)
+                                      : fmt::format("{}:{}", c.conversation, c.position));
+  }
+  return labels;
+}
+
+// --localize: the layer x position map of the divergent step, two rows (attention, MLP) a layer.
 std::string LocalizationMap(const RunReport& r) {
   if (!r.localization) return "";
   const Localization& loc = *r.localization;
   std::string out = "<h2>Localization</h2>\n";
-  out += loc.found ? fmt::format("<p id=\"localized\">first beyond tolerance at layer {} {}</p>\n",
-                                 loc.layer, HtmlEscape(loc.block))
-                   : fmt::format("<p id=\"localized\">{}</p>\n", HtmlEscape(loc.note));
+  out += loc.found
+             ? fmt::format(
+                   "<p id=\"localized\">at the first divergence's row: first beyond tolerance "
+                   "at layer {} {}</p>\n",
+                   loc.layer, HtmlEscape(loc.block))
+             : fmt::format("<p id=\"localized\">{}</p>\n", HtmlEscape(loc.note));
+  if (loc.columns.empty()) return out;
+  const std::vector<std::string> labels = ColumnLabels(loc.columns);
   HeatmapChart map;
   map.id = "localization-map";
-  map.title = "hidden state max |a-b| at the first divergence, per layer and block";
-  map.row_axis = "layer";
-  map.column_axis = "block (blue: within the tolerance, red: beyond)";
-  map.column_labels = {"attention", "mlp"};
+  map.title = fmt::format("hidden state max |a-b| per layer and position, step {}",
+                          r.first_divergence ? r.first_divergence->step : 0);
+  map.row_axis = "layer and block (depth)";
+  map.column_axis = loc.columns.size() == 1 ? "position" : "position (time)";
+  map.column_labels = labels;
   map.gate = r.tolerance;
-  const size_t layers = std::max(loc.attention_diffs.size(), loc.mlp_diffs.size());
-  for (size_t l = 0; l < layers; ++l) {
-    map.row_labels.push_back(std::to_string(l));
-    map.values.push_back({l < loc.attention_diffs.size() ? loc.attention_diffs[l] : 0.0,
-                          l < loc.mlp_diffs.size() ? loc.mlp_diffs[l] : 0.0});
+  for (size_t l = 0; l < loc.attention_map.size(); ++l) {
+    map.row_labels.push_back(fmt::format("layer {} attention", l));
+    map.values.push_back(loc.attention_map[l]);
+    map.row_labels.push_back(fmt::format("layer {} mlp", l));
+    map.values.push_back(loc.mlp_map[l]);
   }
-  if (loc.found) {
-    map.highlight = std::make_pair(static_cast<size_t>(loc.layer),
-                                   static_cast<size_t>(loc.block == "attention" ? 0 : 1));
+  map.marked_column = loc.divergent_column;
+  map.marked_column_label =
+      fmt::format("first divergence, position {}", loc.columns[loc.divergent_column].position);
+  if (loc.first_cell) {
+    const LocalizedCell& f = *loc.first_cell;
+    map.highlight =
+        std::make_pair(static_cast<size_t>(2 * f.layer + (f.block == "mlp" ? 1 : 0)), f.column);
+    map.highlight_label = "where the divergence starts";
+    out += fmt::format(
+        "<p id=\"localized-start\" data-layer=\"{}\" data-block=\"{}\" data-position=\"{}\">"
+        "the divergence starts at layer {} {}, position {} (outlined)</p>\n",
+        f.layer, HtmlEscape(f.block), loc.columns[f.column].position, f.layer, HtmlEscape(f.block),
+        HtmlEscape(labels[f.column]));
   }
-  if (layers > 0) out += SvgHeatmap(map);
-  return out;
+  return out + SvgHeatmap(map);
 }
 
 }  // namespace

@@ -69,6 +69,36 @@ std::string DivergenceText(const Divergence& d) {
   return out;
 }
 
+// The layer x position map: [layer][column] per block, and the cell where the divergence starts.
+json LocalizationMapToJson(const Localization& loc) {
+  json columns = json::array();
+  for (const LocalizedRow& c : loc.columns) {
+    columns.push_back({{"row", c.row}, {"conversation", c.conversation}, {"position", c.position}});
+  }
+  const auto matrix = [](const std::vector<std::vector<double>>& m) {
+    json out = json::array();
+    for (const std::vector<double>& layer : m) {
+      json row = json::array();
+      for (double d : layer) row.push_back(Number(d));
+      out.push_back(row);
+    }
+    return out;
+  };
+  json first = nullptr;
+  if (loc.first_cell) {
+    const LocalizedCell& f = *loc.first_cell;
+    first = {{"layer", f.layer},
+             {"block", f.block},
+             {"column", f.column},
+             {"position", loc.columns[f.column].position}};
+  }
+  return {{"columns", columns},
+          {"divergent_column", loc.divergent_column},
+          {"attention_max_abs_diff", matrix(loc.attention_map)},
+          {"mlp_max_abs_diff", matrix(loc.mlp_map)},
+          {"first_cell", first}};
+}
+
 json LocalizationToJson(const Localization& loc) {
   json j = {{"found", loc.found}};
   if (loc.found) {
@@ -81,6 +111,7 @@ json LocalizationToJson(const Localization& loc) {
   for (double d : loc.mlp_diffs) mlp.push_back(Number(d));
   j["attention_max_abs_diff"] = attn;
   j["mlp_max_abs_diff"] = mlp;
+  if (!loc.columns.empty()) j["map"] = LocalizationMapToJson(loc);
   return j;
 }
 

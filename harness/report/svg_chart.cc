@@ -51,6 +51,20 @@ std::pair<int, int> Decades(const LogScatterChart& c) {
   return {a, b};
 }
 
+// t in [-1, 1] for a heatmap cell: -1 four decades within the gate (or 0), 0 at it, 1 four
+// decades beyond (or not finite).
+double HeatT(double v, double gate) {
+  if (!std::isfinite(v)) return 1;
+  if (v <= 0 || gate <= 0) return -1;
+  return std::clamp(std::log10(v / gate) / 4, -1.0, 1.0);
+}
+
+// Blue (t = -1) through white (0) to red (1), linear in each channel.
+std::string HeatColour(double t) {
+  const int fade = static_cast<int>(255 * (1 - std::abs(t)));
+  return t > 0 ? fmt::format("rgb(255,{0},{0})", fade) : fmt::format("rgb({0},{0},255)", fade);
+}
+
 }  // namespace
 
 std::string HtmlEscape(const std::string& text) { return XmlEscape(text); }
@@ -184,47 +198,83 @@ std::string SvgBarChart(const BarChart& c) {
 }
 
 std::string SvgHeatmap(const HeatmapChart& c) {
-  const size_t rows = c.row_labels.size(), cols = c.column_labels.size();
-  constexpr double kCell = 22, kCellW = 120;
-  const double height = kTop + kCell * static_cast<double>(rows) + 40;
+  const size_t rows = c.row_labels.size(), cols = std::max<size_t>(1, c.column_labels.size());
+  // The grid starts right of the row labels ("layer 29 attention").
+  constexpr double kGridLeft = 170, kMarkH = 14;
+  const double grid_w = kWidth - kGridLeft - kRight;
+  const double cell_w = std::min(120.0, grid_w / static_cast<double>(cols));
+  const double cell_h = rows > 24 ? 14 : 22;
+  const double grid_top = kTop + kMarkH;
+  const double grid_bottom = grid_top + cell_h * static_cast<double>(rows);
+  const double height = grid_bottom + 96;
+  const auto cx = [&](size_t k) { return kGridLeft + cell_w * static_cast<double>(k); };
   std::string out = Open(c.id, c.title, height);
-  out += fmt::format("<text class=\"axis\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
-                     kLeft + 40 + kCellW * static_cast<double>(cols) / 2, height - 8,
-                     HtmlEscape(c.column_axis));
+  out += fmt::format(
+      "<text class=\"axis\" x=\"14\" y=\"{0}\" transform=\"rotate(-90 14 {0})\" "
+      "text-anchor=\"middle\">{1}</text>\n",
+      Num((grid_top + grid_bottom) / 2), HtmlEscape(c.row_axis));
   for (size_t r = 0; r < rows; ++r) {
-    const double y = kTop + kCell * static_cast<double>(r);
-    out +=
-        fmt::format("<text class=\"tick\" x=\"{}\" y=\"{}\" text-anchor=\"end\">{} {}</text>",
-                    kLeft + 34, Num(y + 15), HtmlEscape(c.row_axis), HtmlEscape(c.row_labels[r]));
-    for (size_t k = 0; k < cols; ++k) {
+    const double y = grid_top + cell_h * static_cast<double>(r);
+    out += fmt::format("<text class=\"tick\" x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>",
+                       kGridLeft - 6, Num(y + cell_h / 2 + 4), HtmlEscape(c.row_labels[r]));
+    for (size_t k = 0; k < c.values[r].size(); ++k) {
       const double v = c.values[r][k];
-      // t in [-1, 1]: -1 four decades within the gate (or 0), 0 at it, 1 four decades beyond.
-      double t = -1;
-      if (!std::isfinite(v)) {
-        t = 1;
-      } else if (v > 0 && c.gate > 0) {
-        t = std::clamp(std::log10(v / c.gate) / 4, -1.0, 1.0);
-      }
-      const int fade = static_cast<int>(255 * (1 - std::abs(t)));
-      const std::string fill =
-          t > 0 ? fmt::format("rgb(255,{0},{0})", fade) : fmt::format("rgb({0},{0},255)", fade);
       const bool hot = c.highlight && c.highlight->first == r && c.highlight->second == k;
       out += fmt::format(
-          "<rect class=\"cell{}\" data-row=\"{}\" data-column=\"{}\" data-value=\"{}\" x=\"{}\" "
-          "y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\"><title>{} {}, {}: {}</title></rect>",
-          hot ? " highlight" : "", HtmlEscape(c.row_labels[r]), HtmlEscape(c.column_labels[k]),
-          Exact(v), Num(kLeft + 40 + kCellW * static_cast<double>(k)), Num(y), kCellW - 2,
-          kCell - 2, fill, HtmlEscape(c.row_axis), HtmlEscape(c.row_labels[r]),
-          HtmlEscape(c.column_labels[k]), FormatDiff(v));
+          "<rect class=\"cell{}\"{} data-row=\"{}\" data-column=\"{}\" data-value=\"{}\" "
+          "x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\"><title>{}, {}: {}{}</title>"
+          "</rect>",
+          hot ? " highlight" : "", hot ? fmt::format(" id=\"{}-highlight\"", HtmlEscape(c.id)) : "",
+          HtmlEscape(c.row_labels[r]), HtmlEscape(c.column_labels[k]), Exact(v), Num(cx(k)), Num(y),
+          Num(std::max(cell_w - 1, 0.5)), cell_h - 1, HeatColour(HeatT(v, c.gate)),
+          HtmlEscape(c.row_labels[r]), HtmlEscape(c.column_labels[k]), FormatDiff(v),
+          hot && !c.highlight_label.empty() ? " (" + HtmlEscape(c.highlight_label) + ")" : "");
     }
     out += "\n";
   }
-  for (size_t k = 0; k < cols; ++k) {
-    out += fmt::format("<text class=\"tick\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
-                       Num(kLeft + 40 + kCellW * (static_cast<double>(k) + 0.5)),
-                       Num(kTop + kCell * static_cast<double>(rows) + 14),
-                       HtmlEscape(c.column_labels[k]));
+  // Column labels, every `every`-th so that they stay ~40 units apart.
+  const size_t every = std::max<size_t>(1, static_cast<size_t>(std::ceil(40 / cell_w)));
+  for (size_t k = 0; k < c.column_labels.size(); k += every) {
+    out +=
+        fmt::format("<text class=\"tick\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+                    Num(cx(k) + cell_w / 2), Num(grid_bottom + 14), HtmlEscape(c.column_labels[k]));
   }
+  out += fmt::format("\n<text class=\"axis\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
+                     Num(kGridLeft + grid_w / 2), Num(grid_bottom + 32), HtmlEscape(c.column_axis));
+  if (c.marked_column && *c.marked_column < cols) {
+    const double x = cx(*c.marked_column) + cell_w / 2;
+    out += fmt::format(
+        "<g class=\"marker\" id=\"{}-marked-column\" data-column=\"{}\"><line x1=\"{}\" "
+        "x2=\"{}\" y1=\"{}\" y2=\"{}\"/><text x=\"{}\" y=\"{}\" text-anchor=\"{}\">{}</text></g>\n",
+        HtmlEscape(c.id), HtmlEscape(c.column_labels[*c.marked_column]), Num(x), Num(x),
+        Num(grid_top - kMarkH + 2), Num(grid_top), Num(x), Num(grid_top - 3),
+        x < kWidth / 2 ? "start" : "end", HtmlEscape(c.marked_column_label));
+  }
+  // The colour scale: log10(value / gate) from -4 (or 0) to +4 (or inf), in 40 steps.
+  const double sy = grid_bottom + 46, sw = 320;
+  constexpr int kSteps = 40;
+  out += "<g class=\"colour-scale\">";
+  for (int i = 0; i < kSteps; ++i) {
+    const double t = -1 + 2 * (i + 0.5) / kSteps;
+    out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"12\" fill=\"{}\"/>",
+                       Num(kGridLeft + sw * i / kSteps), Num(sy), Num(sw / kSteps + 0.5),
+                       HeatColour(t));
+  }
+  for (int d = -4; d <= 4; d += 2) {
+    const double x = kGridLeft + sw * (d + 4) / 8;
+    const std::string label = d == -4  ? "\u2264" + FormatDiff(c.gate * 1e-4) + " or 0"
+                              : d == 4 ? "\u2265" + FormatDiff(c.gate * 1e4) + " or inf"
+                              : d == 0 ? "gate " + FormatDiff(c.gate)
+                                       : FormatDiff(c.gate * std::pow(10.0, d));
+    out += fmt::format(
+        "<line class=\"axis-line\" x1=\"{0}\" x2=\"{0}\" y1=\"{1}\" y2=\"{2}\"/>"
+        "<text class=\"tick\" x=\"{0}\" y=\"{3}\" text-anchor=\"middle\">{4}</text>",
+        Num(x), Num(sy + 12), Num(sy + 16), Num(sy + 27), HtmlEscape(label));
+  }
+  out += fmt::format(
+      "<text class=\"legend\" x=\"{}\" y=\"{}\">max |a-b| (log): blue within the gate, red "
+      "beyond; outlined: where the divergence starts</text></g>\n",
+      kGridLeft, Num(sy + 42));
   return out + "</svg>\n";
 }
 

@@ -48,13 +48,19 @@ struct BarChart {
 std::string SvgBarChart(const BarChart& chart);
 
 // A grid of cells coloured by log10(value / gate): blue well within, white at the gate, red
-// beyond it; the highlighted cell is outlined. Values may be 0 or non-finite.
+// beyond it, with the colour scale drawn under the grid. Values may be 0 or non-finite. Cells
+// narrow as columns grow (a long prefill), and column labels thin out so they never overlap.
 struct HeatmapChart {
   std::string id, title, row_axis, column_axis;
   std::vector<std::string> row_labels, column_labels;
   std::vector<std::vector<double>> values;  // [row][column]
   double gate = 0;
+  // Outlined, with the id ID-highlight and this label in its tooltip.
   std::optional<std::pair<size_t, size_t>> highlight;  // (row, column)
+  std::string highlight_label;
+  // A column called out above the grid (id ID-marked-column), with its label.
+  std::optional<size_t> marked_column;
+  std::string marked_column_label;
 };
 std::string SvgHeatmap(const HeatmapChart& chart);
 

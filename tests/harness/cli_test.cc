@@ -49,6 +49,15 @@ TEST(RunCli, Pos0ExitsOneAtTheFirstDecodeStep) {
   EXPECT_EQ(j.at("first_divergence").at("row"), 0);
   EXPECT_EQ(j.at("first_divergence").at("position"), 5);
   EXPECT_EQ(j.at("localization").at("layer"), 0);
+  // The layer x position map: the decode step's 10 rows, the start at the divergent position.
+  const auto& map = j.at("localization").at("map");
+  EXPECT_EQ(map.at("columns").size(), 10u);
+  EXPECT_EQ(map.at("attention_max_abs_diff").size(),
+            j.at("model").at("config").at("num_hidden_layers"));
+  EXPECT_EQ(map.at("attention_max_abs_diff").at(0).size(), 10u);
+  EXPECT_EQ(map.at("first_cell").at("layer"), 0);
+  EXPECT_EQ(map.at("first_cell").at("block"), "attention");
+  EXPECT_EQ(map.at("first_cell").at("position"), 5);
 }
 
 TEST(RunCli, ShippedScenariosBehaveAsTheirDescriptionsSay) {

@@ -112,6 +112,65 @@ TEST_F(RunnerTest, Pos0DivergesAtTheRowThatChoosesTheSecondGeneratedToken) {
             static_cast<size_t>((*weights_)->config.num_hidden_layers));
 }
 
+// The layer x position map on a fault that starts at a known cell: under pos0 a prompt fed in
+// chunks 3, 1, 1 gets its first chunk right (index_pos 0 is its position) and its second at
+// position 0 instead of 3, so RoPE is wrong from row 3 on: the map must be within the tolerance at
+// rows 0-2 in every layer and block, and beyond it first at layer 0 attention, position 3.
+TEST_F(RunnerTest, LocalizationMapStartsWhereThePositionFirstGoesWrong) {
+  const RunReport r = Run(R"({"model": {"preset": "tiny", "seed": 3}, "driver": "pos0",
+    "steps": [{"op": "prefill", "tokens": [5, 17, 3, 99, 42], "chunks": [3, 1, 1]}]})",
+                          /*localize=*/true);
+  ASSERT_TRUE(r.first_divergence.has_value());
+  EXPECT_EQ(r.first_divergence->row.position, 3);
+  ASSERT_TRUE(r.localization.has_value());
+  const Localization& loc = *r.localization;
+  const auto layers = static_cast<size_t>((*weights_)->config.num_hidden_layers);
+  ASSERT_EQ(loc.columns.size(), 5u) << "one column per row of the step, from all three calls";
+  for (size_t c = 0; c < loc.columns.size(); ++c) {
+    EXPECT_EQ(loc.columns[c].position, static_cast<int64_t>(c));
+    EXPECT_EQ(loc.columns[c].row, static_cast<int64_t>(c));
+  }
+  EXPECT_EQ(loc.divergent_column, 3u);
+  ASSERT_EQ(loc.attention_map.size(), layers);
+  ASSERT_EQ(loc.mlp_map.size(), layers);
+  for (size_t l = 0; l < layers; ++l) {
+    ASSERT_EQ(loc.attention_map[l].size(), 5u);
+    ASSERT_EQ(loc.mlp_map[l].size(), 5u);
+    for (size_t c = 0; c < 3; ++c) {
+      EXPECT_LE(loc.attention_map[l][c], r.tolerance) << "layer " << l << ", position " << c;
+      EXPECT_LE(loc.mlp_map[l][c], r.tolerance) << "layer " << l << ", position " << c;
+    }
+    for (size_t c = 3; c < 5; ++c) {
+      EXPECT_GT(loc.attention_map[l][c], 1e-2) << "layer " << l << ", position " << c;
+    }
+    // The per-layer figures at the divergent row are the map's column.
+    EXPECT_EQ(loc.attention_diffs[l], loc.attention_map[l][3]);
+    EXPECT_EQ(loc.mlp_diffs[l], loc.mlp_map[l][3]);
+  }
+  ASSERT_TRUE(loc.first_cell.has_value());
+  EXPECT_EQ(loc.first_cell->layer, 0);
+  EXPECT_EQ(loc.first_cell->block, "attention");
+  EXPECT_EQ(loc.first_cell->column, 3u);
+  EXPECT_TRUE(loc.found);
+  EXPECT_EQ(loc.layer, 0);
+  EXPECT_EQ(loc.block, "attention");
+}
+
+// A decode step makes one call per token: the map has a column for each of them.
+TEST_F(RunnerTest, LocalizationMapOfADecodeStepCoversEveryGeneratedRow) {
+  const RunReport r = Run(Scenario5Then10("pos0"), /*localize=*/true);
+  ASSERT_TRUE(r.localization.has_value());
+  const Localization& loc = *r.localization;
+  ASSERT_EQ(loc.columns.size(), 10u);
+  EXPECT_EQ(loc.columns.front().position, 5);
+  EXPECT_EQ(loc.columns.back().position, 14);
+  EXPECT_EQ(loc.divergent_column, 0u);
+  ASSERT_TRUE(loc.first_cell.has_value());
+  EXPECT_EQ(loc.first_cell->layer, 0);
+  EXPECT_EQ(loc.first_cell->block, "attention");
+  EXPECT_EQ(loc.first_cell->column, 0u);
+}
+
 TEST_F(RunnerTest, SessionDriverOnTheSameStepsPasses) {
   EXPECT_TRUE(Run(Scenario5Then10("session")).Passed());
 }

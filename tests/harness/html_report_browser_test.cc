@@ -10,8 +10,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tests/test_support.h"
 
@@ -85,6 +88,68 @@ double Figure(const std::string& dom, const std::string& id) {
   return v.empty() ? -1 : std::stod(v);
 }
 
+// Every start tag in dom that begins with `prefix` ("<rect class=\"cell"), in order.
+std::vector<std::string> TagsStartingWith(const std::string& dom, const std::string& prefix) {
+  std::vector<std::string> tags;
+  for (size_t at = dom.find(prefix); at != std::string::npos; at = dom.find(prefix, at + 1)) {
+    tags.push_back(dom.substr(at, dom.find('>', at) - at + 1));
+  }
+  return tags;
+}
+
+// The attribute's value in one start tag ("" when absent).
+std::string AttributeOf(const std::string& tag, const std::string& name) {
+  const size_t at = tag.find(" " + name + "=\"");
+  if (at == std::string::npos) return "";
+  const size_t start = at + name.size() + 3;
+  return tag.substr(start, tag.find('"', start) - start);
+}
+
+// The --localize map in the page holds the JSON report's matrix, cell for cell, outlines its first
+// cell and marks the first divergence's position. Returns how many cells were within the tolerance.
+size_t ExpectMapIsTheJsons(const std::string& dom, const nlohmann::json& j) {
+  EXPECT_THAT(TagWithId(dom, "localization-map"), HasSubstr("<svg"));
+  const auto& map = j.at("localization").at("map");
+  std::map<std::pair<std::string, std::string>, std::string> cells;  // (row, column) -> value
+  for (const std::string& tag : TagsStartingWith(dom, "<rect class=\"cell")) {
+    cells[{AttributeOf(tag, "data-row"), AttributeOf(tag, "data-column")}] =
+        AttributeOf(tag, "data-value");
+  }
+  const auto& columns = map.at("columns");
+  const double tolerance = j.at("tolerance").at("abs").get<double>();
+  size_t checked = 0, within = 0;
+  for (const char* block : {"attention", "mlp"}) {
+    const auto& matrix = map.at(std::string(block) + "_max_abs_diff");
+    EXPECT_EQ(matrix.size(), j.at("model").at("config").at("num_hidden_layers").get<size_t>());
+    for (size_t l = 0; l < matrix.size(); ++l) {
+      EXPECT_EQ(matrix[l].size(), columns.size());
+      for (size_t c = 0; c < columns.size() && c < matrix[l].size(); ++c) {
+        const std::string row = "layer " + std::to_string(l) + " " + block;
+        const std::string column = std::to_string(columns[c].at("position").get<int>());
+        const auto it = cells.find({row, column});
+        if (it == cells.end()) {
+          ADD_FAILURE() << "no cell for " << row << ", position " << column;
+          continue;
+        }
+        EXPECT_EQ(std::stod(it->second), matrix[l][c].get<double>()) << row << ", " << column;
+        within += matrix[l][c].get<double>() <= tolerance ? 1 : 0;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, cells.size()) << "no cell beyond the JSON's";
+  const auto& first = map.at("first_cell");
+  EXPECT_EQ(Attribute(dom, "localization-map-highlight", "data-row"),
+            "layer " + std::to_string(first.at("layer").get<int>()) + " " +
+                first.at("block").get<std::string>());
+  EXPECT_EQ(Attribute(dom, "localization-map-highlight", "data-column"),
+            std::to_string(first.at("position").get<int>()));
+  EXPECT_EQ(Attribute(dom, "localization-map-marked-column", "data-column"),
+            std::to_string(j.at("first_divergence").at("position").get<int>()));
+  EXPECT_THAT(dom, HasSubstr("class=\"colour-scale\""));
+  return within;
+}
+
 fs::path Artifacts() {
   const fs::path dir = KVDIFF_TEST_ARTIFACTS;
   fs::create_directories(dir);
@@ -107,6 +172,7 @@ TEST(HtmlReportBrowser, FailingRunShowsItsDivergenceAndTheJsonFigures) {
   EXPECT_THAT(TagWithId(dom, "first-divergence"), HasSubstr("class=\"marker\""));
   EXPECT_THAT(TagWithId(dom, "localization-map"), HasSubstr("<svg"));
   EXPECT_THAT(dom, HasSubstr("class=\"cell highlight\""));
+  ExpectMapIsTheJsons(dom, j);
   // The numbers shown are the JSON report's.
   EXPECT_THAT(TagWithId(dom, "verdict"), HasSubstr("fail"));
   EXPECT_EQ(Figure(dom, "worst-diff"), j.at("worst_diff").get<double>());
@@ -125,6 +191,34 @@ TEST(HtmlReportBrowser, FailingRunShowsItsDivergenceAndTheJsonFigures) {
   ASSERT_NE(row, std::string::npos) << step;
   EXPECT_THAT(dom.substr(dom.rfind("<tr", row), row - dom.rfind("<tr", row)), HasSubstr("failed"));
   const fs::path png = Artifacts() / "run-report.png";
+  fs::remove(png);
+  Chromium(dir / "page.html", dir.path(), png);
+  EXPECT_TRUE(fs::exists(png) && fs::file_size(png) > 1000) << png;
+}
+
+// A map with both colours: under pos0 a prompt fed in chunks 3, 1, 1, 1, 1 is right at positions
+// 0-2 and wrong from 3 on, where the map must start (layer 0 attention: RoPE at the wrong
+// position).
+TEST(HtmlReportBrowser, LocalizationMapShowsWhereInDepthAndTimeTheDivergenceStarts) {
+  TempDir dir;
+  WriteFile(dir / "chunks.json", R"({"model": {"preset": "tiny", "seed": 3}, "driver": "pos0",
+    "backends": ["impl"],
+    "steps": [{"op": "prefill", "tokens": [5, 17, 3, 99, 42, 7, 8], "chunks": [3, 1, 1, 1, 1]}]})");
+  const auto r = RunKvdiff(
+      "run chunks.json --threads 1 --localize --json out.json --html page.html", dir.path());
+  ASSERT_EQ(r.exit_code, 1) << r.out << r.err;
+  const auto j = nlohmann::json::parse(ReadFile(dir / "out.json"));
+  const std::string dom = Chromium(dir / "page.html", dir.path());
+  ASSERT_FALSE(dom.empty());
+  const auto& map = j.at("localization").at("map");
+  ASSERT_EQ(map.at("columns").size(), 7u) << "one column per row of the step's five calls";
+  EXPECT_EQ(map.at("first_cell").at("position"), 3);
+  EXPECT_EQ(map.at("first_cell").at("layer"), 0);
+  EXPECT_EQ(map.at("first_cell").at("block"), "attention");
+  const size_t layers = j.at("model").at("config").at("num_hidden_layers").get<size_t>();
+  EXPECT_EQ(ExpectMapIsTheJsons(dom, j), 2 * layers * 3) << "positions 0-2 within, in every block";
+  EXPECT_EQ(Attribute(dom, "localized-start", "data-position"), "3");
+  const fs::path png = Artifacts() / "run-report-localization.png";
   fs::remove(png);
   Chromium(dir / "page.html", dir.path(), png);
   EXPECT_TRUE(fs::exists(png) && fs::file_size(png) > 1000) << png;

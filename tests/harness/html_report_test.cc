@@ -61,6 +61,12 @@ RunReport HostileRun() {
   loc.block = "mlp";
   loc.attention_diffs = {1e-7, 1e-6};
   loc.mlp_diffs = {1e-7, std::numeric_limits<double>::infinity()};
+  // Two conversations in the step: the column labels name them (escaped).
+  loc.columns = {{0, kHostile, 0}, {1, "main", 1}};
+  loc.divergent_column = 1;
+  loc.attention_map = {{0.0, 1e-7}, {1e-6, 1e-6}};
+  loc.mlp_map = {{0.0, 1e-7}, {1e-6, std::numeric_limits<double>::infinity()}};
+  loc.first_cell = harness::LocalizedCell{1, "mlp", 1};
   r.localization = loc;
   return r;
 }
@@ -78,6 +84,12 @@ TEST(HtmlReport, RunPageEscapesUserTextAndFetchesNothing) {
   EXPECT_THAT(html, HasSubstr("id=\"localization-map\""));
   EXPECT_THAT(html, HasSubstr("id=\"worst-diff\" data-value=\"0.25\""));
   EXPECT_THAT(html, HasSubstr("data-value=\"inf\""));  // the non-finite MLP cell
+  // The map's rows are layer and block, its columns positions; the start is outlined.
+  EXPECT_THAT(html, HasSubstr("id=\"localization-map-highlight\" data-row=\"layer 1 mlp\" "
+                              "data-column=\"main:1\" data-value=\"inf\""));
+  EXPECT_THAT(html, HasSubstr("data-column=\"&lt;script&gt;"));
+  EXPECT_THAT(html, HasSubstr("id=\"localization-map-marked-column\""));
+  EXPECT_THAT(html, HasSubstr("class=\"colour-scale\""));
 }
 
 TEST(HtmlReport, CheckPageListsFailuresEscaped) {

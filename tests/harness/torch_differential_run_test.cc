@@ -88,6 +88,38 @@ TEST_F(TorchRunnerTest, ReusingADynamicCacheIsSilentAndWrong) {
   EXPECT_EQ(r.localization->block, "attention") << "the stale cache is read by attention";
 }
 
+// The map of a cross divergence: impl against ref64 at a tolerance (1e-9) that float32 cannot
+// meet, so the two backends' traces differ at every row of the prompt (while a one-call prompt is
+// its own ForwardFull on each): one column per row, in order, both traced by replaying each
+// backend's calls.
+TEST_F(TorchRunnerTest, CrossDivergenceMapsEveryRowOfTheStepOnBothBackends) {
+  Scenario sc = ParseScenario(R"({"model": {"preset": "tiny", "seed": 3},
+    "tolerance": {"abs": 1e-9},
+    "steps": [{"op": "prefill", "tokens": [5, 17, 3, 99, 42]}]})");
+  PrepareScenario(sc, **weights_);
+  RunOptions options;
+  options.localize = true;
+  const RunReport r = RunScenario(sc, {backends_[0], backends_[2]}, options);
+  ASSERT_TRUE(r.first_divergence.has_value());
+  ASSERT_EQ(r.first_divergence->kind, PathKind::kCross) << r.first_divergence->path;
+  ASSERT_TRUE(r.localization.has_value());
+  const Localization& loc = *r.localization;
+  ASSERT_EQ(loc.columns.size(), 5u) << loc.note;
+  for (size_t c = 0; c < 5; ++c) EXPECT_EQ(loc.columns[c].position, static_cast<int64_t>(c));
+  EXPECT_EQ(loc.columns[loc.divergent_column].row, r.first_divergence->row.row);
+  const auto layers = static_cast<size_t>((*weights_)->config.num_hidden_layers);
+  ASSERT_EQ(loc.attention_map.size(), layers);
+  for (size_t l = 0; l < layers; ++l) {
+    ASSERT_EQ(loc.mlp_map[l].size(), 5u);
+    for (size_t c = 0; c < 5; ++c) {
+      EXPECT_GT(loc.mlp_map[l][c], 0) << "float32 against float64, layer " << l << ", row " << c;
+      EXPECT_LT(loc.mlp_map[l][c], 1e-3) << "the same model: rounding, not a bug";
+    }
+  }
+  ASSERT_TRUE(loc.first_cell.has_value());
+  EXPECT_EQ(loc.first_cell->column, 0u);
+}
+
 // The rope-f32 profile, measured: on a 512-position prefill, ref (transformers' float32 angles)
 // drifts from ref64 past the flat 1e-4 gate at high positions while impl (angles in double) stays
 // within it; with the profile's allowance every cross path passes, and every backend's own
