@@ -328,6 +328,34 @@ TEST_F(ShiftAgainstRef64Test, ImplAgreesWithRef64AfterShifts) {
       kCases, static_cast<long long>(rows_after_shift), worst, worst_before);
 }
 
+// llama3 rope_scaling: impl's delta uses the rescaled inv_freq of its RoPE table, ref64 its own
+// LlamaRotaryEmbedding's; long shifts (150 positions) through every band of the scaling.
+TEST_F(ShiftAgainstRef64Test, Llama3RopeScalingShiftsAgree) {
+  format::LlamaConfig config = format::PresetConfig("tiny");
+  config.rope_scaling = format::RopeScaling{};
+  config.rope_scaling->factor = 8.0;
+  config.rope_scaling->original_max_position_embeddings = 64;  // every band within 512 positions
+  ModelSpec spec;
+  spec.config = config;
+  spec.seed = 5;
+  const auto weights = LoadModelFor(spec);
+  const auto impl = MakeBackend("impl", weights, 1);
+  const auto ref64 = MakeBackend("ref64", weights, 1);
+  Tokens prompt(220);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<Token>((i * 53 + 7) % 256);
+  Scenario sc;
+  sc.name = "llama3-shift";
+  sc.model = spec;
+  sc.steps = {Step::Prefill("main", prompt, {100, 120}), Step::Shift("main", 4, 150),
+              Step::Decode("main", 8), Step::Shift("main", 0, 30), Step::Decode("main", 8)};
+  PrepareScenario(sc, *weights);
+  const RunReport r = RunScenario(sc, {impl.get(), ref64.get()}, RunOptions{});
+  EXPECT_TRUE(r.Passed()) << (r.first_divergence ? r.first_divergence->params : "");
+  ASSERT_EQ(r.steps[4].outcomes[2].rows.size(), 8u);
+  std::printf("llama3 rope_scaling, shifts of 150 and 30: impl~ref64 worst %.2e\n",
+              std::max(r.steps[2].outcomes[2].max_abs_diff, r.steps[4].outcomes[2].max_abs_diff));
+}
+
 TEST_F(ShiftAgainstRef64Test, RowsAfterAShiftSayTheyHaveNoOracle) {
   Scenario sc = Parse(R"({"op": "prefill", "tokens": [5, 17, 3, 99, 42, 8, 1, 2]},
                          {"op": "shift", "keep": 1, "discard": 3},
