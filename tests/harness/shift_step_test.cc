@@ -78,6 +78,12 @@ TEST(ShiftStep, RefusesWhatNoBackendCouldRun) {
               HasSubstr("\"shift\" needs the field \"discard\""));
   EXPECT_THAT(ValidationError(prefill + R"({"op": "shift", "keep": 1, "discard": 1, "n": 2})"),
               HasSubstr("unknown field \"n\""));
+  // Only the session driver moves cached positions (the raw drivers have no shift call).
+  Scenario raw = Parse(prefill + R"({"op": "shift", "keep": 1, "discard": 2})");
+  raw.driver = DriverKind::kPos0;
+  EXPECT_THAT([&] { ValidateScenario(raw, format::PresetConfig("tiny")); },
+              ::testing::ThrowsMessage<InputError>(
+                  HasSubstr("steps[1]: a shift needs the session driver (driver \"pos0\"")));
   // Built in code, past the parser's checks: the validation still refuses it.
   Scenario sc = Parse(prefill.substr(0, prefill.size() - 1));
   sc.steps.push_back(Step::Shift("main", -3, 1));
