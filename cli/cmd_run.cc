@@ -67,7 +67,7 @@ int Run(const RunArgs& args) {
       harness::ResolveRopeAllowance(args.tolerance, backends.all, &profile_note);
   if (!profile_note.empty()) notes.push_back(profile_note);
   harness::RunReport report = harness::RunScenario(sc, backends.all, options);
-  report.notes = notes;
+  report.notes.insert(report.notes.begin(), notes.begin(), notes.end());
   fmt::print(Report(), "{}", harness::FormatTerminal(report, isatty(fileno(Report())) != 0));
   if (!args.json.empty()) {
     harness::WriteTextFile(args.json, harness::ReportToJson(report).dump(2) + "\n");

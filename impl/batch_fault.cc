@@ -7,9 +7,9 @@
 namespace kvdiff::impl {
 namespace {
 
-constexpr BatchFault kFaults[] = {BatchFault::kNone, BatchFault::kMaskOfPartZero,
-                                  BatchFault::kSharedPositions, BatchFault::kRowsMisMapped,
-                                  BatchFault::kSeesOtherSequence};
+constexpr BatchFault kFaults[] = {
+    BatchFault::kNone,          BatchFault::kMaskOfPartZero,    BatchFault::kSharedPositions,
+    BatchFault::kRowsMisMapped, BatchFault::kSeesOtherSequence, BatchFault::kShiftNotRerotated};
 
 }  // namespace
 
@@ -25,6 +25,8 @@ const char* BatchFaultName(BatchFault fault) {
       return "batch-rows-swapped";
     case BatchFault::kSeesOtherSequence:
       return "batch-sees-other-sequence";
+    case BatchFault::kShiftNotRerotated:
+      return "shift-not-rerotated";
   }
   return "?";
 }
@@ -36,7 +38,8 @@ BatchFault ParseBatchFault(const std::string& name) {
     names += fmt::format("{}{}", names.empty() ? "" : ", ", BatchFaultName(f));
   }
   throw InputError(fmt::format(
-      "fault={}: expected one of {} (test-only faults of impl's batched forward)", name, names));
+      "fault={}: expected one of {} (test-only faults of impl's batched forward and context shift)",
+      name, names));
 }
 
 }  // namespace kvdiff::impl

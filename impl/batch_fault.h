@@ -1,6 +1,7 @@
 // TEST-ONLY bugs of a serving engine's batched forward, built into impl's own batched path
 // (Model::ForwardBatch) so that kvdiff can prove its batch steps catch each one in a real
-// batched implementation, not only in a model written for the purpose. Switched on by the
+// batched implementation, not only in a model written for the purpose; and one of its context
+// shift (Session::Shift), which shift steps must catch. Switched on by the
 // backend option impl?fault=NAME (harness/backend/impl_backend.cc); off by default, and a call
 // of one part (every single append, ForwardFull, a batch of one item) is never faulty.
 // Each is a bug class from serving engines' trackers (docs/scenarios.md, "Batch steps").
@@ -20,6 +21,9 @@ enum class BatchFault {
                        // logits mapped to the wrong sequence)
   kSeesOtherSequence,  // every later part also attends to part 0's first cached position
                        // (llama.cpp#27994: a cell of another sequence visible)
+  kShiftNotRerotated,  // Session::Shift moves the cached rows down but leaves the keys rotated
+                       // for their old positions (a K-shift forgotten; cf. llama.cpp#3825,
+                       // where a second shift's delta overwrote the first's)
 };
 
 // "batch-mask-of-part0" and so on; "none" is kNone. InputError naming the accepted names.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "format/error.h"
+#include "impl/kernels.h"
 
 namespace kvdiff::impl {
 
@@ -28,6 +29,25 @@ void KvCache::SetLength(int64_t length) {
   KVDIFF_CHECK(length >= 0 && length <= capacity_,
                "KvCache::SetLength: length {} is outside 0..{} (the capacity)", length, capacity_);
   length_ = length;
+}
+
+void KvCache::Shift(int64_t keep, int64_t discard, int64_t half, const float* cos,
+                    const float* sin) {
+  KVDIFF_CHECK(keep >= 0 && discard >= 0 && keep <= length_ && discard <= length_ - keep,
+               "KvCache::Shift: keep {} and discard {} must be >= 0 with keep + discard <= {} (the "
+               "length)",
+               keep, discard, length_);
+  if (discard == 0) return;  // nothing moves: bit-identical afterwards
+  const int64_t heads = kv_dim_ / (2 * half);
+  for (int64_t l = 0; l < NumLayers(); ++l) {
+    for (int64_t p = keep + discard; p < length_; ++p) {
+      float* key = KeyRow(l, p - discard);  // (kv_dim): [kv_head][head_dim]
+      std::copy(KeyRow(l, p), KeyRow(l, p) + kv_dim_, key);
+      std::copy(ValueRow(l, p), ValueRow(l, p) + kv_dim_, ValueRow(l, p - discard));
+      if (cos != nullptr) ApplyRope(key, heads, half, cos, sin);
+    }
+  }
+  length_ -= discard;
 }
 
 KvCache KvCache::Fork() const {

@@ -41,6 +41,14 @@ class KvCache {
   void SetLength(int64_t length);
   void Clear() { length_ = 0; }
 
+  // A context shift: positions [keep, keep + discard) are dropped and the rows after them move
+  // down by `discard`. Each moved key row is rotated by `cos`/`sin` (half = head_dim / 2 values
+  // each: the RoPE of the position delta -discard, so R(p - discard) = R(-discard)·R(p)), in the
+  // rotate-half layout of ApplyRope; values move unchanged. Null cos/sin move keys unrotated
+  // (the TEST-ONLY fault shift-not-rerotated). Throws InputError unless 0 <= keep, 0 <= discard
+  // and keep + discard <= Length(); then nothing changes.
+  void Shift(int64_t keep, int64_t discard, int64_t half, const float* cos, const float* sin);
+
   // Explicit deep copy (no copy constructor, so the cost shows): same capacity, and only the
   // Length() rows in use are copied.
   KvCache Fork() const;

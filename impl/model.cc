@@ -438,6 +438,7 @@ Logits Model::ForwardBatch(const std::vector<ForwardPart>& parts,
 }
 
 void Model::InjectBatchFault(BatchFault fault) { state_->fault = fault; }
+BatchFault Model::InjectedFault() const { return state_->fault; }
 
 KvCache Model::NewCache(int64_t capacity) const { return KvCache(state_->config, capacity); }
 

@@ -77,6 +77,7 @@ class Model {
   // (impl/batch_fault.h), to prove that kvdiff's batch steps catch it. Not thread-safe: call it
   // before the model is shared.
   void InjectBatchFault(BatchFault fault);
+  BatchFault InjectedFault() const;
 
   KvCache NewCache(int64_t capacity = 0) const;
   // A checked session owning its cache and position; capacity 0 means max_position_embeddings.

@@ -1,6 +1,10 @@
 #include "impl/session.h"
 
+#include <cmath>
+#include <vector>
+
 #include "format/error.h"
+#include "impl/kernels.h"
 #include "impl/model.h"
 
 namespace kvdiff::impl {
@@ -46,6 +50,26 @@ void Session::Truncate(int64_t length) {
   KVDIFF_CHECK(length >= 0 && length <= Length(),
                "Truncate: length {} is outside 0..{} (the session length)", length, Length());
   cache_.SetLength(length);
+}
+
+void Session::Shift(int64_t keep, int64_t discard) {
+  KVDIFF_CHECK(keep >= 0 && discard >= 0 && keep <= Length() && discard <= Length() - keep,
+               "Shift: keep {} and discard {} must be >= 0 with keep + discard <= {} (the session "
+               "length)",
+               keep, discard, Length());
+  // R(-discard): angle[i] = -discard · inv_freq[i], exact in double and rounded once, the
+  // inv_freq of the RoPE table (llama3 rope_scaling included).
+  const std::vector<double> inv_freq = RopeInvFreq(model_->config());
+  const auto half = static_cast<int64_t>(inv_freq.size());
+  std::vector<float> cos(half), sin(half);  // (head_dim / 2)
+  for (int64_t i = 0; i < half; ++i) {
+    const double angle = -static_cast<double>(discard) * inv_freq[i];
+    cos[i] = static_cast<float>(std::cos(angle));
+    sin[i] = static_cast<float>(std::sin(angle));
+  }
+  const bool rerotate = model_->InjectedFault() != BatchFault::kShiftNotRerotated;
+  cache_.Shift(keep, discard, half, rerotate ? cos.data() : nullptr,
+               rerotate ? sin.data() : nullptr);
 }
 
 Session Session::Fork() const { return Session(model_, cache_.Fork()); }

@@ -25,6 +25,13 @@ class Session {
   int64_t Capacity() const { return cache_.Capacity(); }
   // Forgets positions >= length. Throws InputError when length > Length() or length < 0.
   void Truncate(int64_t length);
+  // A context shift (llama.cpp's n_keep/n_discard): forgets positions [keep, keep + discard) and
+  // moves the later ones down by `discard`, each cached key re-rotated by -discard positions
+  // (the delta's angles computed as the RoPE table's are: in double, rounded once). Length()
+  // drops by `discard`. Throws InputError unless 0 <= keep, 0 <= discard and
+  // keep + discard <= Length(); the session is unchanged when it throws. Allocates (the delta's
+  // cos/sin); a decode does not.
+  void Shift(int64_t keep, int64_t discard);
   Session Fork() const;  // explicit deep copy: the fork evolves independently
   void Reset();          // a new conversation: empty cache, position 0
 

@@ -506,6 +506,35 @@ Logits ReferenceModel::Forward(const Tokens& tokens, DynamicCache& cache,
   return impl_->Forward(tokens, cache.impl_.get(), trace);
 }
 
+void ReferenceModel::Shift(DynamicCache& cache, int64_t keep, int64_t discard) const {
+  DynamicCache::Impl& c = *cache.impl_;
+  const int64_t length = c.SeqLength();
+  KVDIFF_CHECK(keep >= 0 && discard >= 0 && keep <= length && discard <= length - keep,
+               "ReferenceModel::Shift: keep {} and discard {} must be >= 0 with keep + discard <= "
+               "{} (the cache length)",
+               keep, discard, length);
+  if (discard == 0) return;  // nothing moves
+  c10::InferenceMode guard;
+  try {
+    // cos, sin of the delta: [1, 1, d] in the model dtype -> [1, 1, 1, d] against [1, nkv, L, d]
+    auto [cos, sin] =
+        impl_->RotaryEmbedding(at::full({1, 1}, -discard, at::TensorOptions().dtype(at::kLong)));
+    cos = cos.unsqueeze(1);
+    sin = sin.unsqueeze(1);
+    const int64_t moved = length - keep - discard;
+    for (size_t l = 0; l < c.key_cache.size(); ++l) {
+      const Tensor& k = c.key_cache[l];    // [1, nkv, length, d]
+      const Tensor& v = c.value_cache[l];  // [1, nkv, length, d]
+      Tensor k_moved = k.narrow(-2, keep + discard, moved);
+      k_moved = (k_moved * cos) + (Impl::RotateHalf(k_moved) * sin);
+      c.key_cache[l] = at::cat({k.narrow(-2, 0, keep), k_moved}, -2);
+      c.value_cache[l] = at::cat({v.narrow(-2, 0, keep), v.narrow(-2, keep + discard, moved)}, -2);
+    }
+  } catch (const c10::Error& e) {
+    RethrowTorchError(e, "shift");
+  }
+}
+
 std::vector<Logits> ReferenceModel::ForwardBatch(const std::vector<BatchPart>& parts,
                                                  BatchPositions positions) const {
   std::vector<BatchRow> rows;

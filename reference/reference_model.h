@@ -85,6 +85,14 @@ class ReferenceModel {
       const std::vector<BatchPart>& parts,
       BatchPositions positions = BatchPositions::kFromAttentionMask) const;
 
+  // A context shift of `cache` (llama.cpp's n_keep/n_discard, StreamingLLM): positions
+  // [keep, keep + discard) dropped, the later keys re-rotated by -discard positions with this
+  // model's own rotary arithmetic (LlamaRotaryEmbedding at position_ids [[-discard]]: float32
+  // angles in ref, float64 in ref64) and apply_rotary_pos_emb's formula; values moved unchanged.
+  // InputError unless 0 <= keep, 0 <= discard and keep + discard <= the cache length; then the
+  // cache is unchanged.
+  void Shift(DynamicCache& cache, int64_t keep, int64_t discard) const;
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

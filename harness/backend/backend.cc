@@ -2,6 +2,8 @@
 // refusal has been made.
 #include "harness/backend/backend.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "format/error.h"
@@ -12,6 +14,13 @@ namespace kvdiff::harness {
 int64_t BatchItem::OutputRows() const {
   if (output.empty()) return static_cast<int64_t>(tokens.size());
   return std::count(output.begin(), output.end(), true);
+}
+
+void BackendSession::Shift(int64_t keep, int64_t discard) {
+  // ValidateScenarioFor refuses shift steps on a backend without BackendInfo::shifts, so a caller
+  // that gets here skipped the validation.
+  throw InputError(fmt::format(
+      "shift(keep={}, discard={}): this backend's sessions cannot shift positions", keep, discard));
 }
 
 Logits KeepOutputRows(const Logits& all, const std::vector<bool>& output) {

@@ -23,6 +23,13 @@ class BackendSession {
   virtual void Truncate(int64_t length) = 0;
   virtual std::unique_ptr<BackendSession> Fork() const = 0;
   virtual void Reset() = 0;
+  // A context shift (llama.cpp's n_keep/n_discard, StreamingLLM): drops positions
+  // [keep, keep + discard), moves the later ones down by `discard` and re-rotates their cached
+  // keys by -discard positions (RoPE is a rotation: R(p - d) = R(-d)·R(p)); values move
+  // unchanged. Length() drops by `discard`; the next token goes at the new length. InputError
+  // unless 0 <= keep, 0 <= discard and keep + discard <= Length(). Offered exactly when
+  // BackendInfo::shifts is set; the default refuses.
+  virtual void Shift(int64_t keep, int64_t discard);
 };
 
 // One conversation's part of a batched call (Backend::AppendBatch): tokens appended to `session`
@@ -110,6 +117,10 @@ struct BackendInfo {
   // Its matrix products run in a BLAS library chosen at load time (LibTorch's GEMMs), so its speed
   // depends on which one the loader found: `kvdiff bench` names it and warns of netlib's.
   bool gemms_in_blas = false;
+  // Its sessions implement BackendSession::Shift: a scenario with shift steps is refused
+  // (ValidateScenarioFor) on a backend without it. impl, ref and ref64 so far; plugins, engine
+  // programs and llama.cpp not yet (the plugin ABI has no shift call).
+  bool shifts = false;
 };
 
 class Backend {

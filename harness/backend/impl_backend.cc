@@ -32,6 +32,9 @@ struct ImplOps {
   static void Truncate(Session& session, int64_t length) { session.Truncate(length); }
   static Session Fork(const Session& session) { return session.Fork(); }
   static void Reset(Session& session) { session.Reset(); }
+  static void Shift(const Model&, Session& session, int64_t keep, int64_t discard) {
+    session.Shift(keep, discard);
+  }
   static Cache NewCache(const Model& model) { return model.NewCache(); }
   static int64_t Length(const Cache& cache) { return cache.Length(); }
   static void Crop(Cache& cache, int64_t length) { cache.SetLength(length); }
@@ -125,6 +128,7 @@ std::pair<BackendInfo, BackendFactory> ImplEntry(const std::string& name) {
         fmt::format(", TEST-ONLY fault {}", impl::BatchFaultName(impl_options.fault));
   info.dtype = "float32";
   info.raw_call = RawCall::kTakesPosition;
+  info.shifts = true;
   info.in_default_set = name == "impl";
   // Where impl's kernels change path: LinearRows up to kLinearRowsMax rows, then the GEMM;
   // attention in query tiles of kAttentionQueryTile rows.

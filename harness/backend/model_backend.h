@@ -9,6 +9,7 @@
 //   static Logits Append(const Model&, Session&, const Tokens&, ForwardTrace*);
 //   static int64_t Length(const Session&);  static void Truncate(Session&, int64_t);
 //   static Session Fork(const Session&);    static void Reset(Session&);
+//   static void Shift(const Model&, Session&, int64_t keep, int64_t discard);
 //   static Cache NewCache(const Model&);
 //   static int64_t Length(const Cache&);    static void Crop(Cache&, int64_t);
 //   static void Clear(Cache&);              static Cache Fork(const Cache&);
@@ -49,6 +50,9 @@ class ModelSession : public BackendSession {
     return std::make_unique<ModelSession>(model_, Ops::Fork(session_));
   }
   void Reset() override { Ops::Reset(session_); }
+  void Shift(int64_t keep, int64_t discard) override {
+    Ops::Shift(*model_, session_, keep, discard);
+  }
   typename Ops::Session& state() { return session_; }
 
  private:

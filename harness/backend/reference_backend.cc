@@ -42,6 +42,9 @@ struct ReferenceOps {
   }
   static void Truncate(Session& cache, int64_t length) { cache.Crop(length); }
   static void Reset(Session& cache) { cache.Reset(); }
+  static void Shift(const Model& user, Session& cache, int64_t keep, int64_t discard) {
+    user.model.Shift(cache, keep, discard);
+  }
   static Cache NewCache(const Model&) { return ref::DynamicCache(); }
   static int64_t Length(const Cache& cache) { return cache.GetSeqLength(); }
   static void Crop(Cache& cache, int64_t length) { cache.Crop(length); }
@@ -103,6 +106,7 @@ std::pair<BackendInfo, BackendFactory> ReferenceEntry(const Variant& v, const st
   }
   info.dtype = v.dtype;
   info.raw_call = RawCall::kPositionFromCache;
+  info.shifts = true;
   info.in_default_set = v.in_default_set && name == v.name;
   info.rope_angles = v.rope_angles;
   info.gemms_in_blas = true;

@@ -139,6 +139,13 @@ std::vector<std::string> BackendRegistry::Defaults() const {
   return names;
 }
 
+std::vector<std::string> BackendRegistry::ShiftingBackends() const {
+  std::vector<std::string> names;
+  for (const Entry& e : entries_)
+    if (e.unavailable.empty() && e.info.shifts) names.push_back(e.info.name);
+  return names;
+}
+
 const BackendRegistry::Entry* BackendRegistry::FindArbiter() const {
   for (const Entry& e : entries_)
     if (e.unavailable.empty() && e.info.dtype == "float64") return &e;

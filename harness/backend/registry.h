@@ -44,6 +44,9 @@ class BackendRegistry {
   std::vector<std::string> Names() const;     // the buildable ones, in registration order
   std::string NamesText() const;              // "impl, ref, ref64"
   std::vector<std::string> Defaults() const;  // those with in_default_set
+  // Those that can run shift steps (BackendInfo::shifts); named families such as impl? count as
+  // their base name only.
+  std::vector<std::string> ShiftingBackends() const;
   // The most precise backend (float64 before float32): what goldens are made with.
   // InputError when none computes in float64.
   std::string Arbiter() const;

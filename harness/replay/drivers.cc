@@ -46,6 +46,9 @@ class SessionDriver : public Driver {
     sessions_[to] = sessions_.at(from)->Fork();
   }
   void Reset(const std::string& conv) override { sessions_.at(conv)->Reset(); }
+  void Shift(const std::string& conv, int64_t keep, int64_t discard) override {
+    sessions_.at(conv)->Shift(keep, discard);
+  }
   void End(const std::string& conv) override { sessions_.erase(conv); }
   std::vector<Logits> AppendBatch(const std::vector<DriverBatchItem>& items) override {
     std::vector<BatchItem> batch;
@@ -169,6 +172,12 @@ class RawDriver : public Driver {
 };
 
 }  // namespace
+
+void Driver::Shift(const std::string& conversation, int64_t keep, int64_t discard) {
+  throw InputError(
+      fmt::format("shift({},keep={},discard={}): only the session driver can shift a conversation",
+                  conversation, keep, discard));
+}
 
 std::vector<Logits> Driver::AppendBatch(const std::vector<DriverBatchItem>& items) {
   std::vector<Logits> out;

@@ -37,6 +37,9 @@ class Driver {
   virtual void Truncate(const std::string& conversation, int64_t length) = 0;
   virtual void Fork(const std::string& from, const std::string& to) = 0;
   virtual void Reset(const std::string& conversation) = 0;
+  // A context shift of the conversation (BackendSession::Shift). Only the session driver has one
+  // (ValidateScenario refuses shift steps under any other); the default throws InputError.
+  virtual void Shift(const std::string& conversation, int64_t keep, int64_t discard);
   // The conversation's session (or cache) is freed; the name may be created again.
   virtual void End(const std::string& conversation) = 0;
   // A batch step: every item in one call where the driver can make one (the session driver, via

@@ -31,7 +31,8 @@ OracleCheck CheckAgainstOracle(const Recording& rec, const Backend& oracle, cons
   check.failures.resize(rec.steps.size());
   const int64_t vocab = oracle.config().vocab_size;
   std::vector<std::vector<size_t>> rows_of(rec.histories.size());
-  for (size_t k = 0; k < rec.rows.size(); ++k) rows_of[rec.rows[k].history].push_back(k);
+  for (size_t k = 0; k < rec.rows.size(); ++k)
+    if (!rec.rows[k].after_shift) rows_of[rec.rows[k].history].push_back(k);
   for (size_t h = 0; h < rows_of.size(); ++h) {
     if (rows_of[h].empty()) continue;
     int64_t last = 0;

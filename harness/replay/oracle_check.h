@@ -18,7 +18,8 @@ namespace kvdiff::harness {
 
 struct OracleCheck {
   // Parallel to Recording::rows: the row against the oracle's row of the same history and
-  // position; nullopt when the ForwardFull of that history failed.
+  // position; nullopt when the ForwardFull of that history failed, and for rows after a shift
+  // (RecordedRow::after_shift), which no uncached forward is the oracle of.
   std::vector<std::optional<RowComparison>> rows;
   // Parallel to Recording::steps: why rows of a step that ran could not be checked ("the oracle
   // ForwardFull failed: ..."); empty for every other step.

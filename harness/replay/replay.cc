@@ -19,6 +19,7 @@ struct ReplayedConversation {
   int64_t history = -1;   // into Recording::histories; -1 before its first token
   int64_t last_row = -1;  // into Recording::rows: the row of its last position, when it has one
   std::string stopped;    // why the conversation stopped; empty while it runs
+  bool shifted = false;   // a shift moved its positions: later rows have no uncached oracle
 };
 
 class Replayer {
@@ -123,6 +124,10 @@ class Replayer {
       case Op::kBatch:
         AppendBatch(i, step, calls);
         break;
+      case Op::kShift:
+        driver_->Shift(step.conversation, step.keep, step.discard);
+        ShiftHistory(conv, convs_.At(step.conversation).length, step.keep, step.discard);
+        break;
     }
     convs_.Apply(step);
     switch (step.op) {
@@ -138,6 +143,10 @@ class Replayer {
         break;
       case Op::kReset:
         CheckLength(step.conversation, "reset");
+        break;
+      case Op::kShift:
+        CheckLength(step.conversation,
+                    fmt::format("shift(keep={}, discard={})", step.keep, step.discard));
         break;
       case Op::kPrefill:
       case Op::kDecode:
@@ -241,6 +250,7 @@ class Replayer {
       row.token = tokens[t];
       row.chosen_by = t == 0 ? chosen_by : -1;
       row.history = conv.history;
+      row.after_shift = conv.shifted;
       row.logits.assign(logits.row(r).data(), logits.row(r).data() + vocab_);
       ++r;
       rec_.rows.push_back(std::move(row));
@@ -260,6 +270,18 @@ class Replayer {
   }
   void CheckLength(const std::string& name, const std::string& after) {
     CheckLength(name, convs_.At(name).length, after);
+  }
+
+  // After a shift, the conversation appends to a new history: the tokens its cache still holds,
+  // [0, keep) then [keep + discard, length), and its rows are no uncached forward's any more.
+  void ShiftHistory(ReplayedConversation& conv, int64_t length, int64_t keep, int64_t discard) {
+    if (discard == 0 || conv.history < 0) return;  // nothing moved
+    const Tokens& old = rec_.histories[conv.history];
+    Tokens kept(old.begin(), old.begin() + keep);
+    kept.insert(kept.end(), old.begin() + keep + discard, old.begin() + length);
+    rec_.histories.push_back(std::move(kept));
+    conv.history = static_cast<int64_t>(rec_.histories.size()) - 1;
+    conv.shifted = true;
   }
 
   // The history this conversation appends to at `length`: its own in place while it reaches the

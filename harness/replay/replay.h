@@ -27,10 +27,14 @@ struct RecordedRow {
   int64_t call = 0, row_in_call = 0;  // which forward call of the step, and the row within it
   std::string conversation;
   int64_t position = 0;
-  Token token = 0;            // the token fed at this position
-  int64_t chosen_by = -1;     // decode rows: the index (into Recording::rows) of the row whose
-                              // argmax chose `token`; -1 when the scenario gave it
-  int64_t history = 0;        // Recording::histories[history][0..position] is this row's history
+  Token token = 0;         // the token fed at this position
+  int64_t chosen_by = -1;  // decode rows: the index (into Recording::rows) of the row whose
+                           // argmax chose `token`; -1 when the scenario gave it
+  int64_t history = 0;     // Recording::histories[history][0..position] is this row's history
+  // Appended to a conversation after a shift (or to a fork of one, until a reset): its cached
+  // keys were computed with tokens in view that its history no longer holds, so no uncached
+  // forward is its oracle; it is compared across backends only (ref64 the arbiter).
+  bool after_shift = false;
   std::vector<float> logits;  // (vocab)
 };
 
@@ -51,7 +55,8 @@ struct Recording {
   std::vector<StepRecord> steps;  // one per scenario step
   std::vector<RecordedRow> rows;
   // Token sequences that only ever grow: a conversation appends to its history in place until a
-  // fork, truncate or reset sends it to a new one, so each is a leaf of the conversation tree.
+  // fork, truncate, reset or shift sends it to a new one, so each is a leaf of the conversation
+  // tree. After a shift, a history holds the tokens the cache still holds, in their new order.
   std::vector<Tokens> histories;
 
   // The index of the first step that failed, if any.

@@ -74,6 +74,13 @@ void Conversations::Apply(const Step& step) {
       if (states_.erase(step.conversation) > 0)
         names_.erase(std::find(names_.begin(), names_.end(), step.conversation));
       break;
+    case Op::kShift: {
+      ConversationState& c = Get(step.conversation);
+      // The last position's row stays what a decode chooses from, unless it was dropped.
+      if (step.discard > 0 && step.keep + step.discard >= c.length) c.has_last_row = false;
+      c.length -= step.discard;
+      break;
+    }
     case Op::kBatch:
       for (const BatchEntry& item : step.items) {
         ConversationState& c = Get(item.conversation);

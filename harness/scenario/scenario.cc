@@ -61,11 +61,12 @@ Op ParseOp(const std::string& name, const std::string& where) {
                                                  {"fork", Op::kFork},
                                                  {"reset", Op::kReset},
                                                  {"end", Op::kEnd},
-                                                 {"batch", Op::kBatch}};
+                                                 {"batch", Op::kBatch},
+                                                 {"shift", Op::kShift}};
   auto it = kOps.find(name);
   KVDIFF_CHECK(it != kOps.end(),
                "{}.op: unknown op \"{}\" (expected new_conversation, prefill, decode, truncate, "
-               "fork, reset, end or batch)",
+               "fork, reset, end, batch or shift)",
                where, name);
   return it->second;
 }
@@ -174,6 +175,12 @@ Step ParseStep(const json& s, size_t index) {
       return Step::End(conversation());
     case Op::kBatch:
       return ParseBatchStep(s, where);
+    case Op::kShift:
+      CheckKeys(s, where, {"op", "conversation", "keep", "discard"});
+      Require(s, "keep", where, op);
+      Require(s, "discard", where, op);
+      return Step::Shift(conversation(), GetInt(s, "keep", where, 0),
+                         GetInt(s, "discard", where, 0));
   }
   throw InputError(fmt::format("{}: unknown op", where));
 }
@@ -331,6 +338,11 @@ nlohmann::json Scenario::ToJson() const {
         break;
       case Op::kBatch:
         j["items"] = BatchItemsToJson(s);
+        break;
+      case Op::kShift:
+        j["conversation"] = s.conversation;
+        j["keep"] = s.keep;
+        j["discard"] = s.discard;
         break;
     }
     steps_json.push_back(j);

@@ -19,7 +19,17 @@
 
 namespace kvdiff::harness {
 
-enum class Op { kNewConversation, kPrefill, kDecode, kTruncate, kFork, kReset, kEnd, kBatch };
+enum class Op {
+  kNewConversation,
+  kPrefill,
+  kDecode,
+  kTruncate,
+  kFork,
+  kReset,
+  kEnd,
+  kBatch,
+  kShift,
+};
 std::string OpName(Op op);
 
 // Which rows of a batch item come back from the engine (a serving engine's per-row output flags).
@@ -57,11 +67,12 @@ struct Step {
   // prefill: chat messages, rendered with the model directory's chat template (and a generation
   // prompt) and tokenized when the scenario is loaded, as written in the file
   std::optional<std::vector<format::ChatMessage>> messages;
-  std::vector<int64_t> chunks;  // prefill: sizes summing to tokens.size()
-  int64_t n = 0;                // decode
-  int64_t length = 0;           // truncate
-  std::string name;             // new_conversation
-  std::string from, to;         // fork
+  std::vector<int64_t> chunks;    // prefill: sizes summing to tokens.size()
+  int64_t n = 0;                  // decode
+  int64_t length = 0;             // truncate
+  int64_t keep = 0, discard = 0;  // shift
+  std::string name;               // new_conversation
+  std::string from, to;           // fork
   // batch: the items of ONE engine call, each on its own conversation (a conversation at most
   // once); `conversation` is the first item's.
   std::vector<BatchEntry> items;
@@ -82,6 +93,11 @@ struct Step {
   // may not name it until a new_conversation or fork creates it again.
   static Step End(const std::string& conversation);
   static Step Batch(std::vector<BatchEntry> items);
+  // llama.cpp's context shift (n_keep, n_discard; StreamingLLM): positions [keep, keep+discard)
+  // are dropped, the later ones move down by `discard` with their cached keys re-rotated by
+  // -discard positions, values unchanged; the length drops by `discard`. The uncached forward is
+  // no oracle for the rows appended after it (docs/scenarios.md, "Shift steps").
+  static Step Shift(const std::string& conversation, int64_t keep, int64_t discard);
 
   // The conversations the step acts on: every item of a batch, the one conversation otherwise
   // (a fork's source and target both).
@@ -89,7 +105,7 @@ struct Step {
 
   // The parameter string shown in reports and usable to find the step again:
   // "prefill(main,n=5,chunks=3+2)", "decode(main,n=10)", "fork(main->side)",
-  // "batch(a:3,b:decode,c:5/last)".
+  // "batch(a:3,b:decode,c:5/last)", "shift(main,keep=4,discard=8)".
   std::string ParamString() const;
 };
 

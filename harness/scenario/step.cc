@@ -27,6 +27,8 @@ std::string OpName(Op op) {
       return "end";
     case Op::kBatch:
       return "batch";
+    case Op::kShift:
+      return "shift";
   }
   return "?";
 }
@@ -131,6 +133,15 @@ Step Step::Batch(std::vector<BatchEntry> items) {
   return s;
 }
 
+Step Step::Shift(const std::string& conversation, int64_t keep, int64_t discard) {
+  Step s;
+  s.op = Op::kShift;
+  s.conversation = conversation;
+  s.keep = keep;
+  s.discard = discard;
+  return s;
+}
+
 std::vector<std::string> Step::ConversationsActedOn() const {
   if (op == Op::kFork) return {from, to};
   if (op != Op::kBatch) return {conversation};
@@ -168,6 +179,8 @@ std::string Step::ParamString() const {
       for (size_t i = 0; i < items.size(); ++i) s += (i ? "," : "") + items[i].ParamString();
       return s + ")";
     }
+    case Op::kShift:
+      return fmt::format("shift({},keep={},discard={})", conversation, keep, discard);
   }
   return "?";
 }

@@ -1,11 +1,13 @@
 // ValidateScenario: a scenario's steps checked against its model before anything runs, each refusal
 // naming the step and field.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <map>
 #include <string>
 
 #include "format/error.h"
+#include "harness/backend/registry.h"
 #include "harness/scenario/conversations.h"
 #include "harness/scenario/scenario.h"
 
@@ -131,6 +133,22 @@ void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& confi
       case Op::kBatch:
         ValidateBatch(s, i, find, config);
         break;
+      case Op::kShift: {
+        const ConversationState c = find(s.conversation, fmt::format("steps[{}].conversation", i));
+        KVDIFF_CHECK(s.keep >= 0, "steps[{}].keep: expected an integer >= 0, got {}", i, s.keep);
+        KVDIFF_CHECK(s.discard >= 0, "steps[{}].discard: expected an integer >= 0, got {}", i,
+                     s.discard);
+        // Compared without adding first: keep and discard may each be as large as INT64_MAX.
+        KVDIFF_CHECK(s.keep <= c.length && s.discard <= c.length - s.keep,
+                     "steps[{}].discard: keep + discard = {} is beyond conversation {}'s length {}",
+                     i, static_cast<uint64_t>(s.keep) + static_cast<uint64_t>(s.discard),
+                     s.conversation, c.length);
+        KVDIFF_CHECK(scenario.driver == DriverKind::kSession,
+                     "steps[{}]: a shift needs the session driver (driver \"{}\" has no way to "
+                     "move cached positions)",
+                     i, DriverName(scenario.driver));
+        break;
+      }
     }
     if (s.op == Op::kNewConversation || s.op == Op::kFork) ended.erase(s.conversation);
     convs.Apply(s);
@@ -138,6 +156,14 @@ void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& confi
 }
 
 void ValidateScenarioFor(const Scenario& scenario, const BackendInfo& b) {
+  for (size_t i = 0; i < scenario.steps.size() && !b.shifts; ++i) {
+    KVDIFF_CHECK(scenario.steps[i].op != Op::kShift,
+                 "steps[{}] {}: backend {} cannot shift a conversation's positions (shift steps "
+                 "run on {}; engine plugins, exec: programs and llama.cpp cannot shift yet; leave "
+                 "{} out of the backends)",
+                 i, scenario.steps[i].ParamString(), b.name,
+                 fmt::join(BackendRegistry::Global().ShiftingBackends(), ", "), b.name);
+  }
   if (b.max_length <= 0 && b.max_sessions <= 0 && b.max_batch_tokens <= 0) return;
   Conversations convs;
   for (size_t i = 0; i < scenario.steps.size(); ++i) {

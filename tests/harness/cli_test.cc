@@ -73,6 +73,9 @@ TEST(RunCli, ShippedScenariosBehaveAsTheirDescriptionsSay) {
   EXPECT_EQ(reuse1.exit_code, 1);
   EXPECT_THAT(reuse1.out, HasSubstr("first divergence: step 3 prefill(second,n=1)"));
   EXPECT_EQ(reuse1.out.find("error:"), std::string::npos) << "reuse1 is silent: no error";
+  // shift.json names ref and ref64; without LibTorch it is refused (exit 2) for them.
+  const auto shift = RunKvdiff("run " + s + "shift.json --threads 1", dir.path());
+  EXPECT_EQ(shift.exit_code, harness::BackendRegistry::Global().Has("ref64") ? 0 : 2) << shift.out;
 }
 
 TEST(RunCli, SessionDriverOnThePos0StepsExitsZero) {
