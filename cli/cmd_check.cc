@@ -21,7 +21,7 @@
 #include "harness/campaign/jobs.h"
 #include "harness/campaign/shape_generator.h"
 #include "harness/campaign/shards.h"
-#include "harness/compare/tolerance_profile.h"
+#include "harness/compare/gate.h"
 #include "harness/report/html_check_report.h"
 #include "harness/report/run_report.h"
 #include "harness/run/differential_run.h"
@@ -109,15 +109,8 @@ harness::CampaignOptions BaseOptions(const CheckArgs& args, harness::ShardSelect
 std::vector<std::string> ResolveGates(const CheckArgs& args,
                                       const std::vector<const harness::Backend*>& backends,
                                       harness::CampaignOptions& options) {
-  std::string profile_note, rope_note;
-  options.tolerance_abs =
-      harness::ResolveRunTolerance(args.tolerance, std::nullopt, backends, &profile_note);
-  options.run.rope_f32_per_position =
-      harness::ResolveRopeAllowance(args.tolerance, backends, &rope_note);
   std::vector<std::string> notes;
-  for (std::string* note : {&profile_note, &rope_note}) {
-    if (!note->empty()) notes.push_back(std::move(*note));
-  }
+  options.gate = harness::ResolveGate(args.tolerance, {}, backends, &notes);
   return notes;
 }
 

@@ -15,7 +15,7 @@
 #include "cli/engine_guard.h"
 #include "format/error.h"
 #include "harness/backend/registry.h"
-#include "harness/compare/tolerance_profile.h"
+#include "harness/compare/gate.h"
 #include "harness/conform/conform.h"
 #include "harness/report/run_report.h"
 #include "harness/run/differential_run.h"
@@ -54,20 +54,15 @@ int Conform(const ConformArgs& args) {
       MakeBackends({engine_name, args.against}, weights, WithThreads(args.isolation, 1));
 
   harness::ConformOptions options;
-  std::string profile_note;
-  options.tolerance =
-      harness::ResolveRunTolerance(args.tolerance, std::nullopt, backends.all, &profile_note);
-  std::string rope_note;
-  options.rope_f32_per_position =
-      harness::ResolveRopeAllowance(args.tolerance, backends.all, &rope_note);
+  std::vector<std::string> gate_notes;
+  options.gate = harness::ResolveGate(args.tolerance, {}, backends.all, &gate_notes);
   options.campaign_cases = args.cases;
   options.seed = args.seed;
   options.out_dir = args.out_dir;
   fmt::print(Report(), "kvdiff conform: {} ({}) against {}, model {} ({})\n", engine_name,
              backends.all[0]->Info().description, args.against, model.Describe(),
              harness::DescribeModel(weights->config));
-  if (!profile_note.empty()) fmt::print(Report(), "{}\n", profile_note);
-  if (!rope_note.empty()) fmt::print(Report(), "{}\n", rope_note);
+  for (const std::string& note : gate_notes) fmt::print(Report(), "{}\n", note);
   std::fflush(Report());
   const harness::ConformReport report =
       harness::RunConformance(model, *backends.all[0], *backends.all[1], options);

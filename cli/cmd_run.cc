@@ -15,7 +15,7 @@
 #include "format/error.h"
 #include "harness/backend/backend.h"
 #include "harness/compare/compare.h"
-#include "harness/compare/tolerance_profile.h"
+#include "harness/compare/gate.h"
 #include "harness/report/html_run_report.h"
 #include "harness/report/run_report.h"
 #include "harness/run/differential_run.h"
@@ -48,7 +48,6 @@ int Run(const RunArgs& args) {
   const std::vector<std::string> requested =
       args.backends.empty() ? std::vector<std::string>{} : harness::ParseBackendList(args.backends);
   const std::vector<std::string> names = harness::PlanBackends(requested, sc, &notes);
-  const std::optional<double> file_tolerance = sc.tolerance_abs;
   auto weights = harness::LoadModelFor(sc.model);
   try {
     harness::PrepareScenario(sc, *weights);  // checks the steps against the model
@@ -57,15 +56,9 @@ int Run(const RunArgs& args) {
   }
   const BackendSet backends =
       MakeBackends(names, weights, WithThreads(args.isolation, args.threads));
-  std::string profile_note;
-  sc.tolerance_abs =
-      harness::ResolveRunTolerance(args.tolerance, file_tolerance, backends.all, &profile_note);
-  if (!profile_note.empty()) notes.push_back(profile_note);
+  sc.gate = harness::ResolveGate(args.tolerance, sc.gate, backends.all, &notes);
   harness::RunOptions options;
   options.localize = args.localize;
-  options.rope_f32_per_position =
-      harness::ResolveRopeAllowance(args.tolerance, backends.all, &profile_note);
-  if (!profile_note.empty()) notes.push_back(profile_note);
   harness::RunReport report = harness::RunScenario(sc, backends.all, options);
   report.notes.insert(report.notes.begin(), notes.begin(), notes.end());
   fmt::print(Report(), "{}", harness::FormatTerminal(report, isatty(fileno(Report())) != 0));

@@ -107,7 +107,7 @@ void ValidateRandomModelScale(const RandomModelScale& scale, const std::string& 
 
 // Random weights from a seed with kvdiff's own PRNG (format/prng.h): identical on every
 // platform. Scaled so that logits have a standard deviation of about 3 and attention scores of
-// about 4 (see model_files.cc for the reasoning), each times `scale`'s factor. The same PRNG draws
+// about 4 (see random_model.cc for the reasoning), each times `scale`'s factor. The same PRNG draws
 // are used whatever the scale: a scaled model is the default one with some tensors multiplied.
 ModelWeights MakeRandomModel(const LlamaConfig& config, uint64_t seed,
                              const RandomModelScale& scale = {});

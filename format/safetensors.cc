@@ -4,6 +4,7 @@
 // relative to the data section) plus an optional "__metadata__" object of strings. The reader is as
 // strict as the reference implementation: the tensors must tile the data section exactly (no
 // overlap, no gap, no trailing bytes), because a file that does not is truncated or corrupt.
+// Here: the dtypes and reading; writing is in safetensors_write.cc.
 #include "format/safetensors.h"
 
 #include <fcntl.h>
@@ -13,7 +14,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -36,10 +36,6 @@ using nlohmann::json;
 
 // The reference implementation refuses headers above 100 MB; so do we, before allocating.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
-
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return fmt::format("[{}]", fmt::join(shape, ", "));
-}
 
 uint32_t FloatBits(float f) {
   uint32_t u;
@@ -118,6 +114,10 @@ uint64_t NonNegativeInt(const json& value, const std::string& what) {
 }
 
 }  // namespace
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
 
 uint16_t FloatToF16Bits(float value) { return FloatToHalf(value); }
 uint16_t FloatToBF16Bits(float value) { return FloatToBFloat16(value); }
@@ -382,130 +382,6 @@ void SafetensorsFile::Release(const std::string& name) const {
   const uintptr_t first = start & ~(page - 1);
   const uintptr_t last = (start + view.nbytes + page - 1) & ~(page - 1);
   madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);  // advisory: ignore errors
-}
-
-// --- writing ---------------------------------------------------------------------------------
-
-namespace {
-
-class TempFile {
- public:
-  // A fresh file beside `target` (same directory, so the final rename is atomic).
-  explicit TempFile(const std::filesystem::path& target) : target_(target) {
-    static std::atomic<unsigned> counter{0};
-    const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : ".";
-    for (int attempt = 0; attempt < 100 && fd_ < 0; ++attempt) {
-      path_ = dir / fmt::format(".{}.tmp.{}.{}", target.filename().string(),
-                                static_cast<long>(getpid()), counter++);
-      fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-      if (fd_ < 0 && errno != EEXIST) break;
-    }
-    KVDIFF_CHECK(fd_ >= 0, "cannot create a file in {}: {}", dir.string(), std::strerror(errno));
-  }
-  ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(path_.c_str());
-  }
-  void Write(const void* data, size_t size) {
-    const char* p = static_cast<const char*>(data);
-    while (size > 0) {
-      const ssize_t n = ::write(fd_, p, size);
-      if (n < 0 && errno == EINTR) continue;
-      KVDIFF_CHECK(n > 0, "cannot write {}: {}", target_.string(), std::strerror(errno));
-      p += n;
-      size -= static_cast<size_t>(n);
-    }
-  }
-  void Commit() {
-    KVDIFF_CHECK(::fsync(fd_) == 0, "cannot write {}: {}", target_.string(), std::strerror(errno));
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    KVDIFF_CHECK(rc == 0, "cannot write {}: {}", target_.string(), std::strerror(errno));
-    KVDIFF_CHECK(::rename(path_.c_str(), target_.c_str()) == 0, "cannot rename {} to {}: {}",
-                 path_.string(), target_.string(), std::strerror(errno));
-    committed_ = true;
-  }
-
- private:
-  std::filesystem::path target_, path_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
-
-}  // namespace
-
-void WriteFileAtomically(const std::filesystem::path& path, const std::string& contents) {
-  TempFile out(path);
-  out.Write(contents.data(), contents.size());
-  out.Commit();
-}
-
-void WriteSafetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
-  std::vector<TensorViewToWrite> views;
-  views.reserve(tensors.size());
-  for (const TensorToWrite& t : tensors) {
-    views.push_back({t.name, t.dtype, t.shape, t.values.data(), t.values.size()});
-  }
-  WriteSafetensorsViews(path, views, metadata);
-}
-
-void WriteSafetensorsViews(const std::filesystem::path& path,
-                           const std::vector<TensorViewToWrite>& tensors,
-                           const std::map<std::string, std::string>& metadata) {
-  json header = json::object();
-  uint64_t offset = 0;
-  for (const TensorViewToWrite& t : tensors) {
-    KVDIFF_CHECK(!t.name.empty() && t.name != "__metadata__",
-                 "WriteSafetensors: invalid tensor name \"{}\"", t.name);
-    KVDIFF_CHECK(!header.contains(t.name), "WriteSafetensors: tensor \"{}\" given twice", t.name);
-    uint64_t n = 1;
-    for (int64_t d : t.shape) {
-      KVDIFF_CHECK(d >= 0, "WriteSafetensors: tensor \"{}\" has a negative dimension in shape {}",
-                   t.name, ShapeString(t.shape));
-      n *= static_cast<uint64_t>(d);
-    }
-    KVDIFF_CHECK(n == t.num_values,
-                 "WriteSafetensors: tensor \"{}\" has shape {} ({} elements) but {} values", t.name,
-                 ShapeString(t.shape), n, t.num_values);
-    const uint64_t nbytes = n * DTypeSize(t.dtype);
-    header[t.name] = {{"dtype", DTypeName(t.dtype)},
-                      {"shape", t.shape},
-                      {"data_offsets", {offset, offset + nbytes}}};
-    offset += nbytes;
-  }
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::string header_text = header.dump();  // keys sorted (std::map), no whitespace
-  // Pad with spaces so the data section starts 8-byte aligned (8 + header_len is a multiple of 8).
-  header_text.append((8 - header_text.size() % 8) % 8, ' ');
-  const uint64_t header_len = header_text.size();
-
-  TempFile out(path);
-  out.Write(&header_len, 8);
-  out.Write(header_text.data(), header_text.size());
-  std::vector<uint16_t> half;
-  for (const TensorViewToWrite& t : tensors) {
-    switch (t.dtype) {
-      case DType::kF32:
-        out.Write(t.values, t.num_values * 4);
-        break;
-      case DType::kF64: {
-        std::vector<double> wide(t.values, t.values + t.num_values);
-        out.Write(wide.data(), wide.size() * 8);
-        break;
-      }
-      case DType::kF16:
-      case DType::kBF16:
-        half.resize(t.num_values);
-        for (size_t i = 0; i < t.num_values; ++i) {
-          half[i] =
-              t.dtype == DType::kF16 ? FloatToHalf(t.values[i]) : FloatToBFloat16(t.values[i]);
-        }
-        out.Write(half.data(), half.size() * 2);
-        break;
-    }
-  }
-  out.Commit();
 }
 
 float RoundToDType(float value, DType dtype) {

@@ -17,6 +17,9 @@ const char* DTypeName(DType dtype);         // "F32", "F16", "BF16", "F64"
 DType ParseDType(const std::string& name);  // throws InputError naming the unknown dtype
 size_t DTypeSize(DType dtype);
 
+// "[2, 3]": a shape as every message spells it.
+std::string ShapeString(const std::vector<int64_t>& shape);
+
 struct TensorView {
   std::string name;
   DType dtype;

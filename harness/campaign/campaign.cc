@@ -213,8 +213,8 @@ namespace campaign_detail {
 
 void CheckOptions(const CampaignOptions& options) {
   KVDIFF_CHECK(options.cases >= 0, "--cases: expected a count >= 0, got {}", options.cases);
-  KVDIFF_CHECK(options.tolerance_abs >= 0 && std::isfinite(options.tolerance_abs),
-               "--tolerance: expected a finite number >= 0, got {}", options.tolerance_abs);
+  KVDIFF_CHECK(options.gate.abs >= 0 && std::isfinite(options.gate.abs),
+               "--tolerance: expected a finite number >= 0, got {}", options.gate.abs);
 }
 
 CampaignReport NewReport(const std::vector<std::string>& backend_names,
@@ -224,7 +224,7 @@ CampaignReport NewReport(const std::vector<std::string>& backend_names,
   report.seed = options.seed;
   report.cases = options.cases;
   report.shard = options.shard;
-  report.tolerance = options.tolerance_abs;
+  report.tolerance = options.gate.abs;
   report.generation = options.generation;
   return report;
 }
@@ -234,8 +234,8 @@ Scenario NewCase(const format::LlamaConfig& config, const ModelSpec& model,
                  const GenerationOptions& generation, int64_t k, double tolerance_rel) {
   Scenario sc = GenerateCase(config, model, options.seed, k, generation);
   sc.backends = backend_names;
-  sc.tolerance_abs = options.tolerance_abs;
-  sc.tolerance_rel = tolerance_rel;
+  sc.gate = options.gate;
+  sc.gate.rel = tolerance_rel;
   if (tolerance_rel > 0) sc.description += " (demanding)";
   ValidateScenario(sc, config);
   return sc;

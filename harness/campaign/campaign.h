@@ -36,7 +36,9 @@ struct CampaignOptions {
   int64_t cases = 0;
   Shard shard;
   std::filesystem::path out_dir = "kvdiff-failures";  // failing cases are written here
-  double tolerance_abs = kDefaultTolerance;
+  // --tolerance (or a tolerance profile's) and the rope-f32 allowance, resolved over the backends
+  // (ResolveGate); rel stays 0: the demanding cases take theirs from DemandingOptions::rtol.
+  Gate gate;
   // --max-length, --long-fraction; the boundaries are filled in by RunCampaign from the
   // backends' declared sizes and the powers of two (CampaignBoundaries).
   GenerationOptions generation;

@@ -18,7 +18,7 @@ void CheckOptions(const CampaignOptions& options);
 CampaignReport NewReport(const std::vector<std::string>& backend_names,
                          const CampaignOptions& options);
 // Case k's scenario on `model` (whose config is `config`), with the campaign's backends and
-// tolerance, validated (a generator bug must not pass as a backend bug). A demanding case
+// gate, validated (a generator bug must not pass as a backend bug). A demanding case
 // (harness/campaign/demanding_part.h) also has the relative gate tolerance_rel.
 Scenario NewCase(const format::LlamaConfig& config, const ModelSpec& model,
                  const std::vector<std::string>& backend_names, const CampaignOptions& options,

@@ -57,12 +57,6 @@ double ResolveRopeAllowance(const std::optional<double>& flag,
   return kRopeF32.per_position;
 }
 
-double CrossTolerance(double tolerance, double per_position, const BackendInfo& a,
-                      const BackendInfo& b, int64_t position) {
-  const bool f32_angles = a.rope_angles == "f32" || b.rope_angles == "f32";
-  return f32_angles ? tolerance + per_position * static_cast<double>(position) : tolerance;
-}
-
 const ToleranceProfile* ProfileFor(const std::string& cache_dtype) {
   for (const ToleranceProfile& p : kProfiles)
     if (p.cache_dtype == cache_dtype) return &p;

@@ -30,8 +30,9 @@ const ToleranceProfile* ProfileFor(const std::string& cache_dtype);
 // p · 2^-23 radians, so its logits drift from the exact ones (impl, ref64: angles in double,
 // rounded once) linearly with the position — by ~3e-4 at position 400 on the tiny preset, while
 // impl stays within 3e-5 of ref64 at every position. A comparison between two backends where
-// either computes its angles in float32 is held to tolerance + per_position · position; a
-// backend against its own uncached forward (same angles on both paths) keeps the plain gate.
+// either computes its angles in float32 is held to tolerance + per_position · position (Gate::
+// Across, gate.h); a backend against its own uncached forward (same angles on both paths) keeps
+// the plain gate.
 struct RopeAngleProfile {
   double per_position = 0;  // added to the tolerance per position of the compared row
   std::string basis;        // one line: what the allowance was derived from
@@ -43,11 +44,6 @@ const RopeAngleProfile& RopeF32Profile();
 // profile's, with `note` (when not null) set to the line every report prints, else cleared.
 double ResolveRopeAllowance(const std::optional<double>& flag,
                             const std::vector<const Backend*>& backends, std::string* note);
-
-// The gate of a row at `position` compared between backends a and b: tolerance, plus
-// per_position · position when either computes its RoPE angles in float32.
-double CrossTolerance(double tolerance, double per_position, const BackendInfo& a,
-                      const BackendInfo& b, int64_t position);
 
 // The tolerance of a run over `backends`, resolved once: the --tolerance flag; else the file's
 // (scenario or golden) or kDefaultTolerance, raised to the loosest profile among the backends.

@@ -216,7 +216,7 @@ ConformReport RunConformance(const ModelSpec& model, const Backend& engine, cons
   report.backend = engine.Name();
   report.oracle = oracle.Name();
   report.model = fmt::format("{} ({})", model.Describe(), DescribeModel(engine.config()));
-  report.tolerance = options.tolerance;
+  report.tolerance = options.gate.abs;
   KVDIFF_CHECK(engine.config().vocab_size == oracle.config().vocab_size,
                "conform: {} and {} see different models", engine.Name(), oracle.Name());
 
@@ -243,8 +243,7 @@ ConformReport RunConformance(const ModelSpec& model, const Backend& engine, cons
   for (const CheckDef& batch : conform_detail::BatchChecks()) checks.push_back(batch);
   for (size_t i = 0; i < checks.size(); ++i) {
     // Each check draws its own tokens: one check's outcome never moves another's inputs.
-    Probe probe(engine, oracle, options.tolerance, options.rope_f32_per_position,
-                options.seed * 1000 + i);
+    Probe probe(engine, oracle, options.gate, options.seed * 1000 + i);
     report.checks.push_back(RunOne(checks[i], probe));
   }
 
@@ -257,8 +256,7 @@ ConformReport RunConformance(const ModelSpec& model, const Backend& engine, cons
     campaign.seed = options.seed;
     campaign.cases = options.campaign_cases;
     campaign.out_dir = options.out_dir;
-    campaign.tolerance_abs = options.tolerance;
-    campaign.run.rope_f32_per_position = options.rope_f32_per_position;
+    campaign.gate = options.gate;
     campaign.shrink_cases = 1;  // the row names one case: its smallest reproduction is the one
     const CampaignReport r = RunCampaign(model, {&oracle, &engine}, campaign);
     check.seconds = r.seconds;

@@ -16,15 +16,15 @@
 
 #include "harness/backend/backend.h"
 #include "harness/compare/compare.h"
+#include "harness/compare/gate.h"
 #include "harness/scenario/scenario.h"
 
 namespace kvdiff::harness {
 
 struct ConformOptions {
-  double tolerance = kDefaultTolerance;
-  double rope_f32_per_position = 0;  // the rope-f32 profile's allowance (ResolveRopeAllowance)
-  int64_t campaign_cases = 100;      // 0 leaves the campaign out
-  uint64_t seed = 0;                 // the tokens of every check and the campaign's seed
+  Gate gate;                     // resolved over the engine and the oracle (ResolveGate)
+  int64_t campaign_cases = 100;  // 0 leaves the campaign out
+  uint64_t seed = 0;             // the tokens of every check and the campaign's seed
   std::filesystem::path out_dir = "kvdiff-failures";  // the campaign's failing cases
   // The capacity check fills a session to max_position_embeddings; above this it is skipped.
   int64_t max_capacity_fill = 4096;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "harness/backend/backend.h"
+#include "harness/compare/gate.h"
 
 namespace kvdiff::harness::conform_detail {
 
@@ -33,8 +34,7 @@ class NotApplicable : public std::runtime_error {
 
 class Probe {
  public:
-  Probe(const Backend& engine, const Backend& oracle, double tolerance,
-        double rope_f32_per_position, uint64_t seed);
+  Probe(const Backend& engine, const Backend& oracle, const Gate& gate, uint64_t seed);
 
   struct Conversation {
     std::unique_ptr<BackendSession> session;
@@ -103,8 +103,7 @@ class Probe {
 
   const Backend& engine_;
   const Backend& oracle_;
-  double tolerance_;
-  double rope_f32_per_position_;
+  Gate gate_;
   uint64_t rng_;
   int64_t rows_ = 0, same_rows_ = 0;
   double worst_ = 0, same_worst_ = 0;

@@ -4,18 +4,12 @@
 #include "format/error.h"
 #include "format/prng.h"
 #include "harness/compare/compare.h"
-#include "harness/compare/tolerance_profile.h"
 #include "harness/conform/conform_detail.h"
 
 namespace kvdiff::harness::conform_detail {
 
-Probe::Probe(const Backend& engine, const Backend& oracle, double tolerance,
-             double rope_f32_per_position, uint64_t seed)
-    : engine_(engine),
-      oracle_(oracle),
-      tolerance_(tolerance),
-      rope_f32_per_position_(rope_f32_per_position),
-      rng_(seed) {}
+Probe::Probe(const Backend& engine, const Backend& oracle, const Gate& gate, uint64_t seed)
+    : engine_(engine), oracle_(oracle), gate_(gate), rng_(seed) {}
 
 Probe::Conversation Probe::New() const {
   Conversation c{engine_.NewSession(), {}};
@@ -86,8 +80,7 @@ void Probe::ExpectOracleRows(const Tokens& history, const Logits& got,
     const std::string nonfinite = DescribeNonFinite(got.row(row).data(), vocab());
     if (!nonfinite.empty())
       Fail("{}: position {}: non-finite logits: {}", what, position, nonfinite);
-    const double tolerance = CrossTolerance(tolerance_, rope_f32_per_position_, engine_.Info(),
-                                            oracle_.Info(), position);
+    const Tolerance tolerance = gate_.Across(engine_.Info(), oracle_.Info(), position);
     const RowComparison cmp =
         CompareRows(got.row(row).data(), want.row(position).data(), vocab(), tolerance);
     worst_ = std::max(worst_, cmp.max_abs_diff);
@@ -96,7 +89,8 @@ void Probe::ExpectOracleRows(const Tokens& history, const Logits& got,
       Fail(
           "{}: position {} differs from {}'s uncached forward by {:.3e} > {:.3e} (argmax {} "
           "vs {})",
-          what, position, oracle_.Name(), cmp.max_abs_diff, tolerance, cmp.argmax_a, cmp.argmax_b);
+          what, position, oracle_.Name(), cmp.max_abs_diff, tolerance.abs, cmp.argmax_a,
+          cmp.argmax_b);
     }
   }
 }
@@ -110,12 +104,12 @@ void Probe::ExpectSameRows(const Logits& got, const Logits& want,
   for (int64_t r = 0; r < got.rows(); ++r) {
     // Both rows are the engine's own, its RoPE angles alike: the run's gate without allowance.
     const RowComparison cmp =
-        CompareRows(got.row(r).data(), want.row(r).data(), vocab(), Tolerance{tolerance_});
+        CompareRows(got.row(r).data(), want.row(r).data(), vocab(), gate_.Own());
     same_worst_ = std::max(same_worst_, cmp.max_abs_diff);
     ++same_rows_;
     if (!cmp.within_tolerance) {
       Fail("{}: position {}: max |a-b| {:.3e} > {:.3e} (argmax {} vs {})", what, positions[r],
-           cmp.max_abs_diff, tolerance_, cmp.argmax_a, cmp.argmax_b);
+           cmp.max_abs_diff, gate_.abs, cmp.argmax_a, cmp.argmax_b);
     }
   }
 }

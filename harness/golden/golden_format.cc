@@ -172,7 +172,7 @@ Golden GoldenHeader(const GoldenPaths& paths, const GoldenInput& in, const std::
   g.backend = backend;
   g.dtype = BackendDtype(backend);
   g.driver = DriverName(in.scenario.driver);
-  g.tolerance = in.scenario.tolerance_abs;
+  g.tolerance = in.scenario.gate.abs;
   g.kvdiff_version = KVDIFF_VERSION;
   g.regenerate = fmt::format("kvdiff golden regen {} --backend {}", g.scenario, backend);
   g.rows_file = paths.rows.filename().string();

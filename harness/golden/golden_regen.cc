@@ -173,7 +173,7 @@ RegenResult RegenGoldenSet(const GoldenPaths& paths, const RegenOptions& options
     KVDIFF_CHECK(why.empty(), "{}: {}", paths.scenario.string(), why);
     const auto backend = registry.Make(backend_name, in.weights, BackendOptions{options.threads});
     const Recording rec = Replay(in.scenario, *backend);
-    const OracleCheck oracle = CheckAgainstOracle(rec, *backend, in.scenario.tolerance_abs);
+    const OracleCheck oracle = CheckAgainstOracle(rec, *backend, in.scenario.gate.abs);
     if (const auto failed = oracle.FirstError(rec)) {
       result.status = RegenStatus::kRefused;
       result.message =
@@ -196,7 +196,7 @@ RegenResult RegenGoldenSet(const GoldenPaths& paths, const RegenOptions& options
           "{} (tolerance {}); a golden must never pin a bug, so nothing was written",
           backend_name, r.step, step.ParamString(), r.row, r.conversation, r.position, r.token,
           FormatDiff(vs_oracle->max_abs_diff), vs_oracle->max_diff_index,
-          FormatDiff(in.scenario.tolerance_abs));
+          FormatDiff(in.scenario.gate.abs));
       return result;
     }
     Golden now = MakeGolden(paths, in, rec, backend_name);

@@ -12,7 +12,7 @@
 #include "format/error.h"
 #include "format/model_files.h"
 #include "harness/backend/registry.h"
-#include "harness/compare/tolerance_profile.h"
+#include "harness/compare/gate.h"
 #include "harness/golden/golden.h"
 #include "harness/golden/golden_detail.h"
 #include "harness/golden/sha256.h"
@@ -134,14 +134,13 @@ GoldenCheck CheckBackend(const GoldenInput& in, const Golden& g, const std::stri
       return c;
     }
     const auto backend = registry.Make(name, in.weights, options);
-    c.tolerance = ResolveRunTolerance(flag, g.tolerance, {backend.get()}, &c.tolerance_note);
     // Goldens are made by the arbiter (exact angles): a float32-angle backend gets the rope-f32
     // allowance against them.
-    std::string rope_note;
-    rope_f32_per_position = ResolveRopeAllowance(flag, {backend.get()}, &rope_note);
-    if (!rope_note.empty()) {
-      c.tolerance_note += (c.tolerance_note.empty() ? "" : "; ") + rope_note;
-    }
+    std::vector<std::string> notes;
+    const Gate gate = ResolveGate(flag, Gate{g.tolerance}, {backend.get()}, &notes);
+    c.tolerance = gate.abs;
+    c.tolerance_note = fmt::format("{}", fmt::join(notes, "; "));
+    rope_f32_per_position = gate.rope_f32_per_position;
     rec = Replay(in.scenario, *backend);
   } catch (const std::exception& e) {
     c.status = PathStatus::kError;

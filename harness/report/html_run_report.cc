@@ -16,16 +16,15 @@ namespace {
 std::string Summary(const RunReport& r) {
   int64_t failed = 0;
   for (const StepReport& s : r.steps) failed += s.Passed() ? 0 : 1;
-  std::string tolerance = FormatDiff(r.tolerance);
-  if (r.tolerance_rel > 0)
-    tolerance += " or rel " + FormatDiff(r.tolerance_rel) + " of max |logit|";
+  std::string tolerance = FormatDiff(r.gate.abs);
+  if (r.gate.rel > 0) tolerance += " or rel " + FormatDiff(r.gate.rel) + " of max |logit|";
   std::vector<SummaryItem> items = {
       {"verdict", HtmlVerdict(r.Passed()) +
                       HtmlEscape(fmt::format(": {} of {} steps failed", failed, r.steps.size()))},
       {"model", HtmlEscape(fmt::format("{} ({})", r.model_source, r.model_description))},
       {"driver", HtmlEscape(DriverName(r.driver))},
       {"backends", HtmlEscape(fmt::format("{}", fmt::join(r.backends, ", ")))},
-      {"tolerance", HtmlFigure("tolerance", r.tolerance, tolerance)},
+      {"tolerance", HtmlFigure("tolerance", r.gate.abs, tolerance)},
       {"rows compared", HtmlFigure("rows-compared", r.rows_compared)},
       {"worst difference", HtmlFigure("worst-diff", r.worst_diff, WorstRowText(r.worst))},
   };
@@ -82,9 +81,10 @@ std::string DiffChart(const RunReport& r) {
     }
   }
   if (chart.series.empty()) return "";
-  chart.gate = r.tolerance;
-  chart.gate_label = "gate " + FormatDiff(r.tolerance) +
-                     (r.rope_f32_per_position > 0 ? " (+ rope-f32 allowance per position)" : "");
+  chart.gate = r.gate.abs;
+  chart.gate_label =
+      "gate " + FormatDiff(r.gate.abs) +
+      (r.gate.rope_f32_per_position > 0 ? " (+ rope-f32 allowance per position)" : "");
   if (r.first_divergence) {
     const Divergence& d = *r.first_divergence;
     chart.marker = ChartMarker{
@@ -158,7 +158,7 @@ std::string LocalizationMap(const RunReport& r) {
   map.row_axis = "layer and block (depth)";
   map.column_axis = loc.columns.size() == 1 ? "position" : "position (time)";
   map.column_labels = labels;
-  map.gate = r.tolerance;
+  map.gate = r.gate.abs;
   for (size_t l = 0; l < loc.attention_map.size(); ++l) {
     map.row_labels.push_back(fmt::format("layer {} attention", l));
     map.values.push_back(loc.attention_map[l]);

@@ -271,11 +271,11 @@ std::string FormatTerminal(const RunReport& r, bool color) {
   std::string out;
   out += fmt::format("{}\n", Paint(fmt::format("kvdiff run {}", r.scenario), kBold, color));
   out += fmt::format("model: {} ({})\n", r.model_source, r.model_description);
-  out += fmt::format("driver {}, backends {}, tolerance abs {}{}\n", DriverName(r.driver),
-                     fmt::join(r.backends, ", "), FormatDiff(r.tolerance),
-                     r.tolerance_rel > 0
-                         ? fmt::format(" or rel {} of max |logit|", FormatDiff(r.tolerance_rel))
-                         : std::string());
+  out +=
+      fmt::format("driver {}, backends {}, tolerance abs {}{}\n", DriverName(r.driver),
+                  fmt::join(r.backends, ", "), FormatDiff(r.gate.abs),
+                  r.gate.rel > 0 ? fmt::format(" or rel {} of max |logit|", FormatDiff(r.gate.rel))
+                                 : std::string());
   for (const auto& note : r.notes) out += fmt::format("note: {}\n", note);
   out += "\n";
 
@@ -355,6 +355,17 @@ std::string DistributionLines(const std::map<std::string, DistributionStats>& di
   return out;
 }
 
+namespace {
+
+// The report's "tolerance": rel only when the gate has one.
+json GateToJson(const Gate& gate) {
+  json t = {{"abs", gate.abs}, {"rope_f32_per_position", gate.rope_f32_per_position}};
+  if (gate.rel > 0) t["rel"] = gate.rel;
+  return t;
+}
+
+}  // namespace
+
 json ReportToJson(const RunReport& r) {
   json steps = json::array();
   for (const auto& s : r.steps) {
@@ -393,12 +404,7 @@ json ReportToJson(const RunReport& r) {
              {{"source", r.model_source},
               {"description", r.model_description},
               {"config", ConfigToJsonObject(r.config)}}},
-            {"tolerance",
-             r.tolerance_rel > 0
-                 ? json{{"abs", r.tolerance},
-                        {"rel", r.tolerance_rel},
-                        {"rope_f32_per_position", r.rope_f32_per_position}}
-                 : json{{"abs", r.tolerance}, {"rope_f32_per_position", r.rope_f32_per_position}}},
+            {"tolerance", GateToJson(r.gate)},
             {"driver", DriverName(r.driver)},
             {"backends", r.backends},
             {"notes", r.notes},
@@ -455,7 +461,7 @@ std::string ReportToJUnit(const RunReport& r) {
                       {"model_description", r.model_description},
                       {"driver", DriverName(r.driver)},
                       {"backends", fmt::format("{}", fmt::join(r.backends, ","))},
-                      {"tolerance_abs", fmt::format("{}", r.tolerance)},
+                      {"tolerance_abs", fmt::format("{}", r.gate.abs)},
                       {"worst_difference", WorstRowText(r.worst)}};
   for (const auto& s : r.steps) {
     JUnitCase c;

@@ -226,8 +226,7 @@ PathOutcome OracleOutcome(const Backend& backend, const Recording& rec, const Or
 
 // A step's column for two backends, row by row, where both saw the same history.
 PathOutcome CrossOutcome(const Backend& bx, const Recording& rx, const Backend& by,
-                         const Recording& ry, size_t step, const Tolerance& tolerance,
-                         double rope_f32_per_position) {
+                         const Recording& ry, size_t step, const Gate& gate) {
   const StepRecord& sx = rx.steps[step];
   const StepRecord& sy = ry.steps[step];
   PathOutcome o;
@@ -243,11 +242,9 @@ PathOutcome CrossOutcome(const Backend& bx, const Recording& rx, const Backend& 
     const RecordedRow& row = rx.rows[k];
     auto it = ys.find(row.row);
     if (it == ys.end() || !rx.SameHistory(row, ry, *it->second)) continue;
-    const RowComparison c = CompareRows(
-        row.logits.data(), it->second->logits.data(), static_cast<int64_t>(row.logits.size()),
-        Tolerance{CrossTolerance(tolerance.abs, rope_f32_per_position, bx.Info(), by.Info(),
-                                 row.position),
-                  tolerance.rel});
+    const RowComparison c = CompareRows(row.logits.data(), it->second->logits.data(),
+                                        static_cast<int64_t>(row.logits.size()),
+                                        gate.Across(bx.Info(), by.Info(), row.position));
     o.rows.push_back(ToCompared(row, c));
     o.max_abs_diff = std::max(o.max_abs_diff, c.max_abs_diff);
     all_within = all_within && c.within_tolerance;
@@ -273,27 +270,27 @@ PathOutcome CrossOutcome(const Backend& bx, const Recording& rx, const Backend& 
 }
 
 // What the gate of a compared row was made of (see WorstRow::gate_basis).
-std::string GateBasis(const ComparedRow& r, const PathOutcome& o, const Scenario& sc,
-                      const RunOptions& options, const std::vector<const Backend*>& backends) {
+std::string GateBasis(const ComparedRow& r, const PathOutcome& o, const Gate& gate,
+                      const std::vector<const Backend*>& backends) {
   const RowComparison& c = r.cmp;
-  if (sc.tolerance_rel > 0 && c.gate > sc.tolerance_abs) {
-    return fmt::format("{} x max |logit| {}", FormatDiff(sc.tolerance_rel), FormatDiff(c.scale));
+  if (gate.rel > 0 && c.gate > gate.abs) {
+    return fmt::format("{} x max |logit| {}", FormatDiff(gate.rel), FormatDiff(c.scale));
   }
-  if (o.kind == PathKind::kCross && options.rope_f32_per_position > 0 &&
-      CrossTolerance(sc.tolerance_abs, options.rope_f32_per_position, backends[o.a_index]->Info(),
-                     backends[o.b_index]->Info(), r.position) > sc.tolerance_abs) {
-    return fmt::format("tolerance {} + rope-f32 allowance {} x {}", FormatDiff(sc.tolerance_abs),
-                       FormatDiff(options.rope_f32_per_position), r.position);
+  if (o.kind == PathKind::kCross && gate.rope_f32_per_position > 0 &&
+      gate.Across(backends[o.a_index]->Info(), backends[o.b_index]->Info(), r.position).abs >
+          gate.abs) {
+    return fmt::format("tolerance {} + rope-f32 allowance {} x {}", FormatDiff(gate.abs),
+                       FormatDiff(gate.rope_f32_per_position), r.position);
   }
   return "tolerance";
 }
 
-WorstRow WorstRowOf(const ComparedRow& r, const PathOutcome& o, int64_t step, const Scenario& sc,
-                    const RunOptions& options, const std::vector<const Backend*>& backends) {
+WorstRow WorstRowOf(const ComparedRow& r, const PathOutcome& o, int64_t step, const Gate& gate,
+                    const std::vector<const Backend*>& backends) {
   WorstRow w;
   w.diff = r.cmp.max_abs_diff;
   w.gate = r.cmp.gate;
-  w.gate_basis = GateBasis(r, o, sc, options, backends);
+  w.gate_basis = GateBasis(r, o, gate, backends);
   w.path = o.path;
   w.step = step;
   w.conversation = r.conversation;
@@ -425,9 +422,7 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
   report.model_source = sc.model.Describe();
   report.config = backends[0]->config();
   report.model_description = DescribeModel(report.config);
-  report.tolerance = sc.tolerance_abs;
-  report.rope_f32_per_position = options.rope_f32_per_position;
-  report.tolerance_rel = sc.tolerance_rel;
+  report.gate = sc.gate;
   report.driver = sc.driver;
   for (const Backend* b : backends) report.backends.push_back(b->Name());
 
@@ -438,7 +433,7 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
   std::vector<OracleCheck> oracles;  // each backend's rows against its own ForwardFull
   for (const Backend* b : backends) {
     recs.push_back(Replay(sc, *b));
-    oracles.push_back(CheckAgainstOracle(recs.back(), *b, sc.tolerance()));
+    oracles.push_back(CheckAgainstOracle(recs.back(), *b, sc.gate.Own()));
   }
   for (const Step& s : sc.steps) {
     if (s.op != Op::kShift || s.discard == 0) continue;
@@ -460,8 +455,8 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
     }
     for (size_t x = 0; x < backends.size(); ++x) {
       for (size_t y = x + 1; y < backends.size(); ++y) {
-        step_report.outcomes.push_back(CrossOutcome(*backends[x], recs[x], *backends[y], recs[y], i,
-                                                    sc.tolerance(), options.rope_f32_per_position));
+        step_report.outcomes.push_back(
+            CrossOutcome(*backends[x], recs[x], *backends[y], recs[y], i, sc.gate));
         step_report.outcomes.back().a_index = x;
         step_report.outcomes.back().b_index = y;
       }
@@ -475,7 +470,7 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
         ++report.rows_compared;
         if (!(r.cmp.max_abs_diff <= report.worst_diff) || !report.worst.Found()) {
           report.worst_diff = r.cmp.max_abs_diff;
-          report.worst = WorstRowOf(r, o, step_report.index, sc, options, backends);
+          report.worst = WorstRowOf(r, o, step_report.index, sc.gate, backends);
         }
         const double rel = r.cmp.relative_diff();
         if (!(rel <= report.worst_relative_diff)) report.worst_relative_diff = rel;
@@ -514,7 +509,7 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
     report.steps.push_back(std::move(step_report));
   }
   if (options.localize && report.first_divergence) {
-    report.localization = Localize(sc, *report.first_divergence, sc.tolerance_abs, backends, recs);
+    report.localization = Localize(sc, *report.first_divergence, sc.gate.abs, backends, recs);
   }
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;

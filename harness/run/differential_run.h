@@ -17,6 +17,7 @@
 #include "harness/backend/backend.h"
 #include "harness/backend/registry.h"
 #include "harness/compare/compare.h"
+#include "harness/compare/gate.h"
 #include "harness/replay/replay.h"
 #include "harness/run/model_for.h"
 #include "harness/scenario/scenario.h"
@@ -143,9 +144,7 @@ struct RunReport {
   std::string model_source;       // ModelSpec::Describe()
   std::string model_description;  // DescribeModel(config)
   format::LlamaConfig config;
-  double tolerance = kDefaultTolerance;
-  double rope_f32_per_position = 0;  // RunOptions', recorded
-  double tolerance_rel = 0;          // Scenario::tolerance_rel
+  Gate gate;  // the scenario's, recorded
   DriverKind driver = DriverKind::kSession;
   std::vector<std::string> backends;
   std::vector<std::string> notes;
@@ -169,9 +168,6 @@ struct RunReport {
 
 struct RunOptions {
   bool localize = false;
-  // The rope-f32 profile's allowance (ResolveRopeAllowance): a row compared between two backends,
-  // either of which computes RoPE angles in float32, is held to tolerance + this · its position.
-  double rope_f32_per_position = 0;
 };
 
 // The backends to run: requested (e.g. --backends) if given, else the scenario's, else the

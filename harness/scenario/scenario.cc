@@ -351,8 +351,8 @@ nlohmann::json Scenario::ToJson() const {
   if (!description.empty()) out["description"] = description;
   out["model"] = model.ToJson();
   out["driver"] = DriverName(driver);
-  out["tolerance"] = {{"abs", tolerance_abs}};
-  if (tolerance_rel > 0) out["tolerance"]["rel"] = tolerance_rel;
+  out["tolerance"] = {{"abs", gate.abs}};
+  if (gate.rel > 0) out["tolerance"]["rel"] = gate.rel;
   if (!backends.empty()) out["backends"] = backends;
   out["steps"] = steps_json;
   return out;
@@ -395,8 +395,8 @@ Scenario ParseScenario(const std::string& json_text, const std::filesystem::path
     if (t.contains("rel")) {
       KVDIFF_CHECK(t.at("rel").is_number(), "tolerance.rel: expected a number, got {}",
                    JsonSnippet(t.at("rel")));
-      sc.tolerance_rel = t.at("rel").get<double>();
-      KVDIFF_CHECK(sc.tolerance_rel >= 0 && sc.tolerance_rel < 1 && std::isfinite(sc.tolerance_rel),
+      sc.gate.rel = t.at("rel").get<double>();
+      KVDIFF_CHECK(sc.gate.rel >= 0 && sc.gate.rel < 1 && std::isfinite(sc.gate.rel),
                    "tolerance.rel: expected a number >= 0 and < 1 (a fraction of the row's max "
                    "|logit|), got {}",
                    JsonSnippet(t.at("rel")));
@@ -404,8 +404,8 @@ Scenario ParseScenario(const std::string& json_text, const std::filesystem::path
     if (t.contains("abs")) {
       KVDIFF_CHECK(t.at("abs").is_number(), "tolerance.abs: expected a number, got {}",
                    JsonSnippet(t.at("abs")));
-      sc.tolerance_abs = t.at("abs").get<double>();
-      KVDIFF_CHECK(sc.tolerance_abs >= 0 && std::isfinite(sc.tolerance_abs),
+      sc.gate.abs = t.at("abs").get<double>();
+      KVDIFF_CHECK(sc.gate.abs >= 0 && std::isfinite(sc.gate.abs),
                    "tolerance.abs: expected a finite number >= 0, got {}",
                    JsonSnippet(t.at("abs")));
     }

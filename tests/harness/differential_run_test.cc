@@ -137,8 +137,8 @@ TEST_F(RunnerTest, LocalizationMapStartsWhereThePositionFirstGoesWrong) {
     ASSERT_EQ(loc.attention_map[l].size(), 5u);
     ASSERT_EQ(loc.mlp_map[l].size(), 5u);
     for (size_t c = 0; c < 3; ++c) {
-      EXPECT_LE(loc.attention_map[l][c], r.tolerance) << "layer " << l << ", position " << c;
-      EXPECT_LE(loc.mlp_map[l][c], r.tolerance) << "layer " << l << ", position " << c;
+      EXPECT_LE(loc.attention_map[l][c], r.gate.abs) << "layer " << l << ", position " << c;
+      EXPECT_LE(loc.mlp_map[l][c], r.gate.abs) << "layer " << l << ", position " << c;
     }
     for (size_t c = 3; c < 5; ++c) {
       EXPECT_GT(loc.attention_map[l][c], 1e-2) << "layer " << l << ", position " << c;

@@ -60,7 +60,7 @@ TEST(OracleCheck, AFailedForwardFullFailsItsStepsInTheTableNotInTheRecording) {
   PrepareScenario(sc, *weights);
   const ShortOracle backend(MakeBackend("impl", weights, 1), 4);
   const Recording rec = Replay(sc, backend);
-  const OracleCheck oracle = CheckAgainstOracle(rec, backend, sc.tolerance());
+  const OracleCheck oracle = CheckAgainstOracle(rec, backend, sc.gate.Own());
 
   EXPECT_EQ(rec.FirstError(), std::nullopt) << "the recording stays as replayed";
   ASSERT_EQ(oracle.rows.size(), rec.rows.size());

@@ -59,7 +59,7 @@ TEST(ScenarioParse, ReadsEveryStepOfTheExample) {
   EXPECT_EQ(*sc.model.preset, "tiny");
   EXPECT_EQ(sc.model.seed, 3u);
   EXPECT_EQ(sc.driver, DriverKind::kSession);
-  EXPECT_DOUBLE_EQ(sc.tolerance_abs, 1e-4);
+  EXPECT_DOUBLE_EQ(sc.gate.abs, 1e-4);
   ASSERT_EQ(sc.steps.size(), 7u);
   EXPECT_EQ(sc.steps[0].op, Op::kPrefill);
   EXPECT_EQ(sc.steps[0].conversation, "main");
@@ -90,7 +90,7 @@ TEST(ScenarioParse, DefaultsWhenFieldsAreLeftOut) {
   const Scenario sc = ParseScenario(
       R"({"model": {"preset": "tiny"}, "steps": [{"op": "prefill", "tokens": [1]}]})");
   EXPECT_EQ(sc.model.seed, 0u);
-  EXPECT_DOUBLE_EQ(sc.tolerance_abs, 1e-4);
+  EXPECT_DOUBLE_EQ(sc.gate.abs, 1e-4);
   EXPECT_TRUE(sc.backends.empty());
   EXPECT_EQ(sc.driver, DriverKind::kSession);
   EXPECT_TRUE(sc.steps[0].chunks.empty());
@@ -208,12 +208,12 @@ TEST(ScenarioParse, ModelScaleRoundTripsAndErrorsNameTheField) {
           "tolerance": {"abs": 1e-4, "rel": 2e-5}, "steps": [{"op": "reset"}]})");
   EXPECT_EQ(b.model.scale.scores, 4);
   EXPECT_EQ(b.model.scale.activations, 1);
-  EXPECT_EQ(b.tolerance_rel, 2e-5);
+  EXPECT_EQ(b.gate.rel, 2e-5);
   for (const Scenario& sc : {a, b}) {
     const Scenario back = ParseScenario(sc.ToJson().dump());
     EXPECT_EQ(back.model.scale, sc.model.scale);
     EXPECT_EQ(back.model.Describe(), sc.model.Describe());
-    EXPECT_EQ(back.tolerance_rel, sc.tolerance_rel);
+    EXPECT_EQ(back.gate.rel, sc.gate.rel);
     EXPECT_EQ(ParseScenario(sc.ToText()).ToJson(), sc.ToJson());
   }
   EXPECT_FALSE(ParseScenario(R"({"model": {"preset": "tiny"}, "steps": [{"op": "reset"}]})")

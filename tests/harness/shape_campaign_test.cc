@@ -157,7 +157,7 @@ CampaignOptions Options(int64_t cases, const std::filesystem::path& out_dir) {
   options.out_dir = out_dir;
   // As `kvdiff check` resolves it: pairs with a float32-angle backend (ref) get the rope-f32
   // allowance; any other pair keeps the flat gate.
-  options.run.rope_f32_per_position = RopeF32Profile().per_position;
+  options.gate.rope_f32_per_position = RopeF32Profile().per_position;
   return options;
 }
 

@@ -163,15 +163,15 @@ TEST(RopeF32Profile, Float32AnglesDriftWithThePositionAndTheProfileAllowsExactly
   const RunReport flat = RunScenario(sc, backends, RunOptions{});
   EXPECT_EQ(status(flat, "impl~ref64"), PathStatus::kPass);
   EXPECT_EQ(status(flat, "ref~ref64"), PathStatus::kFail);  // the drift, beyond 1e-4
-  RunOptions with_profile;
-  with_profile.rope_f32_per_position = allowance;
-  const RunReport profiled = RunScenario(sc, backends, with_profile);
+  Scenario with_profile = sc;
+  with_profile.gate.rope_f32_per_position = allowance;
+  const RunReport profiled = RunScenario(with_profile, backends, RunOptions{});
   EXPECT_TRUE(profiled.Passed());
   for (const char* own : {"impl", "ref", "ref64"}) {
     EXPECT_EQ(status(flat, own), PathStatus::kPass) << own;
     EXPECT_EQ(status(profiled, own), PathStatus::kPass) << own;
   }
-  EXPECT_EQ(profiled.rope_f32_per_position, allowance);
+  EXPECT_EQ(profiled.gate.rope_f32_per_position, allowance);
 }
 
 }  // namespace

@@ -1,9 +1,12 @@
-// Helpers for the impl tests: random models from the format presets, random prompts, row diffs.
+// Helpers for the impl tests: random models from the format presets, random prompts and vectors,
+// row diffs.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <memory>
 #include <random>
 #include <string>
@@ -40,6 +43,22 @@ inline double RowDiff(const RowMatrix& a, int64_t ra, const RowMatrix& b, int64_
     if (!std::isfinite(x) || !std::isfinite(y)) return INFINITY;
     m = std::max(m, std::abs(x - y));
   }
+  return m;
+}
+
+// n values uniform in [-scale, scale], the same for a seed on every platform's libstdc++.
+inline std::vector<float> RandomVector(int64_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// max |a_i - b_i|: a kernel's float32 output against its double-precision loop.
+inline double MaxAbsDiff(const std::vector<float>& a, const std::vector<double>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
   return m;
 }
 

@@ -11,7 +11,7 @@
 namespace kvdiff::impl {
 namespace {
 
-// The project's gate. The preset's attention is tempered with depth (format/model_files.cc) so
+// The project's gate. The preset's attention is tempered with depth (format/random_model.cc) so
 // that float32 summation-order noise stays well under it (~5e-5) on this 30-layer shape.
 constexpr double kSmollm2Tolerance = testing::kTolerance;
 using testing::RandomTokens;

@@ -1,4 +1,5 @@
-// ThreadPool's bounds and its constructor's clean-up when the system refuses a thread.
+// ThreadPool: its bounds, its constructor's clean-up when the system refuses a thread, how it
+// splits a range into chunks and runs every index and every item exactly once.
 #include "impl/thread_pool.h"
 
 #include <gtest/gtest.h>
@@ -6,7 +7,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdint>
+#include <mutex>
 #include <system_error>
+#include <vector>
 
 #include "format/error.h"
 
@@ -65,6 +69,62 @@ TEST(ThreadPoolBounds, ARefusedThreadUnwindsCleanly) {
   if (WEXITSTATUS(status) == 5) GTEST_SKIP() << "every thread started under the limit";
   EXPECT_EQ(WEXITSTATUS(status), 0);
 #endif
+}
+
+TEST(ThreadPoolTest, ChunksCoverTheRangeOnGrainBoundaries) {
+  for (int threads : {1, 2, 3, 7}) {
+    for (int64_t n : {1, 15, 16, 17, 100, 576, 49152}) {
+      int64_t expected_begin = 0;
+      for (int t = 0; t < threads; ++t) {
+        auto [b, e] = ThreadPool::Chunk(n, 16, threads, t);
+        EXPECT_EQ(b, expected_begin) << "n=" << n << " threads=" << threads << " t=" << t;
+        EXPECT_LE(b, e);
+        if (e < n) {
+          EXPECT_EQ(e % 16, 0);
+        }
+        expected_begin = e;
+      }
+      EXPECT_EQ(expected_begin, n);
+    }
+  }
+}
+
+TEST(ThreadPoolTest, EveryIndexRunsExactlyOnceInChunksOnGrainBoundaries) {
+  ThreadPool pool(3);
+  for (int round = 0; round < 200; ++round) {
+    std::vector<int> hits(1000, 0);
+    std::vector<int> owner(1000, -1);
+    std::vector<int64_t> begins;
+    std::mutex mutex;
+    pool.ParallelFor(1000, 7, [&](int64_t b, int64_t e, int t) {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        begins.push_back(b);
+      }
+      ASSERT_TRUE(t >= 0 && t < 3);
+      for (int64_t i = b; i < e; ++i) {
+        ++hits[i];
+        owner[i] = t;
+      }
+    });
+    for (int i = 0; i < 1000; ++i) ASSERT_EQ(hits[i], 1) << "index " << i << " round " << round;
+    for (int64_t b : begins) ASSERT_EQ(b % 7, 0);
+  }
+}
+
+TEST(ThreadPoolTest, ForEachRunsEveryItemOnceAndAlone) {
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{5}, int64_t{200}}) {
+      std::vector<int> hits(n, 0);
+      pool.ParallelForEach(n, [&](int64_t b, int64_t e, int t) {
+        ASSERT_EQ(e, b + 1);
+        ASSERT_TRUE(t >= 0 && t < threads);
+        ++hits[b];
+      });
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i], 1) << "item " << i << " of " << n;
+    }
+  }
 }
 
 }  // namespace
