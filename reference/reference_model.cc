@@ -17,12 +17,9 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
-#include <dlfcn.h>
 #include <fmt/format.h>
 
 #include <cmath>
-#include <cstring>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -35,27 +32,10 @@
 #include "reference/padded_batch.h"
 #include "reference/rope_utils.h"
 #include "reference/shared_double_weights.h"
+#include "reference/torch_glue.h"
 
 namespace kvdiff::ref {
 namespace {
-
-// LibTorch's GEMMs run in whatever BLAS libblas.so.3 resolves to. OpenBLAS keeps a thread pool of
-// its own, sized to every core when it loads, whose workers spin after each call: it is held to
-// the reference's own thread count, so a reference on one thread (kvdiff check, any --jobs) never
-// wakes them to spin against kvdiff's other threads. Looked up at run time: other BLAS have no
-// such call, and LibTorch is not linked against OpenBLAS, only against libblas.so.3.
-void HoldBlasThreads(int threads) {
-  using SetThreads = void (*)(int);
-  using GetThreads = int (*)();
-  static const auto set =
-      reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  static const auto get =
-      reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-  if (set == nullptr || get == nullptr || get() == threads) return;
-  static std::mutex mutex;  // a process-wide setting: one writer at a time
-  std::lock_guard<std::mutex> lock(mutex);
-  if (get() != threads) set(threads);
-}
 
 using at::Tensor;
 
@@ -69,27 +49,6 @@ at::ScalarType UpcastDtype(Precision precision) { return ModelDtype(precision); 
 
 const char* PrecisionName(Precision precision) {
   return precision == Precision::kFloat64 ? "float64" : "float32";
-}
-
-std::string ShapeString(at::IntArrayRef shape) {
-  return fmt::format("[{}]", fmt::join(shape.begin(), shape.end(), ", "));
-}
-
-// [B, s, cols] (any float dtype) -> row-major float [B*s, cols].
-RowMatrix ToRowMatrix(const Tensor& t) {
-  Tensor rows = t.reshape({-1, t.size(-1)}).to(at::kFloat).contiguous();
-  RowMatrix out(rows.size(0), rows.size(1));
-  std::memcpy(out.data(), rows.data_ptr<float>(), sizeof(float) * rows.numel());
-  return out;
-}
-
-// A LibTorch failure is never bad input (inputs are checked first); report it as ours, with the
-// first line of torch's message and no C++ backtrace.
-[[noreturn]] void RethrowTorchError(const c10::Error& e, const char* where) {
-  std::string message = e.what_without_backtrace();
-  const auto newline = message.find('\n');
-  if (newline != std::string::npos) message.resize(newline);
-  throw std::runtime_error(fmt::format("reference {}: LibTorch error: {}", where, message));
 }
 
 struct LayerWeights {
