@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bench/bench.h"
+#include "format/affixes.h"
 #include "format/error.h"
 #include "harness/report/run_report.h"
 
@@ -64,8 +65,7 @@ CostCurve ReadCostCsv(const std::filesystem::path& path) {
   const std::string kCached = "_cached_ms", kUncached = "_uncached_ms";
   for (size_t k = 1; k < header.size(); k += 2) {
     const std::string& a = header[k];
-    const bool ok = a.size() > kCached.size() &&
-                    a.compare(a.size() - kCached.size(), kCached.size(), kCached) == 0 &&
+    const bool ok = a.size() > kCached.size() && format::EndsWith(a, kCached) &&
                     header[k + 1] == a.substr(0, a.size() - kCached.size()) + kUncached;
     KVDIFF_CHECK(ok,
                  "{}: columns {} and {} should be <backend>_cached_ms,<backend>_uncached_ms, "

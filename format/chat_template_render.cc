@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "format/affixes.h"
 #include "format/chat_template_syntax.h"
 #include "format/error.h"
 
@@ -237,10 +238,7 @@ class Renderer {
           if (args[0].kind != Value::kString) Fail(e.line, method + "() takes a string");
           const std::string& s = obj.s;
           const std::string& p = args[0].s;
-          const bool ok =
-              p.size() <= s.size() &&
-              (method == "startswith" ? s.compare(0, p.size(), p) == 0
-                                      : s.compare(s.size() - p.size(), p.size(), p) == 0);
+          const bool ok = method == "startswith" ? StartsWith(s, p) : EndsWith(s, p);
           return Value::Bool(ok);
         }
       }

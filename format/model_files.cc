@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "format/affixes.h"
 #include "format/error.h"
 #include "format/input_file.h"
 #include "format/json_document.h"
@@ -22,9 +23,7 @@ constexpr const char* kShardIndex = "model.safetensors.index.json";
 // too: it re-ties lm_head to the embedding after loading, and recomputes inv_freq from config.json.
 bool IsIgnorable(const std::string& name, const LlamaConfig& config) {
   if (name == "lm_head.weight" && config.tie_word_embeddings) return true;
-  const std::string buffer = ".rotary_emb.inv_freq";
-  return name.size() > buffer.size() &&
-         name.compare(name.size() - buffer.size(), buffer.size(), buffer) == 0;
+  return EndsWith(name, ".rotary_emb.inv_freq");
 }
 
 // The safetensors files of a checkpoint directory, opened, and which file holds which tensor.

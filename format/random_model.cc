@@ -10,17 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "format/affixes.h"
 #include "format/error.h"
 #include "format/model_files.h"
 #include "format/prng.h"
 
 namespace kvdiff::format {
 namespace {
-
-bool EndsWith(const std::string& text, const std::string& suffix) {
-  return text.size() >= suffix.size() &&
-         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // --- random weights ------------------------------------------------------------------------------
 //
@@ -99,8 +95,7 @@ WeightScales ScalesFor(const LlamaConfig& c, const RandomModelScale& k) {
 // l of "model.layers.{l}.…" (every tensor ExpectedTensors names inside a layer).
 int64_t LayerOf(const std::string& name) {
   const std::string prefix = "model.layers.";
-  KVDIFF_CHECK(name.compare(0, prefix.size(), prefix) == 0, "LayerOf: \"{}\" is not a layer's",
-               name);
+  KVDIFF_CHECK(StartsWith(name, prefix), "LayerOf: \"{}\" is not a layer's", name);
   return std::stoll(name.substr(prefix.size()));
 }
 

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "format/affixes.h"
 #include "format/error.h"
 #include "format/json_document.h"
 #include "format/tokenizer_json.h"
@@ -339,15 +340,11 @@ struct HfTokenizer::Impl {
           for (size_t i = 0; i < tokens.size(); ++i) {
             std::string t = tokens[i];
             if (at_start) {
-              for (size_t k = 0; k < d.start && t.compare(0, d.content.size(), d.content) == 0;
-                   ++k) {
+              for (size_t k = 0; k < d.start && StartsWith(t, d.content); ++k) {
                 t.erase(0, d.content.size());
               }
             }
-            for (size_t k = 0;
-                 k < d.stop && t.size() >= d.content.size() &&
-                 t.compare(t.size() - d.content.size(), d.content.size(), d.content) == 0;
-                 ++k) {
+            for (size_t k = 0; k < d.stop && EndsWith(t, d.content); ++k) {
               t.erase(t.size() - d.content.size());
             }
             next.push_back(t);

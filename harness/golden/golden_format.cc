@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "format/affixes.h"
 #include "format/error.h"
 #include "format/input_file.h"
 #include "format/json_document.h"
@@ -36,10 +37,7 @@ constexpr const char* kScenarioSuffix = ".json";
 constexpr const char* kGoldenSuffix = ".golden.json";
 constexpr const char* kRowsSuffix = ".golden.safetensors";
 
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
+using format::EndsWith;
 
 std::string ReadBytes(const fs::path& path) { return format::ReadInputFile(path, "file"); }
 

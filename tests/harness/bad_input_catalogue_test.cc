@@ -38,6 +38,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "format/affixes.h"
 #include "format/model_files.h"
 #include "format/safetensors.h"
 #include "harness/backend/registry.h"
@@ -205,8 +206,7 @@ fs::path Resolve(const fs::path& dir, const std::string& name) {
   std::vector<fs::path> found;
   for (const auto& entry : fs::directory_iterator(dir / name.substr(0, star))) {
     const std::string file = entry.path().string();
-    if (file.size() >= ext.size() && file.compare(file.size() - ext.size(), ext.size(), ext) == 0)
-      found.push_back(entry.path());
+    if (format::EndsWith(file, ext)) found.push_back(entry.path());
   }
   if (found.size() != 1) throw std::runtime_error(name + ": expected exactly one match");
   return found[0];
