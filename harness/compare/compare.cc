@@ -177,7 +177,7 @@ RowComparison CompareRows(const float* a, const float* b, int64_t n, const Toler
   const int64_t bad = FirstNonFinite(a, b, n);
   if (bad >= 0) {
     RowComparison c = CompareNonFinite(a, b, n, bad);
-    c.gate = std::max(tolerance.abs, tolerance.rel * c.scale);
+    c.gate = tolerance.GateFor(c.scale);
     return c;
   }
   RowComparison c;
@@ -217,7 +217,7 @@ RowComparison CompareRows(const float* a, const float* b, int64_t n, const Toler
     kl += std::exp(log_pb) * (log_pb - (static_cast<double>(a[i]) - la));
   }
   c.kl_divergence = std::max(kl, 0.0);  // rounding can leave -1e-17 for equal rows
-  c.gate = std::max(tolerance.abs, tolerance.rel * c.scale);
+  c.gate = tolerance.GateFor(c.scale);
   c.within_tolerance = c.max_abs_diff <= c.gate;
   return c;
 }

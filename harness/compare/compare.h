@@ -1,6 +1,7 @@
 // The comparison of two logits rows: the arithmetic every report is built on.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -25,6 +26,8 @@ struct Tolerance {
   double rel = 0;
   Tolerance(double abs_gate = kDefaultTolerance, double rel_gate = 0)  // NOLINT: a double is abs
       : abs(abs_gate), rel(rel_gate) {}
+  // The gate of a row whose oracle's largest |logit| is `scale`: max(abs, rel * scale).
+  double GateFor(double scale) const { return std::max(abs, rel * scale); }
   // "abs 1.0e-04" or "abs 1.0e-04 or rel 2.0e-06 of max |logit|"
   std::string ToString() const;
 };
@@ -43,7 +46,7 @@ struct RowComparison {
   // the oracle's, as llama.cpp's perplexity tool reports it (0 for NaN/inf rows).
   double kl_divergence = 0;
   double scale = 0;  // max |b_i| (b finite): what a relative tolerance is relative to
-  double gate = 0;   // the row's gate: max(tolerance.abs, tolerance.rel * scale)
+  double gate = 0;   // the row's gate: tolerance.GateFor(scale)
   bool within_tolerance = false;
 
   // max |a - b| / max |b_i|: the difference relative to the row's scale (inf when not finite).

@@ -78,30 +78,26 @@ Token Argmax(const Logits& logits, int64_t row) {
 }
 
 double RowGate(const harness::Tolerance& tolerance, const Logits& want, int64_t row) {
-  return std::max(tolerance.abs,
-                  tolerance.rel * static_cast<double>(want.row(row).cwiseAbs().maxCoeff()));
+  return tolerance.GateFor(static_cast<double>(want.row(row).cwiseAbs().maxCoeff()));
 }
 
 void AssertRowsClose(const Logits& got, int64_t got_row0, const Logits& want, int64_t want_row0,
                      int64_t rows, const harness::Tolerance& tolerance, const std::string& what) {
   RC_ASSERT(got.cols() == want.cols());
   for (int64_t r = 0; r < rows; ++r) {
-    const auto a = got.row(got_row0 + r);
-    const auto b = want.row(want_row0 + r);
-    for (Eigen::Index j = 0; j < a.size(); ++j) {
-      if (!std::isfinite(a[j]) || !std::isfinite(b[j])) {
-        const std::string message =
-            fmt::format("{}: position {}: non-finite logit at index {}: {} vs {}", what,
-                        want_row0 + r, j, a[j], b[j]);
-        RC_FAIL(message);
-      }
+    // Logits are row-major, so a row is contiguous: the reports' own comparison, row by row.
+    const harness::RowComparison c = harness::CompareRows(
+        got.row(got_row0 + r).data(), want.row(want_row0 + r).data(), got.cols(), tolerance);
+    if (c.nonfinite) {
+      const std::string message =
+          fmt::format("{}: position {}: non-finite logit at index {}: {} vs {}", what,
+                      want_row0 + r, c.nonfinite_index, c.nonfinite_a, c.nonfinite_b);
+      RC_FAIL(message);
     }
-    const double diff = (a - b).cwiseAbs().maxCoeff();
-    const double gate = RowGate(tolerance, want, want_row0 + r);
-    if (diff > gate) {
-      const std::string message = fmt::format(
-          "{}: position {}: max |a-b| = {:.3g} > {:g} (argmax {} vs {})", what, want_row0 + r, diff,
-          gate, Argmax(got, got_row0 + r), Argmax(want, want_row0 + r));
+    if (!c.within_tolerance) {
+      const std::string message =
+          fmt::format("{}: position {}: max |a-b| = {:.3g} > {:g} (argmax {} vs {})", what,
+                      want_row0 + r, c.max_abs_diff, c.gate, c.argmax_a, c.argmax_b);
       RC_FAIL(message);
     }
   }
