@@ -19,6 +19,7 @@
 #include "harness/compare/compare.h"
 #include "harness/compare/gate.h"
 #include "harness/replay/replay.h"
+#include "harness/run/localization.h"
 #include "harness/run/model_for.h"
 #include "harness/scenario/scenario.h"
 
@@ -80,45 +81,6 @@ struct Divergence {
 struct BackendFailure {
   int64_t step = 0;
   std::string params, backend, conversation, message;
-};
-
-// A column of the --localize map: a row of the divergent step that both paths traced.
-struct LocalizedRow {
-  int64_t row = 0;  // within the step
-  std::string conversation;
-  int64_t position = 0;  // in the conversation's history
-};
-
-// A cell of the --localize map: a layer's block at a column.
-struct LocalizedCell {
-  int64_t layer = -1;
-  std::string block;  // "attention" or "mlp"
-  size_t column = 0;  // into Localization::columns
-};
-
-// --localize: where in depth and in time the first divergence starts. The forward calls of the
-// divergent step are replayed with a layer trace on both paths (the backend's own calls and its
-// ForwardFull over the history, or two backends' calls), and every layer's hidden state after
-// attention and after the MLP is compared, as max |a - b| against the run's absolute tolerance,
-// at every row of the step both paths have.
-struct Localization {
-  bool found = false;  // some layer differs beyond the tolerance at the divergent row
-  // At the divergent row: the first layer (and block) beyond the tolerance.
-  int64_t layer = -1;
-  std::string block;  // "attention" or "mlp"
-  std::string note;   // when nothing was found or traces were unavailable
-  std::vector<double> attention_diffs, mlp_diffs;  // per layer, at the divergent row
-
-  // The layer x position map: [layer][column], max |a - b| of the hidden state.
-  std::vector<LocalizedRow> columns;  // the step's rows both paths traced, in row order
-  size_t divergent_column = 0;        // columns[divergent_column] is the first divergence's row
-  std::vector<std::vector<double>> attention_map, mlp_map;
-  // Where the divergence starts: the earliest column with a block beyond the tolerance, and there
-  // the first such block in depth (layer by layer, attention before the MLP). Every block is within
-  // the tolerance at every earlier column (a row depends on earlier rows only, so none of them
-  // caused it), and so is every block below it at its own column. At the divergent column it is
-  // `layer` and `block`.
-  std::optional<LocalizedCell> first_cell;
 };
 
 // The row with the largest max |a-b| of a run, and the gate it was held to there, so a summary
