@@ -1,5 +1,5 @@
 // The gate a run holds its rows to, resolved once and carried whole: by the scenario, the
-// campaign's and conform's options, the conform probe and the run report, instead of a tolerance
+// campaign's and conform's options, conform's scripts and the run report, instead of a tolerance
 // here and an allowance there.
 #pragma once
 

@@ -20,177 +20,159 @@
 namespace kvdiff::harness {
 namespace {
 
+using conform_detail::BadCall;
 using conform_detail::CheckDef;
+using conform_detail::Fail;
 using conform_detail::Nonconformance;
 using conform_detail::NotApplicable;
-using conform_detail::Probe;
-using conform_detail::Refused;
+using conform_detail::Played;
+using conform_detail::Script;
 
-std::string CheckPrefill(Probe& p) {
-  auto c = p.New();
-  p.Append(c, p.RandomTokens(std::min<int64_t>(24, p.max_positions())), "prefill of 24");
-  return p.Figures();
+std::string CheckPrefill(Script& s) {
+  s.Append("main", s.RandomTokens(std::min<int64_t>(24, s.max_positions())), "prefill of 24");
+  return s.Play().Figures();
 }
 
-std::string CheckChunksAndDecode(Probe& p) {
-  auto c = p.New();
-  for (int64_t n : {7, 1, 9}) p.Append(c, p.RandomTokens(n), fmt::format("chunk of {}", n));
-  for (int i = 0; i < 5; ++i) p.Append(c, p.RandomTokens(1), fmt::format("decode step {}", i + 1));
-  return p.Figures() + "; chunks 7+1+9, 5 decode steps";
+// The decode steps append tokens drawn at random, not chosen: each is one call of one token.
+std::string CheckChunksAndDecode(Script& s) {
+  for (int64_t n : {7, 1, 9}) s.Append("main", s.RandomTokens(n), fmt::format("chunk of {}", n));
+  for (int i = 0; i < 5; ++i)
+    s.Append("main", s.RandomTokens(1), fmt::format("decode step {}", i + 1));
+  return s.Play().Figures() + "; chunks 7+1+9, 5 decode steps";
 }
 
-std::string CheckTruncate(Probe& p) {
-  auto c = p.New();
-  p.Append(c, p.RandomTokens(12), "prefill of 12");
-  c.session->Truncate(6);
-  c.history.resize(6);
-  p.ExpectLength(c, "truncate to 6");
-  p.Append(c, p.RandomTokens(4), "append of 4 after truncate to 6");
-  c.session->Truncate(0);
-  c.history.clear();
-  p.ExpectLength(c, "truncate to 0");
-  p.Append(c, p.RandomTokens(3), "append of 3 after truncate to 0");
-  return p.Figures() + "; 12 -> 6 -> +4, -> 0 -> +3";
+std::string CheckTruncate(Script& s) {
+  s.Append("main", s.RandomTokens(12), "prefill of 12");
+  s.Add(Step::Truncate("main", 6), "truncate to 6");
+  s.Append("main", s.RandomTokens(4), "append of 4 after truncate to 6");
+  s.Add(Step::Truncate("main", 0), "truncate to 0");
+  s.Append("main", s.RandomTokens(3), "append of 3 after truncate to 0");
+  return s.Play().Figures() + "; 12 -> 6 -> +4, -> 0 -> +3";
 }
 
-std::string CheckFork(Probe& p) {
-  auto parent = p.New();
-  p.Append(parent, p.RandomTokens(8), "prefill of 8");
-  Probe::Conversation child = p.Fork(parent, "fork at 8");
+std::string CheckFork(Script& s) {
+  s.Append("main", s.RandomTokens(8), "prefill of 8");
+  s.Add(Step::Fork("main", "child"), "fork at 8");
   // Interleaved, different tokens: each side must see only its own.
-  p.Append(parent, p.RandomTokens(3), "parent +3 after the fork");
-  p.Append(child, p.RandomTokens(2), "child +2 after the fork");
-  p.Append(parent, p.RandomTokens(1), "parent +1");
-  p.Append(child, p.RandomTokens(1), "child +1");
-  parent.session.reset();  // the child outlives its parent
-  p.Append(child, p.RandomTokens(2), "child +2 with the parent freed");
-  auto empty = p.New();
-  Probe::Conversation empty_fork = p.Fork(empty, "fork of an empty session");
-  p.Append(empty_fork, p.RandomTokens(3), "fork of an empty session +3");
-  return p.Figures() + "; interleaved, parent freed, fork of an empty session";
+  s.Append("main", s.RandomTokens(3), "parent +3 after the fork");
+  s.Append("child", s.RandomTokens(2), "child +2 after the fork");
+  s.Append("main", s.RandomTokens(1), "parent +1");
+  s.Append("child", s.RandomTokens(1), "child +1");
+  s.Add(Step::End("main"), "the parent freed");  // the child outlives its parent
+  s.Append("child", s.RandomTokens(2), "child +2 with the parent freed");
+  s.Add(Step::NewConversation("empty"), "a new session");
+  s.Add(Step::Fork("empty", "empty-fork"), "fork of an empty session");
+  s.Append("empty-fork", s.RandomTokens(3), "fork of an empty session +3");
+  return s.Play().Figures() + "; interleaved, parent freed, fork of an empty session";
 }
 
-std::string CheckReset(Probe& p) {
-  auto c = p.New();
-  p.Append(c, p.RandomTokens(10), "prefill of 10");
-  c.session->Reset();
-  c.history.clear();
-  p.ExpectLength(c, "reset");
-  p.Append(c, p.RandomTokens(4), "prefill of 4 after reset");
-  return p.Figures();
+std::string CheckReset(Script& s) {
+  s.Append("main", s.RandomTokens(10), "prefill of 10");
+  s.Add(Step::Reset("main"), "reset");
+  s.Append("main", s.RandomTokens(4), "prefill of 4 after reset");
+  return s.Play().Figures();
 }
 
-std::string CheckSessionsIndependent(Probe& p) {
-  auto a = p.New(), b = p.New();
+std::string CheckSessionsIndependent(Script& s) {
+  s.Add(Step::NewConversation("b"), "a new session");
   for (int i = 0; i < 3; ++i) {
-    p.Append(a, p.RandomTokens(3), fmt::format("session A, call {}", i + 1));
-    p.Append(b, p.RandomTokens(2), fmt::format("session B, call {}", i + 1));
+    s.Append("main", s.RandomTokens(3), fmt::format("session A, call {}", i + 1));
+    s.Append("b", s.RandomTokens(2), fmt::format("session B, call {}", i + 1));
   }
-  return p.Figures() + "; two sessions of one engine, interleaved";
+  return s.Play().Figures() + "; two sessions of one engine, interleaved";
 }
 
-std::string CheckDeterministic(Probe& p) {
-  const Tokens prompt = p.RandomTokens(9), decode = p.RandomTokens(3);
-  Logits runs[2];
-  for (Logits& out : runs) {
-    auto s = p.engine().NewSession();
-    Logits first = s->Append(prompt, nullptr);
-    out.resize(first.rows() + static_cast<int64_t>(decode.size()), first.cols());
-    out.topRows(first.rows()) = first;
-    for (size_t i = 0; i < decode.size(); ++i) {
-      out.row(first.rows() + static_cast<int64_t>(i)) = s->Append({decode[i]}, nullptr).row(0);
-    }
-  }
-  if (runs[0].rows() != runs[1].rows() || runs[0].cols() != runs[1].cols()) {
-    Probe::Fail("two runs gave logits of different shapes");
-  }
-  for (int64_t r = 0; r < runs[0].rows(); ++r) {
-    for (int64_t v = 0; v < runs[0].cols(); ++v) {
-      if (std::memcmp(&runs[0](r, v), &runs[1](r, v), sizeof(float)) != 0) {
-        Probe::Fail("row {}, logit {}: {} in the first run, {} in the second", r, v, runs[0](r, v),
-                    runs[1](r, v));
-      }
+// The same scenario replayed twice on new sessions: every row bit for bit.
+std::string CheckDeterministic(Script& s) {
+  s.Append("main", s.RandomTokens(9), "prefill of 9");
+  for (int i = 0; i < 3; ++i)
+    s.Append("main", s.RandomTokens(1), fmt::format("decode step {}", i + 1));
+  const Recording runs[2] = {s.ReplayOnly(), s.ReplayOnly()};
+  if (runs[0].rows.size() != runs[1].rows.size())
+    Fail("two runs gave {} and {} rows", runs[0].rows.size(), runs[1].rows.size());
+  for (size_t r = 0; r < runs[0].rows.size(); ++r) {
+    const std::vector<float>& a = runs[0].rows[r].logits;
+    const std::vector<float>& b = runs[1].rows[r].logits;
+    for (size_t v = 0; v < a.size(); ++v) {
+      if (std::memcmp(&a[v], &b[v], sizeof(float)) != 0)
+        Fail("row {}, logit {}: {} in the first run, {} in the second", r, v, a[v], b[v]);
     }
   }
   return "prefill of 9 and 3 decode steps, twice: bit-identical";
 }
 
-std::string CheckTokenOutOfRange(Probe& p) {
-  auto c = p.New();
-  p.Append(c, p.RandomTokens(4), "prefill of 4");
-  const Token vocab = static_cast<Token>(p.vocab());
-  p.ExpectRefused(c, fmt::format("append of token {} (vocab_size {})", vocab, vocab), [&] {
-    c.session->Append({1, vocab}, nullptr);
+// A bad call on the script's first session ("main"), then an append of 2 that must still be right.
+void RefuseOnMain(Script& s, const std::string& what,
+                  const std::function<void(BackendSession&)>& call) {
+  s.Refuse(what, [call](const Backend&, const std::vector<BackendSession*>& sessions) {
+    call(*sessions.at(0));
   });
-  p.ExpectRefused(c, "append of token -1", [&] { c.session->Append({-1}, nullptr); });
-  return Refused(p);
+  s.Append("main", s.RandomTokens(2), what + ", then an append");
 }
 
-std::string CheckTruncateBeyondLength(Probe& p) {
-  auto c = p.New();
-  p.Append(c, p.RandomTokens(5), "prefill of 5");
-  p.ExpectRefused(c, "truncate to 6 of 5", [&] { c.session->Truncate(6); });
-  p.ExpectRefused(c, "truncate to -1", [&] { c.session->Truncate(-1); });
-  return Refused(p);
+std::string CheckTokenOutOfRange(Script& s) {
+  s.Append("main", s.RandomTokens(4), "prefill of 4");
+  const Token vocab = static_cast<Token>(s.vocab());
+  RefuseOnMain(s, fmt::format("append of token {} (vocab_size {})", vocab, vocab),
+               [vocab](BackendSession& session) {
+                 session.Append({1, vocab}, nullptr);
+               });
+  RefuseOnMain(s, "append of token -1",
+               [](BackendSession& session) { session.Append({-1}, nullptr); });
+  return s.Play().Refused();
 }
 
-std::string CheckEmptyAppend(Probe& p) {
-  auto c = p.New();
-  p.Append(c, p.RandomTokens(3), "prefill of 3");
-  p.ExpectRefused(c, "append of no tokens", [&] { c.session->Append({}, nullptr); });
-  return Refused(p);
+std::string CheckTruncateBeyondLength(Script& s) {
+  s.Append("main", s.RandomTokens(5), "prefill of 5");
+  RefuseOnMain(s, "truncate to 6 of 5", [](BackendSession& session) { session.Truncate(6); });
+  RefuseOnMain(s, "truncate to -1", [](BackendSession& session) { session.Truncate(-1); });
+  return s.Play().Refused();
 }
 
-// Fills a session to max_position_embeddings in chunks of 128 (the last chunk compared), then one
-// more token must be refused and change nothing.
-std::string CheckCapacity(Probe& p, int64_t max_fill) {
-  const int64_t capacity = p.max_positions();
+std::string CheckEmptyAppend(Script& s) {
+  s.Append("main", s.RandomTokens(3), "prefill of 3");
+  RefuseOnMain(s, "append of no tokens",
+               [](BackendSession& session) { session.Append({}, nullptr); });
+  return s.Play().Refused();
+}
+
+// Fills a session to max_position_embeddings in chunks of 128 (every row held to the oracle), then
+// one more token must be refused and change nothing.
+std::string CheckCapacity(Script& s, int64_t max_fill) {
+  const int64_t capacity = s.max_positions();
   if (capacity > max_fill) {
     throw NotApplicable(
         fmt::format("max_position_embeddings {} is above the fill limit {}", capacity, max_fill));
   }
-  auto c = p.New();
-  while (static_cast<int64_t>(c.history.size()) + 128 < capacity) {
-    const Tokens chunk = p.RandomTokens(128);
-    c.session->Append(chunk, nullptr);
-    c.history.insert(c.history.end(), chunk.begin(), chunk.end());
-  }
-  p.Append(c, p.RandomTokens(capacity - static_cast<int64_t>(c.history.size())),
+  int64_t length = 0;
+  for (; length + 128 < capacity; length += 128)
+    s.Append("main", s.RandomTokens(128), fmt::format("the chunk from {}", length));
+  s.Append("main", s.RandomTokens(capacity - length),
            fmt::format("the last chunk up to {}", capacity));
-  try {
-    c.session->Append({1}, nullptr);
-  } catch (const InputError& e) {
-    p.ExpectLength(c, "the append past the capacity");
-    return fmt::format("{} positions held; {} refused: {}", capacity, capacity + 1,
-                       std::string(e.what()).substr(0, 60));
-  } catch (const EngineError& e) {
-    Probe::Fail("position {}: expected a refusal as bad input, got an engine failure: {}", capacity,
-                e.what());
-  }
-  Probe::Fail("position {} (max_position_embeddings {}) was accepted; expected a refusal", capacity,
-              capacity);
+  s.Refuse(fmt::format("position {} (max_position_embeddings {})", capacity, capacity),
+           [](const Backend&, const std::vector<BackendSession*>& sessions) {
+             sessions.at(0)->Append({1}, nullptr);
+           });
+  s.Add(Step::Reset("main"), "a reset after the refusal");  // the step the refusal precedes
+  const Played played = s.Play();
+  return fmt::format("{} positions held; {} refused: {}", capacity, capacity + 1,
+                     played.refusals.back().substr(0, 60));
 }
 
-ConformCheck RunOne(const CheckDef& def, Probe& probe) {
+ConformCheck RunOne(const CheckDef& def, Script& script) {
   ConformCheck check;
   check.name = def.name;
   check.what = def.what;
   const auto start = std::chrono::steady_clock::now();
   try {
-    check.detail = def.run(probe);
-  } catch (const Nonconformance& e) {
-    check.result = ConformCheck::Result::kFail;
-    check.detail = e.what();
+    check.detail = def.run(script);
   } catch (const NotApplicable& e) {
     check.result = ConformCheck::Result::kSkip;
     check.detail = e.what();
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // Nonconformance, or the script's own mistake
     check.result = ConformCheck::Result::kFail;
-    check.detail = fmt::format("unexpected {}: {}",
-                               dynamic_cast<const InputError*>(&e) ? "refusal" : "error", e.what());
+    check.detail = e.what();
   }
-  probe.Figures();  // a failed check's rows are not the next one's
-  probe.SameRowsFigure();
   check.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return check;
 }
@@ -236,15 +218,15 @@ ConformReport RunConformance(const ModelSpec& model, const Backend& engine, cons
        CheckTruncateBeyondLength},
       {"empty-append", "an append of no tokens is refused, changing nothing", CheckEmptyAppend},
       {"capacity", "max_position_embeddings positions are held; one more is refused",
-       [&options](Probe& p) { return CheckCapacity(p, options.max_capacity_fill); }},
+       [&options](Script& s) { return CheckCapacity(s, options.max_capacity_fill); }},
   };
   // After the others, so that each of those draws the tokens it drew before there were batch
   // checks (a check's tokens follow from its place in the list).
   for (const CheckDef& batch : conform_detail::BatchChecks()) checks.push_back(batch);
   for (size_t i = 0; i < checks.size(); ++i) {
     // Each check draws its own tokens: one check's outcome never moves another's inputs.
-    Probe probe(engine, oracle, options.gate, options.seed * 1000 + i);
-    report.checks.push_back(RunOne(checks[i], probe));
+    Script script(engine, oracle, options.gate, options.seed * 1000 + i);
+    report.checks.push_back(RunOne(checks[i], script));
   }
 
   if (options.campaign_cases > 0) {

@@ -1,15 +1,17 @@
-// What the checks of `kvdiff conform` share (conform.cc, conform_batch.cc; the Probe's code is in
-// conform_probe.cc): the engine under test and its oracle, sessions whose history is tracked,
-// appends and batched calls held to the oracle's uncached forward, expected refusals. A check is a
-// function of a Probe that returns its figures, throws Nonconformance when the engine does not do
-// what it asks and NotApplicable when it does not apply to the model. Not for use outside conform.
+// What the checks of `kvdiff conform` share (conform.cc, conform_batch.cc; the Script's code is in
+// conform_script.cc). A check writes its calls as a Script: a scenario, one label per step for the
+// report, and the bad calls the engine must refuse between them. Play runs it through the one
+// replay (Replay) and the one oracle check (CheckAgainstOracle), so conform holds an engine's rows
+// to its oracle exactly as `run` and `check` do. A check returns its figures, throws
+// Nonconformance when the engine does not do what it asks and NotApplicable when it does not
+// apply to the model. Not for use outside conform.
 #pragma once
 
 #include <fmt/format.h>
 
 #include <cstdint>
 #include <functional>
-#include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -17,6 +19,9 @@
 
 #include "harness/backend/backend.h"
 #include "harness/compare/gate.h"
+#include "harness/replay/oracle_check.h"
+#include "harness/replay/replay.h"
+#include "harness/scenario/scenario.h"
 
 namespace kvdiff::harness::conform_detail {
 
@@ -32,91 +37,101 @@ class NotApplicable : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-class Probe {
+template <typename... Args>
+[[noreturn]] void Fail(fmt::format_string<Args...> format, Args&&... args) {
+  throw Nonconformance(fmt::format(format, std::forward<Args>(args)...));
+}
+
+// A call the engine must refuse as bad input (an InputError: KVDIFF_INVALID_INPUT for a plugin),
+// changing nothing. It is given the engine and its live sessions in the order they were made
+// (the scenario's "main" first), and makes its call on them directly: no scenario holds bad input.
+using BadCall = std::function<void(const Backend& engine, const std::vector<BackendSession*>&)>;
+
+struct Played;
+
+class Script {
  public:
-  Probe(const Backend& engine, const Backend& oracle, const Gate& gate, uint64_t seed);
-
-  struct Conversation {
-    std::unique_ptr<BackendSession> session;
-    Tokens history;  // what the session must hold: the oracle's input
-  };
-
-  // A new session, which must say it holds nothing.
-  Conversation New() const;
-  // A fork of `c`, which must say it holds c's history (and c must still say so).
-  Conversation Fork(const Conversation& c, const std::string& what) const;
-  int64_t vocab() const { return engine_.config().vocab_size; }
-  int64_t max_positions() const { return engine_.config().max_position_embeddings; }
+  Script(const Backend& engine, const Backend& oracle, const Gate& gate, uint64_t seed);
 
   // n tokens drawn from the whole vocabulary (the same for a given seed on every platform).
   Tokens RandomTokens(int64_t n);
 
-  // Appends `tokens` and holds the n new rows to the oracle's uncached rows of the whole history;
-  // checks the shape, the NaN/inf policy and the length the session reports. Returns the rows.
-  Logits Append(Conversation& c, const Tokens& tokens, const std::string& what);
+  // Adds a step, named `what` in a failure ("chunk of 7"); returns its index.
+  size_t Add(Step step, std::string what);
+  // A prefill of `tokens` (one call) on the conversation; returns the step's index.
+  size_t Append(const std::string& conversation, const Tokens& tokens, std::string what);
+  // The call must be refused, leaving every session's Length() as it was; it is made after the
+  // last append added so far, before the next step's call (so a step must follow it), and the
+  // appends added after it show that the cache is unchanged.
+  void Refuse(std::string what, BadCall call);
 
-  // One item of a batched call: the conversation, the tokens it appends, the rows that come back.
-  struct BatchPart {
-    Conversation* conversation = nullptr;
-    Tokens tokens;
-    std::vector<bool> output;  // one flag per token; empty: every row
-  };
-  // ONE Backend::AppendBatch call of every part, as a serving engine runs them. Holds each part's
-  // returned rows (their shape, NaN/inf, values) to the oracle's uncached rows of its new history,
-  // and every session's Length() to its history. Returns each part's rows.
-  std::vector<Logits> AppendBatch(const std::vector<BatchPart>& parts, const std::string& what);
+  // Rows of `conversation` in step `step` and of `other` in step `other_step` that share a
+  // position are held to each other with the engine's own gate (Gate::Own): two ways the engine
+  // computes the same rows (a batch and its items alone, twins in one call).
+  void Same(std::string what, size_t step, std::string conversation, size_t other_step,
+            std::string other);
 
-  // Holds `got` to `want`, two ways the engine computed the same rows (a batch and the items
-  // alone, twins in one call), row by row within the run's tolerance: the rows are at `positions`
-  // of their conversation. The worst difference is kept for SameRowsFigure().
-  void ExpectSameRows(const Logits& got, const Logits& want, const std::vector<int64_t>& positions,
-                      const std::string& what);
+  // Replays the script on the engine and holds it to the oracle. Throws Nonconformance at the
+  // first step that failed, in step order: the replay's error (a throw, a wrong shape, NaN/inf, a
+  // Length() that is not what was fed), the oracle's failure, a row beyond the gate, a bad call
+  // that was not refused or changed a length; then the first pair of Same rows that differ.
+  Played Play() const;
+  // Replays the script on the engine alone (no oracle, no bad calls): Nonconformance at the first
+  // step that failed.
+  Recording ReplayOnly() const;
 
-  void ExpectLength(const Conversation& c, const std::string& what) const;
-
-  // The call must be refused as bad input (an InputError: KVDIFF_INVALID_INPUT for a plugin) and
-  // leave every conversation in `unchanged` as it was: same length, and the next append still
-  // right.
-  void ExpectRefused(const std::vector<Conversation*>& unchanged, const std::string& what,
-                     const std::function<void()>& call);
-  void ExpectRefused(Conversation& c, const std::string& what, const std::function<void()>& call) {
-    ExpectRefused(std::vector<Conversation*>{&c}, what, call);
-  }
-
-  template <typename... Args>
-  [[noreturn]] static void Fail(fmt::format_string<Args...> format, Args&&... args) {
-    throw Nonconformance(fmt::format(format, std::forward<Args>(args)...));
-  }
-
-  // "N rows, max |a-b| D" for the rows compared with the oracle since the last call.
-  std::string Figures();
-  // "max |a-b| D over N rows" for the rows ExpectSameRows compared since the last call.
-  std::string SameRowsFigure();
-  std::string LastRefusal() const { return refusals_.empty() ? "" : refusals_.back(); }
-  int64_t Refusals() const { return static_cast<int64_t>(refusals_.size()); }
-  const Backend& engine() const { return engine_; }
+  int64_t vocab() const { return engine_.config().vocab_size; }
+  int64_t max_positions() const { return engine_.config().max_position_embeddings; }
 
  private:
-  // Holds got's rows, at `positions` of `history`, to the oracle's uncached rows of `history`.
-  void ExpectOracleRows(const Tokens& history, const Logits& got,
-                        const std::vector<int64_t>& positions, const std::string& what);
+  struct Refusal {
+    std::string what;
+    BadCall call;
+    int64_t after_append;  // the engine's append calls (a batch is one) before it is made
+    size_t step;           // the step whose last call it follows
+  };
+  struct SameRows {
+    std::string what;
+    size_t step, other_step;
+    std::string conversation, other;
+  };
+  // The step's failure as the report says it: "chunk of 1: ...".
+  std::string At(size_t step, const std::string& message) const;
+  void CheckRows(Played& played, size_t step) const;
 
   const Backend& engine_;
   const Backend& oracle_;
   Gate gate_;
   uint64_t rng_;
-  int64_t rows_ = 0, same_rows_ = 0;
-  double worst_ = 0, same_worst_ = 0;
-  std::vector<std::string> refusals_;
+  Scenario scenario_;
+  std::vector<std::string> what_;  // one per step
+  int64_t appends_ = 0;
+  std::vector<Refusal> refusals_;
+  std::vector<SameRows> same_;
 };
 
-// The last refusal's message, shortened for the table.
-std::string Refused(const Probe& p);
+// A script played on the engine and held to the oracle (Script::Play).
+struct Played {
+  Recording recording;
+  OracleCheck oracle;
+  int64_t rows = 0;  // rows held to the oracle
+  double worst = 0;
+  int64_t same_rows = 0;  // rows held to each other (Script::Same)
+  double same_worst = 0;
+  std::vector<std::string> refusals;  // each bad call's refusal, in order
+
+  // "N rows, max |a-b| D"
+  std::string Figures() const;
+  // "max |a-b| D over N rows" of the Same rows
+  std::string SameRowsFigure() const;
+  // "refused: " and the last refusal's message, shortened for the table
+  std::string Refused() const;
+};
 
 struct CheckDef {
   const char* name;
   const char* what;
-  std::function<std::string(Probe&)> run;
+  std::function<std::string(Script&)> run;
 };
 
 // The checks of batched calls (Backend::AppendBatch): conform_batch.cc.

@@ -1,7 +1,7 @@
 // The one replay: a scenario's steps on one backend, through the scenario's driver, every logits
-// row kept. `run`, `check`, `golden regen/verify`, `repro` and `--localize` all replay this way;
-// the oracle check (oracle_check.h) and the cross-backend comparison are passes over recordings,
-// which read them and leave them as replayed.
+// row kept. `run`, `check`, `golden regen/verify`, `repro`, `conform` and `--localize` all replay
+// this way; the oracle check (oracle_check.h) and the cross-backend comparison are passes over
+// recordings, which read them and leave them as replayed.
 //
 // After an error a scenario goes on as a program would: the step that threw stops its
 // conversation (later steps on it, and forks of it, are skipped and say why), and the other

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "format/error.h"
 #include "format/model_files.h"
 #include "harness/backend/registry.h"
 #include "harness/run/differential_run.h"
@@ -334,6 +335,68 @@ TEST(Conform, RowsMappedToTheWrongItemsFailTheBatchChecksOnly) {
                         "of 5: position 10 differs from impl's uncached forward"));
   EXPECT_THAT(RowOf(table, "batch-fork-truncate"), HasSubstr("FAIL"));
   EXPECT_EQ(report.Failures(), 2) << report.Table();
+}
+
+// impl's sessions with a misuse of truncate beyond the length: clamped to the length (a silent
+// "fix", no refusal), or refused after forgetting a position (a refusal that changes the session).
+class BadTruncate : public OneAfterAnother {
+ public:
+  enum class How { kClamp, kRefuseAfterForgetting };
+  BadTruncate(std::unique_ptr<harness::Backend> inner, harness::BackendInfo info, How how)
+      : OneAfterAnother(std::move(inner), std::move(info)), how_(how) {}
+  std::unique_ptr<harness::BackendSession> NewSession() const override {
+    return std::make_unique<Session>(inner_->NewSession(), how_);
+  }
+
+ private:
+  class Session : public harness::BackendSession {
+   public:
+    Session(std::unique_ptr<harness::BackendSession> inner, How how)
+        : inner_(std::move(inner)), how_(how) {}
+    Logits Append(const Tokens& tokens, ForwardTrace* trace) override {
+      return inner_->Append(tokens, trace);
+    }
+    int64_t Length() const override { return inner_->Length(); }
+    void Truncate(int64_t length) override {
+      if (length <= inner_->Length()) return inner_->Truncate(length);
+      if (how_ == How::kClamp) return;
+      inner_->Truncate(inner_->Length() - 1);
+      throw kvdiff::InputError("truncate beyond the length");
+    }
+    std::unique_ptr<harness::BackendSession> Fork() const override {
+      return std::make_unique<Session>(inner_->Fork(), how_);
+    }
+    void Reset() override { inner_->Reset(); }
+
+   private:
+    std::unique_ptr<harness::BackendSession> inner_;
+    How how_;
+  };
+  How how_;
+};
+
+TEST(Conform, ABadCallThatIsNotRefusedOrChangesTheSessionFailsItsCheck) {
+  using namespace harness;
+  const ModelSpec model = testing::TinyModel();
+  auto weights = LoadModelFor(model);
+  auto impl = MakeBackend("impl", weights, 1);
+  ConformOptions options;
+  options.campaign_cases = 0;
+  BackendInfo info;
+  info.name = "clamp";
+  const BadTruncate clamp(MakeBackend("impl", weights, 1), info, BadTruncate::How::kClamp);
+  const ConformReport clamped = RunConformance(model, clamp, *impl, options);
+  EXPECT_EQ(clamped.Failures(), 1) << clamped.Table();
+  EXPECT_THAT(RowOf("\n" + clamped.Table(), "truncate-beyond"),
+              HasSubstr("FAIL   truncate to 6 of 5: expected a refusal as bad input, but the call "
+                        "succeeded"));
+  info.name = "forget";
+  const BadTruncate forget(MakeBackend("impl", weights, 1), info,
+                           BadTruncate::How::kRefuseAfterForgetting);
+  const ConformReport forgot = RunConformance(model, forget, *impl, options);
+  EXPECT_EQ(forgot.Failures(), 1) << forgot.Table();
+  EXPECT_THAT(RowOf("\n" + forgot.Table(), "truncate-beyond"),
+              HasSubstr("FAIL   truncate to 6 of 5: Length() is 4 after the refusal, expected 5"));
 }
 
 TEST(Conform, TheCapacityCheckIsSkippedAboveItsFillLimitSayingWhy) {

@@ -114,7 +114,7 @@ TEST(RustEngine, ReusingOneCacheIsCaughtByConformAndByCheck) {
       RunKvdiff(fmt::format("conform '{}?bug=reuse' --cases 20", kEngine), dir.path());
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_THAT(RowOf(r.out, "prefill"), HasSubstr("PASS"));  // the engine's first conversation
-  EXPECT_THAT(RowOf(r.out, "reset"), HasSubstr("FAIL   unexpected error: rust_example: cannot "
+  EXPECT_THAT(RowOf(r.out, "reset"), HasSubstr("FAIL   prefill of 10: rust_example: cannot "
                                                "broadcast [10, 10] to [1, 4, 10, "));
   EXPECT_THAT(RowOf(r.out, "campaign"), HasSubstr("FAIL"));
 
