@@ -266,7 +266,7 @@ TEST(PluginLoaderTest, AnotherAbiVersionIsRefusedWithBothNumbers) {
     FAIL() << "expected InputError";
   } catch (const InputError& e) {
     EXPECT_THAT(e.what(), HasSubstr("was built against kvdiff engine ABI version 999, this kvdiff "
-                                    "speaks versions 1 to 2"));
+                                    "speaks versions 1 to 3"));
   }
 }
 

@@ -109,7 +109,7 @@ TEST(ShiftStep, ABackendThatCannotShiftIsRefusedByName) {
   EXPECT_THAT([&] { ValidateScenarioFor(sc, plugin); },
               ::testing::ThrowsMessage<InputError>(
                   HasSubstr("steps[1] shift(main,keep=1,discard=1): backend plugin:engine.so "
-                            "cannot shift")));
+                            "does not shift a conversation's positions")));
   EXPECT_NO_THROW(ValidateScenarioFor(sc, BackendRegistry::Global().Info("impl")));
 }
 
