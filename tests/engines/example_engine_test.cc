@@ -229,7 +229,8 @@ TEST_F(ExampleEngineTest, BadOptionsAreInputErrors) {
     plugin.Open(ModelDir(), "kv=f16");
     FAIL() << "expected InputError";
   } catch (const InputError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("unknown option 'kv' (the example engine knows: max_length)"));
+    EXPECT_THAT(e.what(),
+                HasSubstr("unknown option 'kv' (the example engine knows: max_length, fault)"));
   }
   EXPECT_THROW(plugin.Open(ModelDir(), "max_length=513"), InputError);
   EXPECT_THROW(plugin.Open(ModelDir(), "max_length=0"), InputError);
