@@ -265,6 +265,7 @@ void RegisterNamedPlugin(BackendRegistry& registry, const std::string& name,
     info.dtype = "float32";
     info.rope_angles = known.rope_angles;
     info.overflows_on_demanding_models = known.overflows_on_demanding_models;
+    info.shifts = known.shifts;
     info.raw_call = RawCall::kNone;
     const size_t q = spec.find('?');
     std::string all = options;

@@ -159,9 +159,9 @@ void ValidateScenarioFor(const Scenario& scenario, const BackendInfo& b) {
   for (size_t i = 0; i < scenario.steps.size() && !b.shifts; ++i) {
     KVDIFF_CHECK(scenario.steps[i].op != Op::kShift,
                  "steps[{}] {}: backend {} does not shift a conversation's positions, so it "
-                 "cannot run shift steps (they run on {}, llama.cpp, and engines that say they "
-                 "shift: a plugin of ABI 3 with a shift call, an exec: program whose info says "
-                 "shifts 1; leave {} out of the backends)",
+                 "cannot run shift steps (they run on {}, and on engines that say they shift: a "
+                 "plugin of ABI 3 with a shift call, an exec: program whose info says shifts 1; "
+                 "leave {} out of the backends)",
                  i, scenario.steps[i].ParamString(), b.name,
                  fmt::join(BackendRegistry::Global().ShiftingBackends(), ", "), b.name);
   }

@@ -248,6 +248,10 @@ TEST_F(ShiftEnginesTest, APluginWithoutShiftIsRefusedNamingIt) {
                   "conversation's positions",
                   KVDIFF_BROKEN_V2_ENGINE))));
   EXPECT_TRUE(Make(std::string("plugin:") + KVDIFF_BROKEN_V3_ENGINE)->Info().shifts);
+  // The registry lists llama.cpp among the backends that shift before any engine is opened.
+  if (BackendRegistry::Global().Has("llama.cpp")) {
+    EXPECT_THAT(BackendRegistry::Global().ShiftingBackends(), ::testing::Contains("llama.cpp"));
+  }
 }
 
 TEST_F(ShiftEnginesTest, APluginThatClaimsAShiftItNeverMadeIsCaughtByItsLength) {
