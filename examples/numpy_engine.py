@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A Llama engine in numpy, for kvdiff to test: the arithmetic of transformers'
 LlamaForCausalLM (eager attention; the "spec, N" notes number its steps) in float32, a KV cache per session, the position owned by the
-session. It reads config.json and model.safetensors itself.
+session, and a context shift (its moved keys re-rotated in float32). It reads config.json and
+model.safetensors itself.
 
     kvdiff conform exec:"/usr/bin/python3 examples/numpy_engine.py"
     kvdiff check --cases 200 --backends 'impl,exec:/usr/bin/python3 examples/numpy_engine.py'
@@ -263,6 +264,16 @@ class NumpyEngine(kvdiff_engine.Engine):
                 length, session.length()))
         session.kv = [(k[:, :length], v[:, :length]) for k, v in session.kv]
         session.position = length
+
+    def shift(self, session, keep, discard):
+        # The adapter has checked 0 <= keep, keep + discard <= length, discard > 0. Each moved key
+        # was cached rotated for its old position p; R(p - discard) = R(-discard)·R(p).
+        cos, sin = self.model.rope([-discard])  # (1, d)
+        session.kv = [(np.concatenate([k[:, :keep], rotate(k[:, keep + discard:], cos, sin)], 1),
+                       np.concatenate([v[:, :keep], v[:, keep + discard:]], 1))
+                      for k, v in session.kv]
+        if self.bug != "forgot-position":  # that bug's position never moves
+            session.position -= discard
 
     def fork(self, session):
         child = Session(self.model)

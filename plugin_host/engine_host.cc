@@ -183,6 +183,9 @@ int ServeIsolatedEngine(int fd, const std::filesystem::path& plugin_path) {
         case Op::kReset:
           server.Find(request.session).Reset();
           break;
+        case Op::kShift:
+          server.Find(request.session).Shift(request.arg, request.count);
+          break;
         case Op::kAppendBatch:
           reply.value = RunBatch(*engine, server, *batch, payload);
           break;

@@ -80,6 +80,8 @@ const char* OpName(Op op) {
       return "reset";
     case Op::kAppendBatch:
       return "append_batch";
+    case Op::kShift:
+      return "shift";
   }
   return "an unknown op";
 }
@@ -183,6 +185,7 @@ int64_t RequestBodyBytes(const Request& request) {
     case Op::kTruncate:
     case Op::kFork:
     case Op::kReset:
+    case Op::kShift:
       return 0;
   }
   return -1;  // an op this version does not know
@@ -245,6 +248,7 @@ std::string EncodeInfo(const EngineInfo& info) {
   std::string s = fmt::format("{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n", info.name, info.version,
                               info.abi_version, info.vocab_size, info.max_length, info.cache_dtype,
                               info.max_sessions, info.max_batch_tokens);
+  if (info.abi_version >= 3) s += info.shifts ? "1\n" : "0\n";
   for (const auto& [what, size] : info.sizes) s += fmt::format("{} {}\n", what, size);
   return s;
 }
@@ -283,10 +287,11 @@ EngineInfo DecodeInfo(const std::string& text) {
   info.name = lines[0];
   info.version = lines[1];
   const int64_t abi = ParseInfoInt(lines[2], "abi_version (line 3)");
-  if (abi != 1 && abi != 2) {
-    throw EngineError(fmt::format(
-        "engine process: an info reply with abi_version {} (expected 1, or 2 with append_batch)",
-        abi));
+  if (abi < 1 || abi > 3) {
+    throw EngineError(
+        fmt::format("engine process: an info reply with abi_version {} (expected 1, 2 with "
+                    "append_batch, or 3 with append_batch and a shifts line)",
+                    abi));
   }
   info.abi_version = static_cast<uint32_t>(abi);
   info.vocab_size = ParseInfoInt(lines[3], "vocab_size (line 4)");
@@ -309,7 +314,20 @@ EngineInfo DecodeInfo(const std::string& text) {
                     "(expected >= 0)",
                     info.max_sessions, info.max_batch_tokens));
   }
-  for (size_t i = 8; i < lines.size(); ++i) {
+  // abi_version 3: line 9 says whether the engine answers shift; the sizes follow it.
+  size_t sizes_from = 8;
+  if (abi >= 3) {
+    const int64_t shifts = lines.size() > 8 ? ParseInfoInt(lines[8], "shifts (line 9)") : -1;
+    if (shifts != 0 && shifts != 1) {
+      throw EngineError(fmt::format(
+          "engine process: an info reply with abi_version 3 and {} (expected line 9, shifts: 0 "
+          "or 1)",
+          lines.size() > 8 ? fmt::format("shifts {}", shifts) : std::string("no line 9")));
+    }
+    info.shifts = shifts == 1;
+    sizes_from = 9;
+  }
+  for (size_t i = sizes_from; i < lines.size(); ++i) {
     const size_t space = lines[i].rfind(' ');
     if (space == std::string::npos) continue;
     info.sizes.emplace_back(lines[i].substr(0, space),

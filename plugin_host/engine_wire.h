@@ -44,8 +44,9 @@ enum class Op : uint32_t {
   kFork = 8,
   kReset = 9,
   kAppendBatch = 10,
+  kShift = 11,  // only to an engine whose info says it shifts (abi_version 3, shifts 1)
 };
-inline constexpr uint32_t kLastOp = 10;
+inline constexpr uint32_t kLastOp = 11;
 // A reply's status; any other value is a peer that does not speak this protocol.
 enum class Status : uint32_t { kOk = 0, kInputError = 1, kEngineError = 2 };
 
@@ -53,9 +54,9 @@ struct Request {
   Op op = Op::kHello;
   int64_t session = -1;
   int64_t arg = 0;    // hello: the newest version; open: model_dir bytes; truncate: the length;
-                      // append_batch: how many items
+                      // append_batch: how many items; shift: keep
   int64_t count = 0;  // hello: the oldest version; open: options bytes; append, append_batch:
-                      // how many tokens follow
+                      // how many tokens follow; shift: discard
 };
 
 // append_batch's body: `arg` of these (16 bytes each), then every item's tokens in item order
@@ -124,7 +125,8 @@ bool ReadAll(int fd, void* data, size_t size,
              std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt,
              bool* timed_out = nullptr, size_t* got = nullptr);
 
-// The info as a small text: name, version, then one "key value" per line; and back.
+// The info as a small text: name, version, abi_version and the numbers one a line (abi_version 3
+// adds whether the engine shifts), then one "name value" line per interesting size; and back.
 std::string EncodeInfo(const EngineInfo& info);
 EngineInfo DecodeInfo(const std::string& text);  // EngineError when malformed
 

@@ -100,6 +100,7 @@ struct HostProcess {
   int fd = -1;
   double timeout_seconds = 600;
   int64_t vocab_size = 0;           // as the info said, once the engine is open
+  bool shifts = false;              // the info said it answers shift
   std::optional<std::string> dead;  // why the child is gone
 
   // Closing the socket tells the child to free its sessions, close the engine and exit 0; a child
@@ -128,6 +129,9 @@ struct HostProcess {
                           request.count, plural(request.count));
     }
     if (request.op == Op::kTruncate) call += fmt::format("({})", request.arg);
+    if (request.op == Op::kShift) {
+      call += fmt::format("(keep={}, discard={})", request.arg, request.count);
+    }
     return call;
   }
 
@@ -325,6 +329,7 @@ EngineInfo OpenIn(HostProcess& host, const EngineProcessSpec& spec) {
   EngineInfo info = wire::DecodeInfo(payload);
   host.name = info.name;
   host.vocab_size = info.vocab_size;
+  host.shifts = info.shifts;
   return info;
 }
 
@@ -490,6 +495,14 @@ IsolatedSession IsolatedSession::Fork() const {
 void IsolatedSession::Reset() {
   std::string payload;
   host_->Call(Request{Op::kReset, id_}, payload);
+}
+
+void IsolatedSession::Shift(int64_t keep, int64_t discard) {
+  // An engine that did not say it shifts may not know the op: it is never sent one.
+  KVDIFF_CHECK(host_->shifts, "{}: the engine does not shift (its info has no shifts 1)",
+               host_->name);
+  std::string payload;
+  host_->Call(Request{Op::kShift, id_, keep, discard}, payload);
 }
 
 }  // namespace kvdiff::engines

@@ -74,6 +74,7 @@ class IsolatedSession {
   void Truncate(int64_t length);
   IsolatedSession Fork() const;
   void Reset();
+  void Shift(int64_t keep, int64_t discard);  // InputError when the engine does not shift
 
   IsolatedSession(IsolatedSession&&) noexcept;
   IsolatedSession& operator=(IsolatedSession&&) noexcept;

@@ -146,6 +146,8 @@ Engine Plugin::Open(const std::filesystem::path& model_dir, const std::string& o
     info.max_sessions = raw_info.max_sessions;
     info.max_batch_tokens = raw_info.max_batch_tokens;
   }
+  // Only a version-3 table has the member; NULL there is an engine that does not shift.
+  info.shifts = a.abi_version >= 3 && a.shift != nullptr;
   if (info.max_sessions < 0 || info.max_batch_tokens < 0) {
     throw EngineError(fmt::format(
         "{}: engine_info reports max_sessions {} and max_batch_tokens {} (0 for no limit, else "
@@ -252,5 +254,12 @@ Session Session::Fork() const {
 }
 
 void Session::Reset() { CheckSession(*engine_, session_, Api(*engine_).reset(session_)); }
+
+void Session::Shift(int64_t keep, int64_t discard) {
+  KVDIFF_CHECK(engine_->info.shifts, "{}: the engine does not shift (a version-{} plugin{})",
+               engine_->info.name, engine_->info.abi_version,
+               engine_->info.abi_version >= 3 ? " whose table's shift is NULL" : "");
+  CheckSession(*engine_, session_, Api(*engine_).shift(session_, keep, discard));
+}
 
 }  // namespace kvdiff::engines

@@ -37,13 +37,14 @@ namespace kvdiff::engines {
 struct EngineInfo {
   std::string name;          // "example", "llama.cpp"
   std::string version;       // the engine's own version text
-  uint32_t abi_version = 0;  // the version the plugin declares (1 or 2: engine.h's "Versions")
+  uint32_t abi_version = 0;  // the version the plugin declares (1 to 3: engine.h's "Versions")
   int64_t vocab_size = 0;
   int64_t max_length = 0;                              // positions a session can hold
   std::string cache_dtype;                             // "f32", "f16", "q8_0", ...
   std::vector<std::pair<std::string, int64_t>> sizes;  // "interesting sizes", in engine order
   int64_t max_sessions = 0;      // ABI 2: sessions alive at once; 0: no limit (and every v1 plugin)
   int64_t max_batch_tokens = 0;  // ABI 2: tokens one call takes; 0: no limit
+  bool shifts = false;           // ABI 3: the plugin has shift (a NULL shift, or ABI < 3: false)
 };
 
 struct EngineState;  // the opened kvdiff_engine* and the library that made it
@@ -56,6 +57,9 @@ class Session {
   void Truncate(int64_t length);  // InputError unless 0 <= length <= Length()
   Session Fork() const;           // explicit deep copy
   void Reset();                   // empty cache, position 0
+  // ABI 3's shift: drops [keep, keep + discard), moves the later positions down (engine.h).
+  // InputError when the engine does not shift (EngineInfo::shifts) or the plugin refuses.
+  void Shift(int64_t keep, int64_t discard);
 
   Session(Session&&) noexcept;
   Session& operator=(Session&&) noexcept;

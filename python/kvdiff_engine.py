@@ -24,9 +24,13 @@ becomes one method call; a Python exception becomes an error reply, never a trac
     if __name__ == "__main__":
         MyEngine().run()
 
-Optional: session_free(session) (the default drops it) and append_batch(items) (items: a list of
+Optional: session_free(session) (the default drops it), append_batch(items) (items: a list of
 (session, tokens, flags); returns one float32 [flagged rows, vocab] array per item; an engine
-that defines it reports abi_version 2, else kvdiff runs batch steps one item at a time).
+that defines it reports abi_version 2, else kvdiff runs batch steps one item at a time) and
+shift(session, keep, discard) (a context shift: drop positions [keep, keep + discard), move the
+later ones down and re-rotate their cached keys by -discard positions; called only with
+0 <= keep, 0 <= discard, keep + discard <= length and discard > 0, which this module checks; an
+engine that defines it reports abi_version 3 and "shifts 1", and kvdiff runs shift steps on it).
 Standard library only, but for numpy, which the logits need.
 """
 
@@ -38,8 +42,8 @@ import traceback
 PROTOCOL_VERSION = 1
 
 # The ops and statuses of docs/protocol.md: the numbers are the protocol.
-HELLO, OPEN, INFO, SESSION_NEW, SESSION_FREE, APPEND, LENGTH, TRUNCATE, FORK, RESET, APPEND_BATCH = (
-    range(11))
+(HELLO, OPEN, INFO, SESSION_NEW, SESSION_FREE, APPEND, LENGTH, TRUNCATE, FORK, RESET, APPEND_BATCH,
+ SHIFT) = range(12)
 OK, INVALID_INPUT, ENGINE_FAILURE = 0, 1, 2
 
 REQUEST_HEADER = struct.Struct("<IIqqq")  # op, reserved, session, arg, count: 32 bytes
@@ -114,6 +118,7 @@ class Engine:
         raise NotImplementedError("reset")
 
     append_batch = None  # optional: see the module's documentation
+    shift = None  # optional: see the module's documentation
 
     def run(self, stdin_fd=0, stdout_fd=1):
         """Serves kvdiff until it closes the stream. Returns the exit code: 0 after a clean close,
@@ -221,11 +226,26 @@ class _Server:
             return 0, b""
         if op == APPEND_BATCH:
             return self.batch(arg, count, body)
+        if op == SHIFT:
+            return self.shift(self.find(session), arg, count)
         raise RuntimeError("unknown op {}".format(op))
+
+    def shift(self, session, keep, discard):
+        """engine.h's refusals, then the engine's shift (discard 0 changes nothing)."""
+        if self.engine.shift is None:
+            raise InputError("this engine does not shift (its info says shifts 0)")
+        length = int(self.engine.length(session))
+        if keep < 0 or discard < 0 or keep > length or discard > length - keep:
+            raise InputError("shift(keep={}, discard={}): expected 0 <= keep, 0 <= discard and "
+                             "keep + discard <= {} (the session's length)"
+                             .format(keep, discard, length))
+        if discard > 0:
+            self.engine.shift(session, keep, discard)
+        return 0, b""
 
     def batch(self, n_items, n_tokens, body):
         import numpy as np
-        if self.engine.append_batch is None:
+        if self.engine.append_batch is None and self.engine.shift is None:
             raise InputError("this engine has no append_batch (it reports abi_version 1)")
         heads = [BATCH_ITEM.unpack_from(body, i * BATCH_ITEM.size) for i in range(n_items)]
         at = n_items * BATCH_ITEM.size
@@ -237,7 +257,10 @@ class _Server:
                 raise RuntimeError("batch items of {} tokens in a request of {}".format(n, n_tokens))
             items.append((self.find(session), tokens[begin:begin + n], flags[begin:begin + n] != 0))
             begin += n
-        outs = self.engine.append_batch(items)
+        if self.engine.append_batch is None:  # abi_version 3 for shift: one item after another
+            outs = [_rows(self.engine.append(s, t), len(t))[f] for s, t, f in items]
+        else:
+            outs = self.engine.append_batch(items)
         if len(outs) != len(items):
             raise RuntimeError("append_batch returned {} results for {} items"
                                .format(len(outs), len(items)))
@@ -269,7 +292,7 @@ def body_size(op, arg, count):
         if not (0 < arg <= MAX_ITEMS and arg <= count <= MAX_TOKENS):
             return -1
         return BATCH_ITEM.size * arg + 5 * count
-    return 0 if 0 <= op <= APPEND_BATCH else -1
+    return 0 if 0 <= op <= SHIFT else -1
 
 
 def parse_options(text):
@@ -287,9 +310,13 @@ def parse_options(text):
 
 
 def encode_info(engine, info):
-    abi = 1 if engine.append_batch is None else 2
+    # abi_version 3 says whether the engine shifts (line 9), and takes append_batch, which this
+    # module then runs one item after another for an engine without one.
+    abi = 3 if engine.shift is not None else 1 if engine.append_batch is None else 2
     lines = [engine.name, engine.version, abi, info.vocab_size, info.max_length,
              info.cache_dtype, info.max_sessions, info.max_batch_tokens]
+    if abi == 3:
+        lines.append(1)
     lines += ["{} {}".format(name, value) for name, value in info.sizes]
     return "".join("{}\n".format(line) for line in lines).encode("utf-8")
 

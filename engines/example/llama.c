@@ -3,7 +3,9 @@
  * to start a plugin for your own engine: the ABI glue is at the bottom, the model above it.
  *
  * Options: max_length=N (positions a session may hold; default and upper bound:
- * max_position_embeddings). */
+ * max_position_embeddings); fault=shift-not-rerotated (TEST-ONLY: shift moves the cached rows
+ * and leaves the keys rotated for their old positions, to prove kvdiff's shift check catches it;
+ * default none). */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -25,11 +27,15 @@ typedef struct {
   float* up;     /* (inter) */
 } RunState;
 
+/* Test-only bugs, chosen with fault=NAME. */
+typedef enum { FAULT_NONE, FAULT_SHIFT_NOT_REROTATED } Fault;
+
 struct kvdiff_engine {
   Config config;
   Weights weights;
   int loaded;
   int64_t max_length;
+  Fault fault;
   double* inv_freq; /* (head_dim / 2): 1 / rope_theta^(2i / head_dim) */
   RunState run;
   char error[1024];
@@ -190,9 +196,18 @@ static kvdiff_status parse_options(kvdiff_engine* e, const char* options) {
             "option max_length=%s: expected an integer in [1, %lld] (max_position_embeddings)",
             eq + 1, (long long)e->config.max_pos);
       e->max_length = v;
+    } else if (strcmp(item, "fault") == 0) {
+      if (strcmp(eq + 1, "none") == 0) {
+        e->fault = FAULT_NONE;
+      } else if (strcmp(eq + 1, "shift-not-rerotated") == 0) {
+        e->fault = FAULT_SHIFT_NOT_REROTATED;
+      } else {
+        return set_error(e->error, KVDIFF_INVALID_INPUT,
+                         "option fault=%s: expected none or shift-not-rerotated", eq + 1);
+      }
     } else {
       return set_error(e->error, KVDIFF_INVALID_INPUT,
-                       "unknown option '%s' (the example engine knows: max_length)", item);
+                       "unknown option '%s' (the example engine knows: max_length, fault)", item);
     }
   }
   return KVDIFF_OK;
@@ -361,6 +376,31 @@ static kvdiff_status truncate_to(kvdiff_session* s, int64_t n) {
   return KVDIFF_OK;
 }
 
+/* A context shift (ABI 3): rows [keep + discard, length) of every layer move down to row keep,
+ * and each moved key, cached post-RoPE at its old position p, is rotated by -discard positions:
+ * R(p - discard) = R(-discard)·R(p), the angles in double as in rope(), the rotation in float32
+ * on the cached values, as an engine with a float32 cache does it. Values move unchanged. */
+static kvdiff_status shift(kvdiff_session* s, int64_t keep, int64_t discard) {
+  if (keep < 0 || discard < 0 || keep > s->length || discard > s->length - keep)
+    return set_error(s->error, KVDIFF_INVALID_INPUT,
+                     "shift(keep=%lld, discard=%lld): expected 0 <= keep, 0 <= discard and "
+                     "keep + discard <= %lld (the session's length)",
+                     (long long)keep, (long long)discard, (long long)s->length);
+  const Config* c = &s->engine->config;
+  const int64_t kv_dim = c->kv_heads * c->head_dim, moved = s->length - keep - discard;
+  for (int64_t l = 0; discard > 0 && l < c->layers; l++) {
+    float* k = s->key[l] + keep * kv_dim; /* (moved, kv_dim): the moved rows' new place */
+    float* v = s->value[l] + keep * kv_dim;
+    memmove(k, k + discard * kv_dim, (size_t)(moved * kv_dim) * sizeof(float));
+    memmove(v, v + discard * kv_dim, (size_t)(moved * kv_dim) * sizeof(float));
+    if (s->engine->fault == FAULT_SHIFT_NOT_REROTATED) continue; /* THE BUG (test-only) */
+    for (int64_t t = 0; t < moved; t++)
+      rope(k + t * kv_dim, c->kv_heads, c->head_dim, -discard, s->engine->inv_freq);
+  }
+  s->length -= discard;
+  return KVDIFF_OK;
+}
+
 static kvdiff_status fork_session(kvdiff_session* s, kvdiff_session** out) {
   kvdiff_session* f = NULL;
   *out = NULL;
@@ -470,6 +510,7 @@ static const kvdiff_engine_api kApi = {
     .session_error = session_error,
     .session_free = session_free,
     .append_batch = append_batch, /* ABI 2 */
+    .shift = shift,               /* ABI 3 */
 };
 
 KVDIFF_ENGINE_EXPORT const kvdiff_engine_api* kvdiff_engine_entry(void) { return &kApi; }

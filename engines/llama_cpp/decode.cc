@@ -164,7 +164,10 @@ void Restore(kvdiff_engine* e, const kvdiff_batch_item* items, int64_t n_items) 
 void Decode(kvdiff_engine* e, llama_batch& b, const kvdiff_batch_item* items, int64_t n_items) {
   ForgetLogErrors();
   const int32_t status = llama_decode(e->ctx, b);
-  if (status == 0) return;
+  if (status == 0) {
+    ++e->decodes;
+    return;
+  }
   Restore(e, items, n_items);
   const std::string what =
       n_items == 1 ? fmt::format("{} tokens at position {}", b.n_tokens, items[0].session->length)

@@ -1,5 +1,6 @@
 // What an opened llama.cpp engine and its sessions hold, shared by the engine's files
-// (llama_cpp_engine.cc: open, sessions and the ABI table; decode.cc: both appends).
+// (llama_cpp_engine.cc: open, sessions and the ABI table; decode.cc: both appends; shift.cc: the
+// context shift).
 #pragma once
 
 #include <llama.h>
@@ -23,6 +24,7 @@ struct kvdiff_engine {
   int64_t max_length = 0;
   int64_t n_batch = 0;         // the most tokens one call takes (all items of a batch together)
   std::vector<bool> seq_used;  // [sessions]: whether a live session owns the sequence id
+  int64_t decodes = 0;         // successful llama_decode calls: each applies pending K-shifts
   std::vector<kvdiff_size> sizes;
   std::string cache_dtype;
   std::string error;
@@ -36,6 +38,12 @@ struct kvdiff_session {
   kvdiff_engine* engine = nullptr;
   llama_seq_id seq = -1;
   int64_t length = 0;  // positions 0..length-1 of `seq` are in the engine's memory
+  // A fork shares its parent's cells (llama_memory_seq_cp); llama_memory_seq_add would move a
+  // shared cell for every sequence in it, so a shift first gives the session cells of its own.
+  bool may_share = false;
+  // e->decodes when a shift (this session's, or its parent's before a fork) left its cells with a
+  // K-shift that llama.cpp applies at the next llama_decode; -1: none.
+  int64_t shifted_at = -1;
   std::string error;
 };
 

@@ -48,6 +48,7 @@
 #include "engines/llama_cpp/decode.h"
 #include "engines/llama_cpp/engine_state.h"
 #include "engines/llama_cpp/gguf_cache.h"
+#include "engines/llama_cpp/shift.h"
 #include "format/error.h"
 #include "format/gguf.h"
 #include "kvdiff/engine.h"
@@ -227,7 +228,7 @@ kvdiff_status SessionNew(kvdiff_engine* e, kvdiff_session** out) {
   return Guard(e->error, [&] {
     const llama_seq_id seq = TakeSeq(e);
     llama_memory_seq_rm(Memory(e), seq, -1, -1);
-    *out = new kvdiff_session{e, seq, 0, {}};
+    *out = new kvdiff_session{e, seq, 0, false, -1, {}};
   });
 }
 
@@ -263,7 +264,8 @@ kvdiff_status SessionFork(kvdiff_session* s, kvdiff_session** out) {
     const llama_seq_id seq = TakeSeq(s->engine);
     llama_memory_seq_rm(Memory(s->engine), seq, -1, -1);
     llama_memory_seq_cp(Memory(s->engine), s->seq, seq, -1, -1);
-    *out = new kvdiff_session{s->engine, seq, s->length, {}};
+    *out = new kvdiff_session{s->engine, seq, s->length, true, s->shifted_at, {}};
+    s->may_share = true;
   });
 }
 
@@ -271,7 +273,13 @@ kvdiff_status SessionReset(kvdiff_session* s) {
   return Guard(s->error, [&] {
     llama_memory_seq_rm(Memory(s->engine), s->seq, -1, -1);
     s->length = 0;
+    s->may_share = false;
+    s->shifted_at = -1;
   });
+}
+
+kvdiff_status SessionShift(kvdiff_session* s, int64_t keep, int64_t discard) {
+  return Guard(s->error, [&] { Shift(s, keep, discard); });
 }
 
 const char* SessionErrorText(const kvdiff_session* s) {
@@ -289,7 +297,7 @@ const std::string kVersion = fmt::format("llama.cpp {} (node-llama-cpp {})", KVD
                                          KVDIFF_LLAMACPP_VERSION);
 
 const kvdiff_engine_api kApi = {
-    KVDIFF_ENGINE_ABI_VERSION,  // 2: append_batch is the last member
+    KVDIFF_ENGINE_ABI_VERSION,  // 3: shift is the last member
     "llama.cpp",
     kVersion.c_str(),
     EngineOpen,
@@ -305,6 +313,7 @@ const kvdiff_engine_api kApi = {
     SessionErrorText,
     SessionFree,
     EngineAppendBatch,
+    SessionShift,
 };
 
 }  // namespace

@@ -118,8 +118,9 @@ struct BackendInfo {
   // depends on which one the loader found: `kvdiff bench` names it and warns of netlib's.
   bool gemms_in_blas = false;
   // Its sessions implement BackendSession::Shift: a scenario with shift steps is refused
-  // (ValidateScenarioFor) on a backend without it. impl, ref and ref64 so far; plugins, engine
-  // programs and llama.cpp not yet (the plugin ABI has no shift call).
+  // (ValidateScenarioFor) on a backend without it. impl, ref and ref64; a plugin or an engine
+  // program when the engine says it shifts (engine.h ABI 3's shift, the protocol's info), known
+  // once the engine is open.
   bool shifts = false;
 };
 

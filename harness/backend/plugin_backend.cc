@@ -9,7 +9,8 @@
 // entry point, open, info, sessions, close — runs in a child process
 // (plugin_host/isolated_engine.h), the same adapter over the other engine type: kvdiff itself never
 // maps a plugin it runs isolated, so none of its code runs here. A batch (Backend::AppendBatch) is
-// ONE append_batch call when the plugin has it (ABI 2), else one append per item.
+// ONE append_batch call when the plugin has it (ABI 2), else one append per item; a shift step
+// is the plugin's shift (ABI 3), and is refused before anything runs for a plugin without one.
 // An engine program (`exec:COMMAND`, any language, speaking docs/protocol.md on its stdin/stdout)
 // is the same adapter over the same IsolatedEngine: only how the child starts differs.
 #include <fmt/format.h>
@@ -50,6 +51,9 @@ class PluginSession : public BackendSession {
     return std::make_unique<PluginSession>(session_.Fork(), backend_);
   }
   void Reset() override { session_.Reset(); }
+  // Offered when the engine says it shifts (BackendInfo::shifts); its refusals come back as
+  // they are (bad input, exit 2), and the replay holds Length() to the shortened history after.
+  void Shift(int64_t keep, int64_t discard) override { session_.Shift(keep, discard); }
 
   SessionT& EngineSession() { return session_; }
   const Backend* Owner() const { return backend_; }
@@ -83,6 +87,7 @@ class PluginBackend : public Backend {
     info_.max_length = e.max_length;
     info_.max_sessions = e.max_sessions;
     info_.max_batch_tokens = e.max_batch_tokens;
+    info_.shifts = e.shifts;  // ABI 3 with a shift call, or an engine program whose info says so
   }
 
   const BackendInfo& Info() const override { return info_; }
@@ -260,6 +265,7 @@ void RegisterNamedPlugin(BackendRegistry& registry, const std::string& name,
     info.dtype = "float32";
     info.rope_angles = known.rope_angles;
     info.overflows_on_demanding_models = known.overflows_on_demanding_models;
+    info.shifts = known.shifts;
     info.raw_call = RawCall::kNone;
     const size_t q = spec.find('?');
     std::string all = options;

@@ -27,7 +27,9 @@ BackendRegistry& BackendRegistry::Global() {
          // Measured: all-zero logits on tiny with --scale demanding (ref64's reach
          // 3e3), with kv=f32 and kv=f16 alike.
          "ggml's rms_norm squares each value in float32, which overflows to inf for "
-         "hidden states of ~1e19 and normalizes them to 0"});
+         "hidden states of ~1e19 and normalizes them to 0",
+         // llama_memory_seq_rm + llama_memory_seq_add (engines/llama_cpp/shift.h)
+         true});
 #endif
 #ifdef KVDIFF_HAVE_TORCH
     RegisterReferenceBackends(*r);

@@ -96,6 +96,9 @@ void SetEngineHost(const std::filesystem::path& executable);
 struct KnownArithmetic {
   std::string rope_angles;                    // BackendInfo::rope_angles
   std::string overflows_on_demanding_models;  // BackendInfo::overflows_on_demanding_models
+  // BackendInfo::shifts before the engine is opened (what lists the backends that shift reads);
+  // once opened, the engine's own answer replaces it.
+  bool shifts = false;
 };
 void RegisterNamedPlugin(BackendRegistry& registry, const std::string& name,
                          const std::string& description, const std::filesystem::path& path,

@@ -158,9 +158,10 @@ void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& confi
 void ValidateScenarioFor(const Scenario& scenario, const BackendInfo& b) {
   for (size_t i = 0; i < scenario.steps.size() && !b.shifts; ++i) {
     KVDIFF_CHECK(scenario.steps[i].op != Op::kShift,
-                 "steps[{}] {}: backend {} cannot shift a conversation's positions (shift steps "
-                 "run on {}; engine plugins, exec: programs and llama.cpp cannot shift yet; leave "
-                 "{} out of the backends)",
+                 "steps[{}] {}: backend {} does not shift a conversation's positions, so it "
+                 "cannot run shift steps (they run on {}, and on engines that say they shift: a "
+                 "plugin of ABI 3 with a shift call, an exec: program whose info says shifts 1; "
+                 "leave {} out of the backends)",
                  i, scenario.steps[i].ParamString(), b.name,
                  fmt::join(BackendRegistry::Global().ShiftingBackends(), ", "), b.name);
   }

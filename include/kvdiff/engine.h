@@ -1,4 +1,4 @@
-/* kvdiff engine plugin ABI, version 2. Plain C99: usable from C, C++, Rust (cdylib), Zig.
+/* kvdiff engine plugin ABI, version 3. Plain C99: usable from C, C++, Rust (cdylib), Zig.
  *
  * An engine is a shared library exporting ONE symbol:
  *
@@ -14,6 +14,9 @@
  *   2: append_batch, appended: several sessions of one engine advance in ONE call, with per-row
  *      output flags, as a serving engine runs many conversations in one forward. A version-1
  *      plugin still loads; kvdiff runs its batch steps one session after another.
+ *   3: shift: a context shift (llama.cpp's n_keep/n_discard, StreamingLLM) moves a session's
+ *      later positions down. It may be NULL: the engine does not shift, and kvdiff refuses a
+ *      scenario with shift steps for it (as for every version-1 and version-2 plugin).
  *
  * The contract mirrors kvdiff's checked session (impl/session.h):
  *   - an engine opens a HuggingFace-layout model directory (config.json + model.safetensors, or
@@ -28,9 +31,9 @@
  * Errors. Every call that can fail returns a kvdiff_status. The object the call was made on owns
  * an error string (engine_error / session_error) describing the last failure, valid until the next
  * call on that object. KVDIFF_INVALID_INPUT is the caller's fault (token out of range, truncate
- * beyond the length, a bad option, an unreadable model): kvdiff reports it as bad input (exit 2).
- * KVDIFF_ENGINE_FAILURE is the engine's (out of memory, an internal error): kvdiff reports it as an
- * engine failure (exit 1). Messages name the argument and both numbers, e.g.
+ * or shift beyond the length, a bad option, an unreadable model): kvdiff reports it as bad input
+ * (exit 2). KVDIFF_ENGINE_FAILURE is the engine's (out of memory, an internal error): kvdiff
+ * reports it as an engine failure (exit 1). Messages name the argument and both numbers, e.g.
  * "token id 300 at index 2 is out of range for vocab_size 256".
  *
  * Logits. The caller provides the buffer: append() writes n * vocab_size float32 values, row-major
@@ -55,7 +58,7 @@
 extern "C" {
 #endif
 
-#define KVDIFF_ENGINE_ABI_VERSION 2u
+#define KVDIFF_ENGINE_ABI_VERSION 3u
 #define KVDIFF_ENGINE_ABI_VERSION_MIN 1u /* the oldest version a loader of this header runs */
 #define KVDIFF_ENGINE_ENTRY_SYMBOL "kvdiff_engine_entry"
 
@@ -133,6 +136,18 @@ typedef struct kvdiff_engine_api {
    * every item's session is as it was before the call, and engine_error says why. */
   kvdiff_status (*append_batch)(kvdiff_engine* engine, const kvdiff_batch_item* items,
                                 int64_t n_items, float* logits, int64_t logits_capacity);
+
+  /* ---- ABI 3 ---- */
+
+  /* A context shift: forgets positions [keep, keep + discard) and moves positions
+   * [keep + discard, length()) down by `discard`; each moved cached key is re-rotated by
+   * -discard positions (RoPE is a rotation: R(p - d) = R(-d)·R(p)), values move unchanged, so the
+   * session continues as if those keys had been computed at their new positions. Afterwards
+   * length() is the old length() - discard and the next append runs at that position.
+   * 0 <= keep, 0 <= discard and keep + discard <= length(), else KVDIFF_INVALID_INPUT and nothing
+   * changes (compare without overflowing: keep and discard may each be INT64_MAX); discard 0
+   * changes nothing. NULL: this engine does not shift. */
+  kvdiff_status (*shift)(kvdiff_session* session, int64_t keep, int64_t discard);
 } kvdiff_engine_api;
 
 /* The one exported symbol. Plugins define it with KVDIFF_ENGINE_EXPORT. */

@@ -10,12 +10,15 @@
  *                 fork without llama_memory_seq_cp: the child's appends see no history.
  *   bug=crash     append() dies of SIGSEGV once a session would pass 24 positions (--isolate).
  *   bug=hang      append() never returns once a session would pass 24 positions (--isolate).
+ *   bug=shift     shift() says OK and changes nothing (the version-3 build): a plugin that claims
+ *                 a context shift it never made, whose length() then says so.
  *   bug=none      no bug (the wrapper itself must conform).
  *
  * Built as it is, it is a version-1 plugin on purpose (kvdiff runs its batch steps one append per
  * item). Built with KVDIFF_BROKEN_ABI2 (kvdiff_engine_broken_v2) it declares ABI 2 and passes
  * append_batch to the inner engine (which must have it), where bug=crash and bug=hang strike too,
- * once any item's session would pass 24 positions.
+ * once any item's session would pass 24 positions. Built with KVDIFF_BROKEN_ABI3
+ * (kvdiff_engine_broken_v3) it declares ABI 3 too and passes shift to the inner engine's.
  *
  * An engine that misbehaves on purpose, for the bad-input catalogue: fault=WHERE:WHAT strikes in
  * WHERE (open, info, close, or append once a session would pass 24 positions) by WHAT (exit0:
@@ -37,7 +40,7 @@
 
 #include "kvdiff/engine.h"
 
-enum bug { BUG_NONE, BUG_TRUNCATE, BUG_FORK, BUG_CRASH, BUG_HANG };
+enum bug { BUG_NONE, BUG_TRUNCATE, BUG_FORK, BUG_CRASH, BUG_HANG, BUG_SHIFT };
 enum lie { LIE_NONE, LIE_PLUS1, LIE_ZERO, LIE_MINUS1, LIE_MAX };
 
 enum { kBugLength = 24 }; /* where bug=crash and bug=hang strike */
@@ -159,6 +162,8 @@ static int ParseOptions(const char* options, struct kvdiff_engine* e, char* inne
         *bug = BUG_CRASH;
       } else if (strcmp(name, "hang") == 0) {
         *bug = BUG_HANG;
+      } else if (strcmp(name, "shift") == 0) {
+        *bug = BUG_SHIFT;
       } else if (strcmp(name, "none") != 0) {
         return 0;
       }
@@ -176,10 +181,11 @@ static kvdiff_status Open(const char* model_dir, const char* options, kvdiff_eng
   if (!e) return KVDIFF_ENGINE_FAILURE;
   char rest[1024], inner[1024];
   if (!ParseOptions(options, e, inner, sizeof inner, rest, sizeof rest)) {
-    snprintf(e->error, sizeof e->error,
-             "broken: option bug: expected truncate, fork, crash, hang or none; option fault: "
-             "expected open, info, close or append, ':', then exit0, exit3, segv, hang or print; "
-             "option lie: expected plus1, zero, minus1, max or none");
+    snprintf(
+        e->error, sizeof e->error,
+        "broken: option bug: expected truncate, fork, crash, hang, shift or none; option fault: "
+        "expected open, info, close or append, ':', then exit0, exit3, segv, hang or print; "
+        "option lie: expected plus1, zero, minus1, max or none");
     return KVDIFF_INVALID_INPUT;
   }
   if (e->fault_at == AT_OPEN) Strike(e->fault);
@@ -321,7 +327,7 @@ static void SessionFree(kvdiff_session* s) {
   free(s);
 }
 
-#ifdef KVDIFF_BROKEN_ABI2
+#if defined(KVDIFF_BROKEN_ABI2) || defined(KVDIFF_BROKEN_ABI3)
 /* The inner engine's append_batch on the inner sessions; the bugs above strike first. */
 static kvdiff_status AppendBatch(kvdiff_engine* e, const kvdiff_batch_item* items, int64_t n_items,
                                  float* logits, int64_t capacity) {
@@ -358,11 +364,33 @@ static kvdiff_status AppendBatch(kvdiff_engine* e, const kvdiff_batch_item* item
     if (items[i].session->claimed >= 0) items[i].session->claimed += items[i].n;
   return KVDIFF_OK;
 }
-#define KVDIFF_BROKEN_VERSION 2u
 #define KVDIFF_BROKEN_APPEND_BATCH AppendBatch
 #else
-#define KVDIFF_BROKEN_VERSION 1u /* a version-1 plugin: batch steps run one append per item */
 #define KVDIFF_BROKEN_APPEND_BATCH NULL
+#endif
+
+#ifdef KVDIFF_BROKEN_ABI3
+/* The inner engine's shift (it must have one), unless bug=shift. */
+static kvdiff_status Shift(kvdiff_session* s, int64_t keep, int64_t discard) {
+  const kvdiff_engine_api* api = s->engine->api;
+  if (api->abi_version < 3 || !api->shift) {
+    snprintf(s->error, sizeof s->error, "broken: the inner engine does not shift");
+    return KVDIFF_ENGINE_FAILURE;
+  }
+  if (s->engine->bug == BUG_SHIFT) return KVDIFF_OK; /* THE BUG: nothing moved, length() stays */
+  const kvdiff_status status = api->shift(s->inner, keep, discard);
+  if (status != KVDIFF_OK) {
+    snprintf(s->error, sizeof s->error, "%s", api->session_error(s->inner));
+    return status;
+  }
+  if (s->claimed >= 0) s->claimed -= discard;
+  return KVDIFF_OK;
+}
+#define KVDIFF_BROKEN_VERSION 3u
+#elif defined(KVDIFF_BROKEN_ABI2)
+#define KVDIFF_BROKEN_VERSION 2u
+#else
+#define KVDIFF_BROKEN_VERSION 1u /* a version-1 plugin: batch steps run one append per item */
 #endif
 
 static const kvdiff_engine_api kApi = {KVDIFF_BROKEN_VERSION,
@@ -380,7 +408,13 @@ static const kvdiff_engine_api kApi = {KVDIFF_BROKEN_VERSION,
                                        Reset,
                                        SessionError,
                                        SessionFree,
-                                       KVDIFF_BROKEN_APPEND_BATCH};
+                                       KVDIFF_BROKEN_APPEND_BATCH,
+#ifdef KVDIFF_BROKEN_ABI3
+                                       Shift
+#else
+                                       NULL /* a version-1 or -2 table ends before shift */
+#endif
+};
 
 #ifdef KVDIFF_GARBAGE_ENTRY
 KVDIFF_ENGINE_EXPORT const kvdiff_engine_api* kvdiff_engine_entry(void) {

@@ -77,6 +77,32 @@ TEST(EngineWire, AMalformedInfoIsAnEngineErrorNamingTheLine) {
   EXPECT_EQ(info.abi_version, 2u);
   ASSERT_EQ(info.sizes.size(), 1u);
   EXPECT_EQ(info.sizes[0].second, 7);
+  EXPECT_FALSE(info.shifts);
+}
+
+// abi_version 3: line 9 says whether the engine answers shift (0 or 1), the sizes follow it; a
+// version-3 info without it, or with another value, is a breach. Encoding round-trips.
+TEST(EngineWire, AVersion3InfoSaysWhetherTheEngineShifts) {
+  const EngineInfo info = DecodeInfo("n\nv\n3\n256\n64\nf32\n0\n0\n1\nn_ubatch 7\n");
+  EXPECT_EQ(info.abi_version, 3u);
+  EXPECT_TRUE(info.shifts);
+  ASSERT_EQ(info.sizes.size(), 1u);
+  EXPECT_EQ(info.sizes[0].first, "n_ubatch");
+  EXPECT_FALSE(DecodeInfo("n\nv\n3\n256\n64\nf32\n0\n0\n0\n").shifts);
+  EXPECT_EQ(DecodeInfo(EncodeInfo(info)).shifts, true);
+  EXPECT_EQ(DecodeInfo(EncodeInfo(info)).sizes, info.sizes);
+  try {
+    DecodeInfo("n\nv\n3\n256\n64\nf32\n0\n0\n");
+    FAIL() << "no throw";
+  } catch (const EngineError& e) {
+    EXPECT_STREQ(e.what(),
+                 "engine process: an info reply with abi_version 3 and no line 9 (expected line 9, "
+                 "shifts: 0 or 1)");
+  }
+  EXPECT_THROW(DecodeInfo("n\nv\n3\n256\n64\nf32\n0\n0\n2\n"), EngineError);
+  EXPECT_THROW(DecodeInfo("n\nv\n4\n256\n64\nf32\n0\n0\n0\n"), EngineError);
+  EXPECT_EQ(RequestBodyBytes({Op::kShift, 0, 1, 2}), 0);
+  EXPECT_STREQ(OpName(Op::kShift), "shift");
 }
 
 }  // namespace

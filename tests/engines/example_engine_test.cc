@@ -229,7 +229,8 @@ TEST_F(ExampleEngineTest, BadOptionsAreInputErrors) {
     plugin.Open(ModelDir(), "kv=f16");
     FAIL() << "expected InputError";
   } catch (const InputError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("unknown option 'kv' (the example engine knows: max_length)"));
+    EXPECT_THAT(e.what(),
+                HasSubstr("unknown option 'kv' (the example engine knows: max_length, fault)"));
   }
   EXPECT_THROW(plugin.Open(ModelDir(), "max_length=513"), InputError);
   EXPECT_THROW(plugin.Open(ModelDir(), "max_length=0"), InputError);
@@ -266,7 +267,7 @@ TEST(PluginLoaderTest, AnotherAbiVersionIsRefusedWithBothNumbers) {
     FAIL() << "expected InputError";
   } catch (const InputError& e) {
     EXPECT_THAT(e.what(), HasSubstr("was built against kvdiff engine ABI version 999, this kvdiff "
-                                    "speaks versions 1 to 2"));
+                                    "speaks versions 1 to 3"));
   }
 }
 

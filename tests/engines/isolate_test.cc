@@ -85,7 +85,7 @@ TEST(Isolate, ThePluginsOwnErrorsComeBackAsTheyAre) {
                             KVDIFF_BROKEN_ENGINE),
                 dir.path());
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;  // bad input, as without --isolate
-  EXPECT_THAT(r.err, HasSubstr("option bug: expected truncate, fork, crash, hang or none"));
+  EXPECT_THAT(r.err, HasSubstr("option bug: expected truncate, fork, crash, hang, shift or none"));
 }
 
 }  // namespace

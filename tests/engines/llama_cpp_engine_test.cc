@@ -265,7 +265,7 @@ TEST_F(LlamaCppEngineTest, RandomWalkSeeds1To3Steps150MaxLength64MatchesImpl) {
 // ---- append_batch (ABI 2) ----
 
 TEST_F(LlamaCppEngineTest, BatchOfPrefillsDecodesAndTwinsEqualsEachItemAlone) {
-  EXPECT_EQ(Open().Info().abi_version, 2u);
+  EXPECT_EQ(Open().Info().abi_version, 3u);
   const BatchRun run = MixedBatch(kExact);
   std::cout << "figure: llama.cpp batch " << kExact << ": vs alone " << run.vs_alone << ", vs impl "
             << run.vs_impl << "\n";
@@ -363,7 +363,7 @@ TEST_F(LlamaCppEngineTest, RawAppendBatchRefusesDuplicatesAndShortBuffersChangin
   const auto entry =
       reinterpret_cast<kvdiff_engine_entry_fn>(dlsym(lib, KVDIFF_ENGINE_ENTRY_SYMBOL));
   const kvdiff_engine_api* api = entry();
-  ASSERT_EQ(api->abi_version, 2u);
+  ASSERT_EQ(api->abi_version, 3u);
   kvdiff_engine* e = nullptr;
   ASSERT_EQ(api->open((dir_->path() / "tiny").c_str(), kExact, &e), KVDIFF_OK);
   kvdiff_session *a = nullptr, *b = nullptr;

@@ -1,7 +1,6 @@
 // Shift steps (issue 34, "Positions that move"): the scenario op (parsed, written back,
-// validated), BackendSession::Shift on impl and ref64 held to the algebra of a context shift
-// (shift(k, 0) is nothing, two shifts are one of their sum, a fork's shift spares its parent,
-// shifting everything away is an empty cache), impl against ref64 on random shift scenarios, and
+// validated), BackendSession::Shift on impl, ref and ref64 held to the algebra of a context shift
+// (tests/harness/shift_session_suite.h), impl against ref64 on random shift scenarios, and
 // the proof of power: impl?fault=shift-not-rerotated is caught by the comparison with ref64.
 #include <fmt/format.h>
 #include <gmock/gmock.h>
@@ -22,6 +21,7 @@
 #include "harness/run/model_for.h"
 #include "harness/scenario/scenario.h"
 #include "tests/harness/harness_test_util.h"
+#include "tests/harness/shift_session_suite.h"
 
 namespace kvdiff::harness {
 namespace {
@@ -109,174 +109,17 @@ TEST(ShiftStep, ABackendThatCannotShiftIsRefusedByName) {
   EXPECT_THAT([&] { ValidateScenarioFor(sc, plugin); },
               ::testing::ThrowsMessage<InputError>(
                   HasSubstr("steps[1] shift(main,keep=1,discard=1): backend plugin:engine.so "
-                            "cannot shift")));
+                            "does not shift a conversation's positions")));
   EXPECT_NO_THROW(ValidateScenarioFor(sc, BackendRegistry::Global().Info("impl")));
 }
 
-// ---- BackendSession::Shift, held to its algebra ----
+// ---- BackendSession::Shift, held to its algebra (tests/harness/shift_session_suite.h) ----
 
-class ShiftSessionTest : public ::testing::TestWithParam<const char*> {
- protected:
-  void SetUp() override {
-    if (!BackendRegistry::Global().Has(GetParam())) GTEST_SKIP() << GetParam() << " not built";
-    weights_ = LoadModelFor(testing::TinyModel(3));
-    backend_ = MakeBackend(GetParam(), weights_, 1);
-  }
-  // A session fed `n` tokens of a fixed prompt.
-  std::unique_ptr<BackendSession> Fed(int64_t n) const {
-    auto s = backend_->NewSession();
-    Tokens prompt(n);
-    for (int64_t i = 0; i < n; ++i) prompt[i] = static_cast<Token>((i * 37 + 11) % 256);
-    s->Append(prompt);
-    return s;
-  }
-  static double MaxDiff(const Logits& a, const Logits& b) {
-    double m = 0;
-    for (int64_t r = 0; r < a.rows(); ++r)
-      for (int64_t c = 0; c < a.cols(); ++c)
-        m = std::max(m, std::abs(static_cast<double>(a(r, c)) - b(r, c)));
-    return m;
-  }
-
-  std::shared_ptr<const format::ModelWeights> weights_;
-  std::unique_ptr<Backend> backend_;
-};
-
-const Tokens kNext = {7, 200, 31};
-
-TEST_P(ShiftSessionTest, DiscardZeroChangesNothing) {
-  for (int64_t keep : {0, 1, 6, 12}) {
-    auto shifted = Fed(12);
-    auto twin = Fed(12);
-    shifted->Shift(keep, 0);
-    EXPECT_EQ(shifted->Length(), 12);
-    EXPECT_EQ(MaxDiff(shifted->Append(kNext), twin->Append(kNext)), 0.0) << "keep " << keep;
-  }
-}
-
-TEST_P(ShiftSessionTest, TwoShiftsAreOneShiftOfTheirSum) {
-  double worst = 0;
-  for (int64_t keep : {0, 1, 4}) {
-    auto twice = Fed(20);
-    auto once = Fed(20);
-    twice->Shift(keep, 3);
-    twice->Shift(keep, 5);
-    once->Shift(keep, 8);
-    ASSERT_EQ(twice->Length(), 12);
-    ASSERT_EQ(once->Length(), 12);
-    worst = std::max(worst, MaxDiff(twice->Append(kNext), once->Append(kNext)));
-  }
-  // Measured: impl 1.9e-06, ref64 2.2e-15 (float32 rounds each re-rotation once; R(-3)·R(-5)
-  // and R(-8) differ by the rounding of their cos/sin, not by a position).
-  EXPECT_LE(worst, std::string(GetParam()) == "ref64" ? 1e-12 : 2e-5) << "worst " << worst;
-  std::printf("%s: two shifts against one of their sum, worst %.2e\n", GetParam(), worst);
-}
-
-TEST_P(ShiftSessionTest, AShiftedForkLeavesItsParentAlone) {
-  auto parent = Fed(10);
-  auto twin = Fed(10);
-  auto fork = parent->Fork();
-  fork->Shift(1, 4);
-  EXPECT_EQ(fork->Length(), 6);
-  EXPECT_EQ(parent->Length(), 10);
-  EXPECT_EQ(MaxDiff(parent->Append(kNext), twin->Append(kNext)), 0.0);
-}
-
-TEST_P(ShiftSessionTest, ShiftingEverythingAwayIsAnEmptyCache) {
-  auto shifted = Fed(9);
-  shifted->Shift(0, 9);
-  EXPECT_EQ(shifted->Length(), 0);
-  auto fresh = backend_->NewSession();
-  EXPECT_EQ(MaxDiff(shifted->Append(kNext), fresh->Append(kNext)), 0.0);
-}
-
-TEST_P(ShiftSessionTest, KeepingEverythingButTheTailIsATruncate) {
-  // keep + discard = length: nothing moves, the tail is forgotten, as truncate(keep) does.
-  for (int64_t keep : {0, 1, 5}) {
-    auto shifted = Fed(9);
-    auto truncated = Fed(9);
-    shifted->Shift(keep, 9 - keep);
-    truncated->Truncate(keep);
-    EXPECT_EQ(MaxDiff(shifted->Append(kNext), truncated->Append(kNext)), 0.0) << "keep " << keep;
-  }
-}
-
-TEST_P(ShiftSessionTest, AMoveMatters) {
-  // A shift that moves rows changes what comes next (else the tests above prove little).
-  auto shifted = Fed(12);
-  auto twin = Fed(12);
-  shifted->Shift(2, 3);
-  EXPECT_GT(MaxDiff(shifted->Append(kNext).bottomRows(1), twin->Append(kNext).bottomRows(1)), 1e-2);
-}
-
-TEST_P(ShiftSessionTest, BadArgumentsAreRefusedAndChangeNothing) {
-  auto s = Fed(6);
-  auto twin = Fed(6);
-  EXPECT_THROW(s->Shift(4, 3), InputError);
-  EXPECT_THROW(s->Shift(-1, 1), InputError);
-  EXPECT_THROW(s->Shift(1, -1), InputError);
-  EXPECT_THROW(s->Shift(7, 0), InputError);
-  EXPECT_EQ(s->Length(), 6);
-  EXPECT_EQ(MaxDiff(s->Append(kNext), twin->Append(kNext)), 0.0);
-}
-
-INSTANTIATE_TEST_SUITE_P(Backends, ShiftSessionTest, ::testing::Values("impl", "ref", "ref64"));
+INSTANTIATE_TEST_SUITE_P(Backends, ShiftSessionTest,
+                         ::testing::Values(ShiftSuiteBackend{"impl"}, ShiftSuiteBackend{"ref"},
+                                           ShiftSuiteBackend{"ref64"}));
 
 // ---- impl against ref64 after shifts, through the differential run ----
-
-// A random scenario of prefills, decodes, forks and shifts on the tiny model.
-Scenario RandomShiftScenario(uint32_t seed) {
-  std::mt19937 rng(seed);
-  auto uniform = [&](int64_t lo, int64_t hi) {
-    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
-  };
-  Scenario sc;
-  sc.name = fmt::format("shift-{}", seed);
-  sc.model = testing::TinyModel(3);
-  std::vector<std::pair<std::string, int64_t>> convs = {{"main", 0}};  // name, length
-  auto prompt = [&](int64_t n) {
-    Tokens t(n);
-    for (Token& x : t) x = static_cast<Token>(uniform(0, 255));
-    return t;
-  };
-  const int64_t first = uniform(4, 60);
-  sc.steps.push_back(Step::Prefill("main", prompt(first)));
-  convs[0].second = first;
-  const int64_t steps = uniform(3, 8);
-  for (int64_t k = 0; k < steps; ++k) {
-    auto& [name, length] = convs[uniform(0, static_cast<int64_t>(convs.size()) - 1)];
-    const int64_t choice = uniform(0, 9);
-    if (choice < 4 && length > 0) {
-      const int64_t keep = uniform(0, std::min<int64_t>(length, 4));
-      const int64_t discard = uniform(0, length - keep);
-      if (keep + discard == length) continue;  // keep a last row to decode from
-      sc.steps.push_back(Step::Shift(name, keep, discard));
-      length -= discard;
-    } else if (choice < 7) {
-      const int64_t n = uniform(1, 12);
-      sc.steps.push_back(Step::Decode(name, n));
-      length += n;
-    } else if (choice < 8 && convs.size() < 3) {
-      const std::string to = fmt::format("f{}", k);
-      sc.steps.push_back(Step::Fork(name, to));
-      const int64_t forked_length = length;  // emplace_back may move the element `length` names
-      convs.emplace_back(to, forked_length);
-    } else {
-      const int64_t n = uniform(1, 9);
-      sc.steps.push_back(Step::Prefill(
-          name, prompt(n), n > 2 ? std::vector<int64_t>{2, n - 2} : std::vector<int64_t>{}));
-      length += n;
-    }
-  }
-  // Two shifts, then a decode: the case llama.cpp#3825 got wrong.
-  auto& [name, length] = convs[0];
-  if (length >= 6) {
-    sc.steps.push_back(Step::Shift(name, 1, 2));
-    sc.steps.push_back(Step::Shift(name, 1, 2));
-    sc.steps.push_back(Step::Decode(name, 3));
-  }
-  return sc;
-}
 
 class ShiftAgainstRef64Test : public ::testing::Test {
  protected:
