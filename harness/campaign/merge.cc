@@ -268,7 +268,10 @@ MergedCampaign MergeCampaignReports(const std::vector<std::pair<std::string, jso
             : 0.0;
   }
   m.report["results"] = std::move(results);
-  if (coverage) m.report["coverage"] = coverage->ToJson();
+  if (coverage) {  // the terminal summary's coverage block as well as the JSON's
+    c.coverage = *coverage;
+    m.report["coverage"] = coverage->ToJson();
+  }
   m.report["merge"] = {{"shards", first.shard.count},
                        {"files", m.files},
                        {"missing", m.missing},

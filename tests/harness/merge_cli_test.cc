@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -35,6 +36,7 @@ json WithoutTimes(json j) {
 json Whole(const TempDir& dir) {
   const auto r = RunKvdiff(std::string(kCampaign) + " --jobs 1 --json whole.json", dir.path());
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  std::filesystem::copy_file(dir / "stdout.txt", dir / "whole-stdout.txt");
   json j = ReadJson(dir / "whole.json");
   EXPECT_GT(j.at("failures").get<int>(), 0) << "the campaign must fail some cases";
   EXPECT_LT(j.at("failures").get<int>(), 23) << "and pass others";
@@ -57,6 +59,18 @@ TEST(CheckJobs, AnyNumberOfJobsGivesTheSameReport) {
   }
 }
 
+// The coverage block of a campaign's terminal summary: its "coverage:" line and the indented
+// lines under it.
+std::string CoverageBlock(const std::string& out) {
+  const size_t begin = out.find("\ncoverage: ");
+  EXPECT_NE(begin, std::string::npos) << out;
+  if (begin == std::string::npos) return "";
+  size_t end = out.find('\n', begin + 1);
+  while (end != std::string::npos && out.compare(end + 1, 2, "  ") == 0)
+    end = out.find('\n', end + 1);
+  return out.substr(begin + 1, end == std::string::npos ? std::string::npos : end - begin - 1);
+}
+
 // Runs the campaign as shards, shard i with the environment variables env[i], and merges them.
 json MergeOfShards(const TempDir& dir, const std::vector<Env>& env, const std::string& extra = "") {
   std::string files;
@@ -71,6 +85,8 @@ json MergeOfShards(const TempDir& dir, const std::vector<Env>& env, const std::s
   EXPECT_EQ(m.exit_code, 1) << "the campaign fails some cases: " << m.out << m.err;
   EXPECT_THAT(m.out, HasSubstr(std::to_string(env.size()) + " of " + std::to_string(env.size()) +
                                " shards present"));
+  // The terminal summary's coverage block is the whole campaign's too, not only the JSON's.
+  EXPECT_EQ(CoverageBlock(m.out), CoverageBlock(ReadFile(dir / "whole-stdout.txt")));
   return ReadJson(dir / "merged.json");
 }
 
