@@ -183,11 +183,24 @@ int CheckRandomShapes(const CheckArgs& args) {
   return report.ExitCode();
 }
 
-// The demanding part of the campaign: its model, backends (one set per job, kept alive in
-// *owned) or why it is skipped.
+// One set of backends per job over `weights`: a backend instance is used by one thread only.
+harness::PartBackends MakeJobBackends(const std::vector<std::string>& names,
+                                      const std::shared_ptr<const format::ModelWeights>& weights,
+                                      const harness::BackendOptions& options, int jobs) {
+  harness::PartBackends part;
+  for (int j = 0; j < jobs; ++j) {
+    BackendSet set = MakeBackends(names, weights, options);
+    part.jobs.push_back(set.all);
+    for (auto& backend : set.owned) part.owned.push_back(std::move(backend));
+  }
+  return part;
+}
+
+// The demanding part of the campaign: its model and backends (built by the campaign once its
+// ordinary cases are done and their backends freed), or why it is skipped.
 harness::DemandingPart PlanDemandingPart(const CheckArgs& args, const harness::ModelSpec& model,
                                          const std::vector<const harness::Backend*>& backends,
-                                         int jobs, std::vector<BackendSet>* owned) {
+                                         int jobs) {
   harness::DemandingPart part;
   part.options = args.demanding;
   harness::ValidateDemandingOptions(part.options);
@@ -205,12 +218,10 @@ harness::DemandingPart PlanDemandingPart(const CheckArgs& args, const harness::M
   if (!part.skipped.empty()) return part;
   part.model = *variant;
   part.backends = harness::DemandingBackends(backends, &part.notes);
-  auto weights = harness::LoadModelFor(part.model);
-  for (int j = 0; j < jobs; ++j) {
-    owned->push_back(
-        MakeBackends(part.backends, weights, WithThreads(args.isolation, args.threads)));
-    part.jobs.push_back(owned->back().all);
-  }
+  part.build = [model = part.model, names = part.backends,
+                options = WithThreads(args.isolation, args.threads), jobs] {
+    return MakeJobBackends(names, harness::LoadModelFor(model), options, jobs);
+  };
   return part;
 }
 
@@ -222,25 +233,21 @@ int Check(const CheckArgs& args) {
   harness::CampaignOptions options = BaseOptions(args, shard);
   const std::vector<std::string> names =
       args.backends.empty() ? harness::DefaultBackends() : harness::ParseBackendList(args.backends);
-  auto weights = harness::LoadModelFor(model);
-  // One set of backends per job: a backend instance is used by one thread only.
   const int jobs = harness::ResolveJobs(
       args.jobs, static_cast<int64_t>(harness::ShardCases(args.cases, options.shard).size()));
-  std::vector<BackendSet> job_backends;
-  std::vector<std::vector<const harness::Backend*>> job_lists;
-  for (int j = 0; j < jobs; ++j) {
-    job_backends.push_back(MakeBackends(names, weights, WithThreads(args.isolation, args.threads)));
-    job_lists.push_back(job_backends.back().all);
-  }
-  std::vector<BackendSet> demanding_backends;
-  options.demanding = PlanDemandingPart(args, model, job_lists[0], jobs, &demanding_backends);
-  const std::vector<std::string> gate_notes = ResolveGates(args, job_lists[0], options);
+  // Only the backends hold the weights, so that the campaign frees them after the ordinary cases.
+  harness::PartBackends ordinary = MakeJobBackends(names, harness::LoadModelFor(model),
+                                                   WithThreads(args.isolation, args.threads), jobs);
+  const std::vector<const harness::Backend*>& backends = ordinary.jobs[0];
+  options.demanding = PlanDemandingPart(args, model, backends, jobs);
+  const std::vector<std::string> gate_notes = ResolveGates(args, backends, options);
   fmt::print(Report(), "kvdiff check: model {} ({}), backends {}\n", model.Describe(),
-             harness::DescribeModel(weights->config), fmt::join(names, ","));
+             harness::DescribeModel(backends[0]->config()), fmt::join(names, ","));
   PrintGates(gate_notes);
   PrintShardSource(shard, options);
   std::fflush(Report());
-  const harness::CampaignReport report = harness::RunCampaignOnJobs(model, job_lists, options);
+  const harness::CampaignReport report =
+      harness::RunCampaignOnJobs(model, std::move(ordinary), options);
   WriteReports(args, report);
   return report.ExitCode();
 }

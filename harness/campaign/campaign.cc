@@ -279,14 +279,14 @@ std::string FailureLine(const RunReport& run, bool demanding) {
 }
 
 void ShrinkFirstFailures(const format::LlamaConfig& config, const std::vector<Scenario>& scenarios,
-                         std::vector<CaseResult>& results,
-                         const std::function<const std::vector<const Backend*>&(size_t)>& backends,
-                         const CampaignOptions& options) {
-  int64_t shrunk = 0;
-  for (size_t i = 0; i < results.size() && shrunk < options.shrink_cases; ++i) {
+                         std::vector<CaseResult>& results, const std::vector<size_t>& which,
+                         const std::vector<const Backend*>& backends,
+                         const CampaignOptions& options, int64_t* shrinks_left) {
+  for (size_t i : which) {
+    if (*shrinks_left <= 0) return;
     CaseResult& r = results[i];
     if (r.passed) continue;
-    ++shrunk;
+    --*shrinks_left;
     // A case whose one run outlasts the budget (an engine that hangs until --isolate-timeout)
     // would spend it on its first candidate and find nothing smaller.
     if (r.seconds > options.shrink_budget.max_seconds) {
@@ -302,7 +302,7 @@ void ShrinkFirstFailures(const format::LlamaConfig& config, const std::vector<Sc
     std::string failure;
     auto still_fails = [&](const Scenario& candidate) {
       try {
-        const RunReport run = RunScenario(candidate, backends(i), options.run);
+        const RunReport run = RunScenario(candidate, backends, options.run);
         if (run.Passed() || run.first_divergence.has_value() == r.threw) return false;
         failure = FailureLine(run, r.demanding);
         return true;
@@ -358,12 +358,20 @@ void AddResult(CampaignReport& report, CaseResult result) {
 CampaignReport RunCampaignOnJobs(const ModelSpec& model,
                                  const std::vector<std::vector<const Backend*>>& jobs,
                                  const CampaignOptions& options) {
+  return RunCampaignOnJobs(model, PartBackends{{}, jobs}, options);
+}
+
+CampaignReport RunCampaignOnJobs(const ModelSpec& model, PartBackends ordinary,
+                                 const CampaignOptions& options) {
+  const std::vector<std::vector<const Backend*>>& jobs = ordinary.jobs;
   KVDIFF_CHECK(!jobs.empty() && !jobs[0].empty(), "check: no backend to run");
   const std::vector<const Backend*>& backends = jobs[0];
   for (const auto& job : jobs) {
     KVDIFF_CHECK(job.size() == backends.size(), "check: every job needs the same backends");
   }
-  const format::LlamaConfig& config = backends[0]->config();
+  // Copies: the backends they come from are freed before the demanding part.
+  const format::LlamaConfig config = backends[0]->config();
+  const size_t job_count = jobs.size();
   campaign_detail::CheckOptions(options);
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::string> backend_names;
@@ -381,15 +389,8 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model,
   generation.max_call_tokens = CampaignMaxCallTokens(backends);
   report.coverage = NewCoverage(generation.boundaries, context);
   report.coverage.reach_limit = CampaignReachLimit(config, options.generation.max_length, backends);
-  // Results land in case order whichever job ran them; the report (and the coverage) is folded
-  // from them after, so it is the same for any number of jobs.
   const DemandingPart& demanding = options.demanding;
-  if (demanding.Active()) {
-    ValidateDemandingOptions(demanding.options);
-    KVDIFF_CHECK(demanding.jobs.size() == jobs.size(),
-                 "check: the demanding part needs one backend set per job ({} for {} jobs)",
-                 demanding.jobs.size(), jobs.size());
-  }
+  if (demanding.Active()) ValidateDemandingOptions(demanding.options);
   report.demanding.skipped = demanding.Active() || !demanding.skipped.empty()
                                  ? demanding.skipped
                                  : "--demanding-fraction 0";
@@ -398,40 +399,53 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model,
   report.demanding.backends = demanding.backends;
   report.demanding.fraction = demanding.options.fraction;
   report.demanding.rtol = demanding.options.rtol;
-  auto is_demanding = [&](int64_t k) {
-    return demanding.Active() && IsDemandingCase(options.seed, k, demanding.options.fraction);
-  };
+  // The ordinary cases, then the demanding ones (each part on its own backends, freed after it);
+  // results land in case order whichever part and job ran them, and the report (and the
+  // coverage) is folded from them after, so it is the same for any number of jobs.
+  std::vector<size_t> ordinary_cases, demanding_cases;
+  for (size_t i = 0; i < indices.size(); ++i) {
+    const bool is_demanding =
+        demanding.Active() && IsDemandingCase(options.seed, indices[i], demanding.options.fraction);
+    (is_demanding ? demanding_cases : ordinary_cases).push_back(i);
+  }
   std::vector<CaseResult> results(indices.size());
   std::vector<Scenario> scenarios(indices.size());
-  int64_t done = 0, failures = 0;
-  RunJobs(
-      static_cast<int64_t>(indices.size()), static_cast<int>(jobs.size()),
-      [&](int job, int64_t i) {
-        if (is_demanding(indices[i])) {
+  int64_t done = 0, failures = 0, shrinks_left = options.shrink_cases;
+  auto run_part = [&](const std::vector<size_t>& part,
+                      const std::vector<std::vector<const Backend*>>& part_jobs,
+                      const ModelSpec& part_model, const std::vector<std::string>& names,
+                      bool demanding_part) {
+    KVDIFF_CHECK(part_jobs.size() == job_count,
+                 "check: the demanding part needs one backend set per job ({} for {} jobs)",
+                 part_jobs.size(), job_count);
+    RunJobs(
+        static_cast<int64_t>(part.size()), static_cast<int>(part_jobs.size()),
+        [&](int job, int64_t p) {
+          const size_t i = part[p];
           scenarios[i] =
-              campaign_detail::NewCase(config, demanding.model, demanding.backends, options,
-                                       generation, indices[i], demanding.options.rtol);
-          results[i] = campaign_detail::RunCase(scenarios[i], demanding.jobs[job], options,
-                                                indices[i], true);
-        } else {
-          scenarios[i] = campaign_detail::NewCase(config, model, report.backends, options,
-                                                  generation, indices[i]);
-          results[i] = campaign_detail::RunCase(scenarios[i], jobs[job], options, indices[i]);
-        }
-      },
-      [&](int64_t i) {
-        ++done;
-        failures += results[i].passed ? 0 : 1;
-        if (options.progress) {
-          options.progress(done, static_cast<int64_t>(indices.size()), failures);
-        }
-      });
-  campaign_detail::ShrinkFirstFailures(
-      config, scenarios, results,
-      [&](size_t i) -> const std::vector<const Backend*>& {
-        return results[i].demanding ? demanding.jobs[0] : jobs[0];
-      },
-      options);
+              campaign_detail::NewCase(config, part_model, names, options, generation, indices[i],
+                                       demanding_part ? demanding.options.rtol : 0);
+          results[i] = campaign_detail::RunCase(scenarios[i], part_jobs[job], options, indices[i],
+                                                demanding_part);
+        },
+        [&](int64_t p) {
+          ++done;
+          failures += results[part[p]].passed ? 0 : 1;
+          if (options.progress) {
+            options.progress(done, static_cast<int64_t>(indices.size()), failures);
+          }
+        });
+    campaign_detail::ShrinkFirstFailures(config, scenarios, results, part, part_jobs[0], options,
+                                         &shrinks_left);
+  };
+  run_part(ordinary_cases, jobs, model, report.backends, false);
+  ordinary = PartBackends{};  // the ordinary model is freed here when the campaign owned it
+  if (!demanding_cases.empty()) {
+    PartBackends built;
+    if (demanding.jobs.empty()) built = demanding.build();
+    run_part(demanding_cases, demanding.jobs.empty() ? built.jobs : demanding.jobs, demanding.model,
+             demanding.backends, true);
+  }
   for (size_t i = 0; i < results.size(); ++i) {
     report.coverage.Add(scenarios[i], report.model_description,
                         IsLongCase(options.seed, indices[i], generation.long_fraction, context));

@@ -44,12 +44,13 @@ struct CampaignOptions {
   GenerationOptions generation;
   RunOptions run;
   // The cases run on the demanding variant of the model against ref64
-  // (harness/campaign/demanding_part.h); the caller builds its backends. Inactive (skipped set, or
-  // no jobs): every case is an ordinary one.
+  // (harness/campaign/demanding_part.h), after the ordinary ones; the caller gives its backends or
+  // how to build them. Inactive (skipped set, or no backends): every case is an ordinary one.
   DemandingPart demanding;
-  // The first `shrink_cases` failing cases (in case order) are shrunk (harness/campaign/shrink.h)
-  // on the backends that failed them, each within shrink_budget, and the smallest failing
-  // scenario found is written beside the whole case (check-seedS-caseK-shrunk.json); 0: none.
+  // The first `shrink_cases` failing cases are shrunk (harness/campaign/shrink.h) on the backends
+  // that failed them (the ordinary part's first, in case order, then the demanding part's), each
+  // within shrink_budget, and the smallest failing scenario found is written beside the whole case
+  // (check-seedS-caseK-shrunk.json); 0: none.
   // --shapes random cases are not shrunk (each has its own model).
   int64_t shrink_cases = 3;
   ShrinkBudget shrink_budget;
@@ -135,6 +136,10 @@ CampaignReport RunCampaign(const ModelSpec& model, const std::vector<const Backe
 // backend instances, built alike): the report is the one a single job gives, case for case.
 CampaignReport RunCampaignOnJobs(const ModelSpec& model,
                                  const std::vector<std::vector<const Backend*>>& jobs,
+                                 const CampaignOptions& options);
+// The same with backends it owns: they are freed once the ordinary cases are done, before the
+// demanding part's are built (PartBackends).
+CampaignReport RunCampaignOnJobs(const ModelSpec& model, PartBackends ordinary,
                                  const CampaignOptions& options);
 
 // --shapes random: case k runs on a model of its own, ShapeModel(options.seed, k)

@@ -32,12 +32,13 @@ std::string WriteFailingCase(const CampaignOptions& options, int64_t k, const Sc
                              const std::string& suffix = "");
 // A failed run's first divergence or error, one line, as reports show it.
 std::string FailureLine(const RunReport& run, bool demanding);
-// Shrinks the first options.shrink_cases failing cases (harness/campaign/shrink.h), case i on
-// backends(i), and records each one's smallest failing scenario (written beside its case).
+// Shrinks failing cases among results[i] for i in `which` (in that order) on `backends`
+// (harness/campaign/shrink.h) while *shrinks_left > 0, counting each down, and records each one's
+// smallest failing scenario (written beside its case).
 void ShrinkFirstFailures(const format::LlamaConfig& config, const std::vector<Scenario>& scenarios,
-                         std::vector<CaseResult>& results,
-                         const std::function<const std::vector<const Backend*>&(size_t)>& backends,
-                         const CampaignOptions& options);
+                         std::vector<CaseResult>& results, const std::vector<size_t>& which,
+                         const std::vector<const Backend*>& backends,
+                         const CampaignOptions& options, int64_t* shrinks_left);
 // Adds a finished case's figures to the report (in case order).
 void AddResult(CampaignReport& report, CaseResult result);
 // Makes an ordinary case's worst row the report's when it is worse (the first on ties).

@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -40,16 +42,31 @@ struct DemandingOptions {
   double rtol = kDefaultDemandingRtol;          // --demanding-rtol, in [0, 1)
 };
 
+// The backends one part of a campaign runs on: a set per job (a backend is used by one thread at a
+// time), and what owns them (nothing when the caller does). The campaign runs its ordinary cases,
+// then its demanding ones, and frees each part's backends when the part is done: the two models
+// (the ordinary one, and its demanding variant with ref64's float64 copy) are never in memory at
+// once, about 1.1 GB less at the peak on smollm2 (docs/performance.md).
+struct PartBackends {
+  std::vector<std::unique_ptr<Backend>> owned;
+  std::vector<std::vector<const Backend*>> jobs;
+};
+
 // What the campaign runs its demanding cases on, resolved once by the caller (it builds backends).
 struct DemandingPart {
   DemandingOptions options;
-  ModelSpec model;                                // DemandingVariant of the campaign's model
-  std::vector<std::string> backends;              // DemandingBackends: the names, ref64 last
-  std::vector<std::vector<const Backend*>> jobs;  // per campaign job, built over `model`
+  ModelSpec model;                    // DemandingVariant of the campaign's model
+  std::vector<std::string> backends;  // DemandingBackends: the names, ref64 last
+  // Per campaign job, over `model`: given (the caller owns them), or built by `build` when the
+  // demanding cases start, after the ordinary part's backends are freed.
+  std::vector<std::vector<const Backend*>> jobs;
+  std::function<PartBackends()> build;
   // Not empty: why the campaign has no demanding part (printed, and in --json); jobs is empty.
   std::string skipped;
   std::vector<std::string> notes;  // backends left out of the demanding cases, and why
-  bool Active() const { return skipped.empty() && !jobs.empty() && options.fraction > 0; }
+  bool Active() const {
+    return skipped.empty() && (!jobs.empty() || build) && options.fraction > 0;
+  }
 };
 
 // The demanding variant of a campaign's model: its preset (or inline config) and seed with the

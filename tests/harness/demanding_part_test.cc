@@ -111,5 +111,77 @@ TEST(Demanding, TheCampaignReportsItsDemandingCases) {
   EXPECT_EQ(replay.backends, (std::vector<std::string>{"impl", "ref64"}));
 }
 
+// Counts the instances alive: the campaign must free the ordinary part's before it builds the
+// demanding part's, so that the two models are never in memory at once.
+class Counted : public Backend {
+ public:
+  Counted(std::unique_ptr<Backend> inner, int* alive) : inner_(std::move(inner)), alive_(alive) {
+    ++*alive_;
+  }
+  ~Counted() override { --*alive_; }
+  const BackendInfo& Info() const override { return inner_->Info(); }
+  const format::LlamaConfig& config() const override { return inner_->config(); }
+  Logits ForwardFull(const Tokens& tokens, ForwardTrace* trace) const override {
+    return inner_->ForwardFull(tokens, trace);
+  }
+  std::unique_ptr<BackendSession> NewSession() const override { return inner_->NewSession(); }
+  std::vector<Logits> AppendBatch(const std::vector<BatchItem>& items) const override {
+    return inner_->AppendBatch(items);
+  }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+  int* alive_;
+};
+
+TEST(Demanding, TheOrdinaryBackendsAreFreedBeforeTheDemandingOnesAreBuilt) {
+  if (!BackendRegistry::Global().Has("ref64")) GTEST_SKIP() << "needs LibTorch (ref64)";
+  const ModelSpec model = testing::TinyModel();
+  const ModelSpec demanding_model = *DemandingVariant(model);
+  int ordinary_alive = 0, demanding_builds = 0, alive_at_build = -1;
+  auto ordinary = [&] {
+    PartBackends part;
+    for (int job = 0; job < 2; ++job) {
+      part.owned.push_back(
+          std::make_unique<Counted>(MakeBackend("impl", LoadModelFor(model), 1), &ordinary_alive));
+      part.jobs.push_back({part.owned.back().get()});
+    }
+    return part;
+  };
+  testing::TempDir out;
+  CampaignOptions options;
+  options.cases = 16;
+  options.out_dir = out.path();
+  options.demanding.options = {0.3, kDefaultDemandingRtol};
+  options.demanding.model = demanding_model;
+  options.demanding.backends = {"impl", "ref64"};
+  options.demanding.build = [&] {
+    ++demanding_builds;
+    alive_at_build = ordinary_alive;
+    PartBackends part;
+    auto weights = LoadModelFor(demanding_model);
+    for (int job = 0; job < 2; ++job) {
+      part.owned.push_back(MakeBackend("impl", weights, 1));
+      part.owned.push_back(MakeBackend("ref64", weights, 1));
+      part.jobs.push_back({part.owned[2 * job].get(), part.owned[2 * job + 1].get()});
+    }
+    return part;
+  };
+  const CampaignReport built = RunCampaignOnJobs(model, ordinary(), options);
+  EXPECT_EQ(demanding_builds, 1);
+  EXPECT_EQ(alive_at_build, 0) << "the ordinary backends were still alive";
+  EXPECT_EQ(ordinary_alive, 0);
+  ASSERT_GT(built.demanding.cases, 0);
+  EXPECT_LT(built.demanding.cases, 16);
+  // The same campaign on backends the caller keeps: the same cases, case for case.
+  PartBackends kept = ordinary();
+  PartBackends demanding_kept = options.demanding.build();
+  options.demanding.build = nullptr;
+  options.demanding.jobs = demanding_kept.jobs;
+  const CampaignReport given = RunCampaignOnJobs(model, kept.jobs, options);
+  EXPECT_EQ(built.ToJson().at("results"), given.ToJson().at("results"));
+  EXPECT_EQ(built.rows_compared, given.rows_compared);
+}
+
 }  // namespace
 }  // namespace kvdiff::harness
