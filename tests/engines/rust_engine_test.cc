@@ -210,11 +210,12 @@ TEST(RustEngine, ABadOptionIsBadInputNamingWhatIsAccepted) {
   const CommandResult r = RunKvdiff(fmt::format("conform '{}?kv=f16'", kEngine), dir.path());
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("unknown option 'kv' (the Rust example engine knows: "
-                               "bug=none|pos0|reuse, max_length=N)"));
+                               "bug=none|pos0|reuse|shift-not-rerotated, max_length=N)"));
   const CommandResult bug =
       RunKvdiff(fmt::format("conform '{}?bug=sometimes'", kEngine), dir.path());
   EXPECT_EQ(bug.exit_code, 2) << bug.out << bug.err;
-  EXPECT_THAT(bug.err, HasSubstr("option bug=sometimes: expected none, pos0 or reuse"));
+  EXPECT_THAT(bug.err, HasSubstr("option bug=sometimes: expected none, pos0, reuse or "
+                                 "shift-not-rerotated"));
 }
 
 TEST(RustEngine, AModelItCannotReadIsBadInput) {
