@@ -46,6 +46,9 @@ struct ConformCheck {
 
 struct ConformReport {
   std::string backend, oracle;
+  // What rows after a shift were held to; "" when the engine does not shift or nothing
+  // arbitrates (the shift check is then skipped).
+  std::string shift_arbiter;
   std::string model;  // ModelSpec::Describe() and the shape
   double tolerance = kDefaultTolerance;
   std::vector<ConformCheck> checks;

@@ -86,6 +86,8 @@ TEST(ConformCli, TheExampleEnginePassesEveryCheck) {
   const auto json = nlohmann::json::parse(ReadFile(dir / "conform.json"));
   EXPECT_EQ(json["passed"], true);
   EXPECT_EQ(json["checks"].size(), 17u);
+  EXPECT_EQ(json["shift_arbiter"],
+            harness::BackendRegistry::Global().Has("ref64") ? "ref64" : "impl");
 }
 
 // The proof of power: moved keys left with their old rotation fail the shift check, at the first
