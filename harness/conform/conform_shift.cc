@@ -47,8 +47,8 @@ std::string CheckShift(Script& s) {
   RequireShifts(s);
   if (!s.arbiter()) {
     throw NotApplicable(
-        "nothing to hold rows after a shift to: ref64 is not built (LibTorch) and the oracle "
-        "does not shift");
+        "nothing to hold rows after a shift to: no arbiter (kvdiff conform makes ref64 when "
+        "LibTorch is built) and the oracle does not shift");
   }
   // keep 0: the first positions go (no attention sink kept).
   s.Append("main", s.RandomTokens(20), "main: prefill of 20");

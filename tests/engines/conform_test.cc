@@ -497,6 +497,28 @@ TEST(Conform, AShiftThatIgnoresBadArgumentsFailsTheShiftBeyondCheckOnly) {
   EXPECT_THAT(RowOf(table, "shift"), HasSubstr("PASS   13 rows after a shift against impl"));
 }
 
+// An engine that shifts, held to an oracle that does not and given no arbiter: nothing can judge
+// its rows after a shift, so the shift check is skipped saying why; its refusals still run.
+TEST(Conform, TheShiftCheckIsSkippedWithNothingToArbitrate) {
+  using namespace harness;
+  const ModelSpec model = testing::TinyModel();
+  auto weights = LoadModelFor(model);
+  auto impl = MakeBackend("impl", weights, 1);
+  BackendInfo info;
+  info.name = "no-shift";
+  const OneAfterAnother oracle(MakeBackend("impl", weights, 1), info);
+  ConformOptions options;
+  options.campaign_cases = 0;
+  const ConformReport report = RunConformance(model, *impl, oracle, options);
+  EXPECT_TRUE(report.Passed()) << report.Table();
+  EXPECT_EQ(report.shift_arbiter, "");
+  EXPECT_THAT(RowOf("\n" + report.Table(), "shift"),
+              HasSubstr("skip   nothing to hold rows after a shift to: no arbiter (kvdiff "
+                        "conform makes ref64 when LibTorch is built) and the oracle does not "
+                        "shift"));
+  EXPECT_THAT(RowOf("\n" + report.Table(), "shift-beyond"), HasSubstr("PASS   refused: "));
+}
+
 TEST(Conform, TheCapacityCheckIsSkippedAboveItsFillLimitSayingWhy) {
   using namespace harness;
   const ModelSpec model = testing::TinyModel();
