@@ -1,7 +1,8 @@
 // `kvdiff conform ENGINE`: the conformance suite for an engine (a plugin path, plugin:PATH?k=v,
 // exec:COMMAND?k=v, or any backend name): every op against an oracle backend, the error paths,
 // fork, reset, determinism, capacity, batched calls (against the oracle and the items alone, and
-// their refusals), then a campaign. Exit 0 when every check passes, 1 when one fails, 2 on bad
+// their refusals), context shifts when the engine shifts (rows after a shift held to ref64), then
+// a campaign. Exit 0 when every check passes, 1 when one fails, 2 on bad
 // input (an engine that cannot be loaded, an unknown backend).
 #include <fmt/format.h>
 
@@ -59,6 +60,16 @@ int Conform(const ConformArgs& args) {
   options.campaign_cases = args.cases;
   options.seed = args.seed;
   options.out_dir = args.out_dir;
+  // Rows after a shift have no uncached oracle: ref64 replays the same shifts exactly and
+  // arbitrates, as in a differential run. Made only for an engine that shifts; without LibTorch,
+  // the oracle arbitrates if it shifts (impl: in float32, itself held to ref64 by its tests).
+  std::unique_ptr<harness::Backend> ref64;
+  if (backends.all[0]->Info().shifts && args.against != "ref64" &&
+      harness::BackendRegistry::Global().Has("ref64")) {
+    ref64 =
+        harness::BackendRegistry::Global().Make("ref64", weights, WithThreads(args.isolation, 1));
+    options.shift_arbiter = ref64.get();
+  }
   fmt::print(Report(), "kvdiff conform: {} ({}) against {}, model {} ({})\n", engine_name,
              backends.all[0]->Info().description, args.against, model.Describe(),
              harness::DescribeModel(weights->config));

@@ -220,12 +220,16 @@ ConformReport RunConformance(const ModelSpec& model, const Backend& engine, cons
       {"capacity", "max_position_embeddings positions are held; one more is refused",
        [&options](Script& s) { return CheckCapacity(s, options.max_capacity_fill); }},
   };
-  // After the others, so that each of those draws the tokens it drew before there were batch
-  // checks (a check's tokens follow from its place in the list).
+  // After the others, so that each of those draws the tokens it drew before there were batch and
+  // shift checks (a check's tokens follow from its place in the list).
   for (const CheckDef& batch : conform_detail::BatchChecks()) checks.push_back(batch);
+  for (const CheckDef& shift : conform_detail::ShiftChecks()) checks.push_back(shift);
+  const Backend* arbiter = options.shift_arbiter;
+  if (!arbiter && oracle.Info().shifts) arbiter = &oracle;
+  if (arbiter && engine.Info().shifts) report.shift_arbiter = arbiter->Name();
   for (size_t i = 0; i < checks.size(); ++i) {
     // Each check draws its own tokens: one check's outcome never moves another's inputs.
-    Script script(engine, oracle, options.gate, options.seed * 1000 + i);
+    Script script(engine, oracle, arbiter, options.gate, options.seed * 1000 + i);
     report.checks.push_back(RunOne(checks[i], script));
   }
 
@@ -294,9 +298,9 @@ nlohmann::json ConformReport::ToJson() const {
                            {"detail", c.detail},
                            {"seconds", c.seconds}});
   }
-  return {{"backend", backend},     {"oracle", oracle},     {"model", model},
-          {"tolerance", tolerance}, {"passed", Passed()},   {"failures", Failures()},
-          {"seconds", seconds},     {"checks", checks_json}};
+  return {{"backend", backend},     {"oracle", oracle},       {"shift_arbiter", shift_arbiter},
+          {"model", model},         {"tolerance", tolerance}, {"passed", Passed()},
+          {"failures", Failures()}, {"seconds", seconds},     {"checks", checks_json}};
 }
 
 std::string ConformReport::ToJUnit() const {
@@ -306,6 +310,7 @@ std::string ConformReport::ToJUnit() const {
   suite.seconds = seconds;
   suite.properties = {{"backend", backend},
                       {"oracle", oracle},
+                      {"shift_arbiter", shift_arbiter},
                       {"model", model},
                       {"tolerance", fmt::format("{}", tolerance)}};
   for (const ConformCheck& c : checks) {

@@ -4,7 +4,9 @@
 // not enough), then the error paths (each refused as bad input, changing nothing), fork
 // independence, reset, determinism and the capacity, batched calls (Backend::AppendBatch: every
 // row held to the oracle and to the same items appended alone, after forks and truncates too, and
-// a bad batch refused as a whole), and finally a `check` campaign of the engine beside the oracle.
+// a bad batch refused as a whole), context shifts (rows after a shift held to an arbiter that
+// shifts too, ref64 from the command line; bad shifts refused) when the engine shifts, and finally
+// a `check` campaign of the engine beside the oracle.
 // Written for engine plugins; any Backend can be put through it.
 #pragma once
 
@@ -28,6 +30,10 @@ struct ConformOptions {
   std::filesystem::path out_dir = "kvdiff-failures";  // the campaign's failing cases
   // The capacity check fills a session to max_position_embeddings; above this it is skipped.
   int64_t max_capacity_fill = 4096;
+  // What rows after a shift are held to: no uncached forward is their oracle, so a backend that
+  // replays the same shifts arbitrates (`kvdiff conform` passes ref64, which shifts exactly, in
+  // double, when it is built). Null: the oracle, if it shifts; else the shift check is skipped.
+  const Backend* shift_arbiter = nullptr;
 };
 
 struct ConformCheck {
@@ -40,6 +46,9 @@ struct ConformCheck {
 
 struct ConformReport {
   std::string backend, oracle;
+  // What rows after a shift were held to; "" when the engine does not shift or nothing
+  // arbitrates (the shift check is then skipped).
+  std::string shift_arbiter;
   std::string model;  // ModelSpec::Describe() and the shape
   double tolerance = kDefaultTolerance;
   std::vector<ConformCheck> checks;

@@ -1,8 +1,10 @@
-// What the checks of `kvdiff conform` share (conform.cc, conform_batch.cc; the Script's code is in
-// conform_script.cc). A check writes its calls as a Script: a scenario, one label per step for the
-// report, and the bad calls the engine must refuse between them. Play runs it through the one
-// replay (Replay) and the one oracle check (CheckAgainstOracle), so conform holds an engine's rows
-// to its oracle exactly as `run` and `check` do. A check returns its figures, throws
+// What the checks of `kvdiff conform` share (conform.cc, conform_batch.cc, conform_shift.cc; the
+// Script's code is in conform_script.cc). A check writes its calls as a Script: a scenario, one
+// label per step for the report, and the bad calls the engine must refuse between them. Play runs
+// it through the one replay (Replay) and the one oracle check (CheckAgainstOracle), so conform
+// holds an engine's rows to its oracle exactly as `run` and `check` do; rows after a shift, which
+// no uncached forward is the oracle of, are held to the arbiter's replay of the same script, as a
+// differential run holds them to ref64. A check returns its figures, throws
 // Nonconformance when the engine does not do what it asks and NotApplicable when it does not
 // apply to the model. Not for use outside conform.
 #pragma once
@@ -51,7 +53,9 @@ struct Played;
 
 class Script {
  public:
-  Script(const Backend& engine, const Backend& oracle, const Gate& gate, uint64_t seed);
+  // `arbiter` (may be null) replays a script with shifts: the rows after a shift are held to its.
+  Script(const Backend& engine, const Backend& oracle, const Backend* arbiter, const Gate& gate,
+         uint64_t seed);
 
   // n tokens drawn from the whole vocabulary (the same for a given seed on every platform).
   Tokens RandomTokens(int64_t n);
@@ -71,10 +75,11 @@ class Script {
   void Same(std::string what, size_t step, std::string conversation, size_t other_step,
             std::string other);
 
-  // Replays the script on the engine and holds it to the oracle. Throws Nonconformance at the
-  // first step that failed, in step order: the replay's error (a throw, a wrong shape, NaN/inf, a
-  // Length() that is not what was fed), the oracle's failure, a row beyond the gate, a bad call
-  // that was not refused or changed a length; then the first pair of Same rows that differ.
+  // Replays the script on the engine and holds it to the oracle (the rows after a shift to the
+  // arbiter's replay). Throws Nonconformance at the first step that failed, in step order: the
+  // replay's error (a throw, a wrong shape, NaN/inf, a Length() that is not what was fed), the
+  // oracle's failure, a row beyond the gate, a bad call that was not refused or changed a length;
+  // then the first pair of Same rows that differ.
   Played Play() const;
   // Replays the script on the engine alone (no oracle, no bad calls): Nonconformance at the first
   // step that failed.
@@ -82,6 +87,8 @@ class Script {
 
   int64_t vocab() const { return engine_.config().vocab_size; }
   int64_t max_positions() const { return engine_.config().max_position_embeddings; }
+  const Backend& engine() const { return engine_; }
+  const Backend* arbiter() const { return arbiter_; }
 
  private:
   struct Refusal {
@@ -98,9 +105,12 @@ class Script {
   // The step's failure as the report says it: "chunk of 1: ...".
   std::string At(size_t step, const std::string& message) const;
   void CheckRows(Played& played, size_t step) const;
+  // The rows after a shift against the arbiter's replay of the same scenario (Played::arbitrated).
+  void Arbitrate(Played& played) const;
 
   const Backend& engine_;
   const Backend& oracle_;
+  const Backend* arbiter_;
   Gate gate_;
   uint64_t rng_;
   Scenario scenario_;
@@ -116,6 +126,11 @@ struct Played {
   OracleCheck oracle;
   int64_t rows = 0;  // rows held to the oracle
   double worst = 0;
+  // Parallel to recording.rows: a row after a shift against the arbiter's row of the same step,
+  // conversation and history; nullopt for every other row.
+  std::vector<std::optional<RowComparison>> arbitrated;
+  int64_t shifted_rows = 0;  // rows held to the arbiter
+  double shifted_worst = 0;
   int64_t same_rows = 0;  // rows held to each other (Script::Same)
   double same_worst = 0;
   std::vector<std::string> refusals;  // each bad call's refusal, in order
@@ -136,5 +151,7 @@ struct CheckDef {
 
 // The checks of batched calls (Backend::AppendBatch): conform_batch.cc.
 std::vector<CheckDef> BatchChecks();
+// The checks of context shifts (BackendSession::Shift): conform_shift.cc.
+std::vector<CheckDef> ShiftChecks();
 
 }  // namespace kvdiff::harness::conform_detail

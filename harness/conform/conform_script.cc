@@ -161,8 +161,9 @@ void WithBadCalls::Make(size_t i) const {
 
 }  // namespace
 
-Script::Script(const Backend& engine, const Backend& oracle, const Gate& gate, uint64_t seed)
-    : engine_(engine), oracle_(oracle), gate_(gate), rng_(seed) {}
+Script::Script(const Backend& engine, const Backend& oracle, const Backend* arbiter,
+               const Gate& gate, uint64_t seed)
+    : engine_(engine), oracle_(oracle), arbiter_(arbiter), gate_(gate), rng_(seed) {}
 
 Tokens Script::RandomTokens(int64_t n) {
   Tokens t(n);
@@ -206,25 +207,64 @@ std::string Script::At(size_t step, const std::string& message) const {
   return fmt::format("{}: {}", what_[step], message);
 }
 
-// The rows of step i held to the oracle's; a batch's rows are named by their item.
+// The rows of step i held to the oracle's (after a shift, to the arbiter's); a batch's rows are
+// named by their item.
 void Script::CheckRows(Played& played, size_t i) const {
   const Step& step = scenario_.steps[i];
   const StepRecord& sr = played.recording.steps[i];
   for (size_t k = sr.rows_begin; k < sr.rows_end; ++k) {
-    const std::optional<RowComparison>& cmp = played.oracle.rows[k];
-    if (!cmp) continue;  // a failed oracle is the step's error
-    played.worst = std::max(played.worst, cmp->max_abs_diff);
-    ++played.rows;
-    if (cmp->within_tolerance) continue;
     const RecordedRow& row = played.recording.rows[k];
+    const bool shifted = row.after_shift;
+    const std::optional<RowComparison>& cmp =
+        shifted ? played.arbitrated[k] : played.oracle.rows[k];
+    if (!cmp) continue;  // a failed oracle is the step's error
+    double& worst = shifted ? played.shifted_worst : played.worst;
+    worst = std::max(worst, cmp->max_abs_diff);
+    ++(shifted ? played.shifted_rows : played.rows);
+    if (cmp->within_tolerance) continue;
     std::string what = what_[i];
     for (size_t item = 0; step.op == Op::kBatch && item < step.items.size(); ++item) {
       if (step.items[item].conversation == row.conversation)
         what += fmt::format(", item {} of {}", item, step.items.size());
     }
-    Fail("{}: position {} differs from {}'s uncached forward by {:.3e} > {:.3e} (argmax {} vs {})",
-         what, row.position, oracle_.Name(), cmp->max_abs_diff, cmp->gate, cmp->argmax_a,
-         cmp->argmax_b);
+    Fail("{}: position {} differs from {} by {:.3e} > {:.3e} (argmax {} vs {})", what, row.position,
+         shifted ? fmt::format("{}'s after the same shifts", arbiter_->Name())
+                 : fmt::format("{}'s uncached forward", oracle_.Name()),
+         cmp->max_abs_diff, cmp->gate, cmp->argmax_a, cmp->argmax_b);
+  }
+}
+
+// No uncached forward is the oracle of a row after a shift (the kept keys were computed with the
+// dropped tokens in view): the arbiter replays the same scenario, shifts included, and each such
+// row is held to the arbiter's row of the same step and conversation over the same history.
+void Script::Arbitrate(Played& played) const {
+  const Recording& rec = played.recording;
+  played.arbitrated.assign(rec.rows.size(), std::nullopt);
+  const bool any = std::any_of(rec.rows.begin(), rec.rows.end(),
+                               [](const RecordedRow& r) { return r.after_shift; });
+  if (!any) return;
+  KVDIFF_CHECK(arbiter_ != nullptr, "conform: a script with shifts needs an arbiter");
+  const Recording arb = Replay(scenario_, *arbiter_);
+  if (const std::optional<size_t> i = arb.FirstError())
+    Fail("{}",
+         At(*i, fmt::format("the arbiter {} failed: {}", arbiter_->Name(), arb.steps[*i].message)));
+  for (size_t k = 0; k < rec.rows.size(); ++k) {
+    const RecordedRow& row = rec.rows[k];
+    if (!row.after_shift) continue;
+    const StepRecord& other = arb.steps[row.step];
+    for (size_t j = other.rows_begin; j < other.rows_end; ++j) {
+      const RecordedRow& want = arb.rows[j];
+      if (want.conversation != row.conversation || want.position != row.position ||
+          !rec.SameHistory(row, arb, want))
+        continue;
+      played.arbitrated[k] =
+          CompareRows(row.logits.data(), want.logits.data(), vocab(),
+                      gate_.Across(engine_.Info(), arbiter_->Info(), row.position));
+      break;
+    }
+    if (!played.arbitrated[k])
+      Fail("{}", At(row.step, fmt::format("position {} has no row of {} to compare with",
+                                          row.position, arbiter_->Name())));
   }
 }
 
@@ -238,6 +278,7 @@ Played Script::Play() const {
   played.oracle = CheckAgainstOracle(played.recording, oracle_, [&](int64_t position) {
     return gate_.Across(engine_.Info(), oracle_.Info(), position);
   });
+  Arbitrate(played);
   for (size_t i = 0; i < scenario_.steps.size(); ++i) {
     if (auto error = played.oracle.StepError(played.recording, i)) Fail("{}", At(i, *error));
     CheckRows(played, i);

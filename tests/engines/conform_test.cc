@@ -3,8 +3,10 @@
 // cache) fails the check that names the bug, and `kvdiff check` catches it too with a replay
 // file; what cannot be loaded is bad input (exit 2). The batch checks pass on the example, on
 // llama.cpp (also split into micro-batches of two tokens) and on a backend with no batched call,
-// and fail on each llama.cpp batch fault and on rows mapped to the wrong items. The library call on
-// impl and on wrong in-process backends shows the suite works on any Backend.
+// and fail on each llama.cpp batch fault and on rows mapped to the wrong items. The shift checks
+// pass on the example and fail on its fault=shift-not-rerotated, are skipped (saying why) for an
+// engine that does not shift, and a shift beyond the length that is not refused fails. The library
+// call on impl and on wrong in-process backends shows the suite works on any Backend.
 #include "harness/conform/conform.h"
 
 #include <fmt/format.h>
@@ -44,6 +46,8 @@ const char* const kEveryCheck[] = {"prefill",
                                    "batch",
                                    "batch-fork-truncate",
                                    "batch-refusals",
+                                   "shift",
+                                   "shift-beyond",
                                    "campaign"};
 
 // The row of the table for one check: "  name   RESULT  detail".
@@ -64,17 +68,56 @@ TEST(ConformCli, TheExampleEnginePassesEveryCheck) {
   for (const char* check : kEveryCheck) {
     EXPECT_THAT(RowOf(r.out, check), HasSubstr("PASS")) << check << "\n" << r.out;
   }
-  EXPECT_THAT(r.out, HasSubstr("PASS: 15 of 15 checks passed, 0 failed (against impl"));
+  EXPECT_THAT(r.out, HasSubstr("PASS: 17 of 17 checks passed, 0 failed (against impl"));
   // The example runs a batch's items one after another: bit-identical to the items alone.
   EXPECT_THAT(RowOf(r.out, "batch"), HasSubstr("against the items alone max |a-b| 0.0e+00"));
   EXPECT_THAT(RowOf(r.out, "batch-refusals"),
               HasSubstr("4 batches refused: example: batch item 1: token id 256"));
+  // Rows after a shift are held to ref64 (with LibTorch), else to impl, which shifts too.
+  EXPECT_THAT(
+      RowOf(r.out, "shift"),
+      HasSubstr(fmt::format("13 rows after a shift against {}, max |a-b| ",
+                            harness::BackendRegistry::Global().Has("ref64") ? "ref64" : "impl")));
+  EXPECT_THAT(RowOf(r.out, "shift-beyond"),
+              HasSubstr("refused: example: shift(keep=7, discard=7): expected 0 <= keep"));
   const std::string xml = ReadFile(dir / "conform.xml");
   EXPECT_EQ(XmlProblem(xml, nullptr), "");
-  EXPECT_THAT(xml, HasSubstr("tests=\"15\""));
+  EXPECT_THAT(xml, HasSubstr("tests=\"17\""));
   const auto json = nlohmann::json::parse(ReadFile(dir / "conform.json"));
   EXPECT_EQ(json["passed"], true);
-  EXPECT_EQ(json["checks"].size(), 15u);
+  EXPECT_EQ(json["checks"].size(), 17u);
+  EXPECT_EQ(json["shift_arbiter"],
+            harness::BackendRegistry::Global().Has("ref64") ? "ref64" : "impl");
+}
+
+// The proof of power: moved keys left with their old rotation fail the shift check, at the first
+// row after the first shift, and nothing else.
+TEST(ConformCli, TheExamplesShiftFaultFailsTheShiftCheckOnly) {
+  TempDir dir;
+  const CommandResult r = RunKvdiff(
+      fmt::format("conform '{}?fault=shift-not-rerotated' --cases 0", KVDIFF_EXAMPLE_ENGINE),
+      dir.path());
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_THAT(RowOf(r.out, "shift"),
+              HasSubstr("FAIL   main: +3 after shift(0, 5): position 15 differs from "));
+  EXPECT_THAT(RowOf(r.out, "shift"), HasSubstr("'s after the same shifts by "));
+  EXPECT_THAT(r.out, HasSubstr("FAIL: 15 of 16 checks passed, 1 failed"));
+  std::cout << "figure: conform " << RowOf(r.out, "shift") << "\n";
+}
+
+// An engine that does not shift (a version-2 plugin) passes, its shift checks skipped saying why.
+TEST(ConformCli, TheShiftChecksAreSkippedForAnEngineThatDoesNotShift) {
+  TempDir dir;
+  const CommandResult r =
+      RunKvdiff(fmt::format("conform '{}' --cases 0", KVDIFF_BROKEN_V2_ENGINE), dir.path());
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (const char* check : {"shift", "shift-beyond"}) {
+    EXPECT_THAT(RowOf(r.out, check),
+                HasSubstr("skip   the engine does not shift (a plugin of ABI 1 or 2, or whose "
+                          "shift is NULL"))
+        << r.out;
+  }
+  EXPECT_THAT(r.out, HasSubstr("PASS: 14 of 16 checks passed, 0 failed, 2 skipped"));
 }
 
 TEST(ConformCli, TheWrapperWithoutABugPassesToo) {
@@ -182,7 +225,7 @@ TEST(ConformCli, EachLlamaCppBatchFaultFailsTheBatchChecksOnly) {
     EXPECT_EQ(r.exit_code, 1) << fault << "\n" << r.out << r.err;
     EXPECT_THAT(RowOf(r.out, "batch"), HasSubstr("FAIL")) << fault << "\n" << r.out;
     EXPECT_THAT(RowOf(r.out, "batch-fork-truncate"), HasSubstr("FAIL")) << fault << "\n" << r.out;
-    EXPECT_THAT(r.out, HasSubstr("12 of 14 checks passed, 2 failed")) << fault << "\n" << r.out;
+    EXPECT_THAT(r.out, HasSubstr("14 of 16 checks passed, 2 failed")) << fault << "\n" << r.out;
   }
 }
 
@@ -262,7 +305,10 @@ TEST(Conform, ImplConformsAgainstItself) {
   options.out_dir = failures / "failures";
   const ConformReport report = RunConformance(model, *impl, *impl, options);
   EXPECT_TRUE(report.Passed()) << report.Table();
-  EXPECT_EQ(report.checks.size(), 15u);
+  EXPECT_EQ(report.checks.size(), 17u);
+  // No arbiter given: impl, the oracle, shifts and arbitrates (its own shift, bit for bit).
+  EXPECT_THAT(RowOf("\n" + report.Table(), "shift"),
+              HasSubstr("13 rows after a shift against impl, max |a-b| 0.0e+00"));
 }
 
 // impl without its batched forward: Backend::AppendBatch's default runs the items one after
@@ -399,6 +445,80 @@ TEST(Conform, ABadCallThatIsNotRefusedOrChangesTheSessionFailsItsCheck) {
               HasSubstr("FAIL   truncate to 6 of 5: Length() is 4 after the refusal, expected 5"));
 }
 
+// impl's sessions with a shift that ignores bad arguments instead of refusing them (a silent
+// "fix"): the shift-beyond check fails naming the first such call, and nothing else.
+class LaxShift : public OneAfterAnother {
+ public:
+  using OneAfterAnother::OneAfterAnother;
+  std::unique_ptr<harness::BackendSession> NewSession() const override {
+    return std::make_unique<Session>(inner_->NewSession());
+  }
+
+ private:
+  class Session : public harness::BackendSession {
+   public:
+    explicit Session(std::unique_ptr<harness::BackendSession> inner) : inner_(std::move(inner)) {}
+    Logits Append(const Tokens& tokens, ForwardTrace* trace) override {
+      return inner_->Append(tokens, trace);
+    }
+    int64_t Length() const override { return inner_->Length(); }
+    void Truncate(int64_t length) override { inner_->Truncate(length); }
+    std::unique_ptr<harness::BackendSession> Fork() const override {
+      return std::make_unique<Session>(inner_->Fork());
+    }
+    void Reset() override { inner_->Reset(); }
+    void Shift(int64_t keep, int64_t discard) override {
+      if (keep < 0 || discard < 0 || keep > Length() || discard > Length() - keep) return;
+      inner_->Shift(keep, discard);
+    }
+
+   private:
+    std::unique_ptr<harness::BackendSession> inner_;
+  };
+};
+
+TEST(Conform, AShiftThatIgnoresBadArgumentsFailsTheShiftBeyondCheckOnly) {
+  using namespace harness;
+  const ModelSpec model = testing::TinyModel();
+  auto weights = LoadModelFor(model);
+  auto impl = MakeBackend("impl", weights, 1);
+  BackendInfo info;
+  info.name = "lax";
+  info.shifts = true;
+  const LaxShift lax(MakeBackend("impl", weights, 1), info);
+  ConformOptions options;
+  options.campaign_cases = 0;
+  const ConformReport report = RunConformance(model, lax, *impl, options);
+  EXPECT_EQ(report.Failures(), 1) << report.Table();
+  const std::string table = "\n" + report.Table();
+  EXPECT_THAT(RowOf(table, "shift-beyond"),
+              HasSubstr("FAIL   shift(keep=-1, discard=1) of 5: expected a refusal as bad input, "
+                        "but the call succeeded"));
+  EXPECT_THAT(RowOf(table, "shift"), HasSubstr("PASS   13 rows after a shift against impl"));
+}
+
+// An engine that shifts, held to an oracle that does not and given no arbiter: nothing can judge
+// its rows after a shift, so the shift check is skipped saying why; its refusals still run.
+TEST(Conform, TheShiftCheckIsSkippedWithNothingToArbitrate) {
+  using namespace harness;
+  const ModelSpec model = testing::TinyModel();
+  auto weights = LoadModelFor(model);
+  auto impl = MakeBackend("impl", weights, 1);
+  BackendInfo info;
+  info.name = "no-shift";
+  const OneAfterAnother oracle(MakeBackend("impl", weights, 1), info);
+  ConformOptions options;
+  options.campaign_cases = 0;
+  const ConformReport report = RunConformance(model, *impl, oracle, options);
+  EXPECT_TRUE(report.Passed()) << report.Table();
+  EXPECT_EQ(report.shift_arbiter, "");
+  EXPECT_THAT(RowOf("\n" + report.Table(), "shift"),
+              HasSubstr("skip   nothing to hold rows after a shift to: no arbiter (kvdiff "
+                        "conform makes ref64 when LibTorch is built) and the oracle does not "
+                        "shift"));
+  EXPECT_THAT(RowOf("\n" + report.Table(), "shift-beyond"), HasSubstr("PASS   refused: "));
+}
+
 TEST(Conform, TheCapacityCheckIsSkippedAboveItsFillLimitSayingWhy) {
   using namespace harness;
   const ModelSpec model = testing::TinyModel();
@@ -409,7 +529,7 @@ TEST(Conform, TheCapacityCheckIsSkippedAboveItsFillLimitSayingWhy) {
   options.max_capacity_fill = 100;
   const ConformReport report = RunConformance(model, *impl, *impl, options);
   EXPECT_TRUE(report.Passed()) << report.Table();
-  EXPECT_EQ(report.checks.size(), 14u);
+  EXPECT_EQ(report.checks.size(), 16u);
   EXPECT_THAT(RowOf("\n" + report.Table(), "capacity"),
               HasSubstr("skip   max_position_embeddings 512 is above the fill limit 100"));
 }

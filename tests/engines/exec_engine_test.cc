@@ -39,10 +39,13 @@ TEST(ExecEngine, TheNumpyEnginePassesConform) {
   const CommandResult r = RunKvdiff("conform " + NumpyEngine() + " --cases 4", dir.path());
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("engine program numpy-llama 1, f32 cache"));
-  EXPECT_THAT(r.out, HasSubstr("PASS: 15 of 15 checks passed, 0 failed"));
+  EXPECT_THAT(r.out, HasSubstr("PASS: 17 of 17 checks passed, 0 failed"));
   // Its append_batch runs the items one after another: bit-identical to the items alone.
   EXPECT_THAT(RowOf(r.out, "batch"), HasSubstr("PASS"));
   EXPECT_THAT(RowOf(r.out, "batch-refusals"), HasSubstr("batch item 1: token id 256"));
+  // Its shift (the protocol's, ABI 3's semantics): rows after it held to the arbiter.
+  EXPECT_THAT(RowOf(r.out, "shift"), HasSubstr("PASS   13 rows after a shift against "));
+  EXPECT_THAT(RowOf(r.out, "shift-beyond"), HasSubstr("shift(keep=7, discard=7): expected"));
 }
 
 TEST(ExecEngine, TheNumpyEnginePassesACheckBesideImpl) {
@@ -67,7 +70,7 @@ TEST(ExecEngine, TheNumpyEnginePassesConformOnStories260K) {
       RunKvdiff("conform " + NumpyEngine() + " --model s260k --cases 4", dir.path());
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("5 layers, hidden 64, 8/4 heads"));
-  EXPECT_THAT(r.out, HasSubstr("PASS: 15 of 15 checks passed, 0 failed"));
+  EXPECT_THAT(r.out, HasSubstr("PASS: 17 of 17 checks passed, 0 failed"));
 }
 
 TEST(ExecEngine, AForgottenPositionUpdateIsCaughtByConformAndByCheck) {

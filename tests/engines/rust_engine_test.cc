@@ -45,7 +45,11 @@ TEST(RustEngine, PassesEveryConformCheck) {
   const CommandResult r = RunKvdiff(fmt::format("conform '{}' --cases 30", kEngine), dir.path());
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("(engine plugin rust_example 1.0, f32 cache, isolated)"));
-  EXPECT_THAT(r.out, HasSubstr("PASS: 15 of 15 checks passed, 0 failed (against impl"));
+  EXPECT_THAT(r.out, HasSubstr("PASS: 17 of 17 checks passed, 0 failed (against impl"));
+  // ABI 3: its shift runs, rows after it held to the arbiter; bad shifts refused.
+  EXPECT_THAT(RowOf(r.out, "shift"), HasSubstr("PASS   13 rows after a shift against "));
+  EXPECT_THAT(RowOf(r.out, "shift-beyond"),
+              HasSubstr("rust_example: shift(keep=7, discard=7): expected 0 <= keep"));
   // One item after another through the same forward: bit-identical to the items alone.
   EXPECT_THAT(RowOf(r.out, "batch"), HasSubstr("against the items alone max |a-b| 0.0e+00"));
   EXPECT_THAT(RowOf(r.out, "token-out-of-range"),
@@ -123,6 +127,19 @@ TEST(RustEngine, ReusingOneCacheIsCaughtByConformAndByCheck) {
       dir.path());
   EXPECT_EQ(check.exit_code, 1) << check.out << check.err;
   EXPECT_THAT(check.out, HasSubstr("replay: kvdiff run kvdiff-failures/"));
+}
+
+// bug=shift-not-rerotated (test-only): a shift moves the cached rows but leaves the keys rotated
+// for their old positions. conform's shift check fails at the first row after the first shift, held
+// to the arbiter (ref64 with LibTorch); nothing else does.
+TEST(RustEngine, AShiftThatForgetsToRerotateIsCaughtByConform) {
+  TempDir dir;
+  const CommandResult r =
+      RunKvdiff(fmt::format("conform '{}?bug=shift-not-rerotated' --cases 0", kEngine), dir.path());
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_THAT(RowOf(r.out, "shift"),
+              HasSubstr("FAIL   main: +3 after shift(0, 5): position 15 differs from "));
+  EXPECT_THAT(r.out, HasSubstr("FAIL: 15 of 16 checks passed, 1 failed"));
 }
 
 // examples/scenarios/rust-reuse{,1}.json (docs/rust-engine.md runs them): the document's lengths
@@ -210,11 +227,12 @@ TEST(RustEngine, ABadOptionIsBadInputNamingWhatIsAccepted) {
   const CommandResult r = RunKvdiff(fmt::format("conform '{}?kv=f16'", kEngine), dir.path());
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("unknown option 'kv' (the Rust example engine knows: "
-                               "bug=none|pos0|reuse, max_length=N)"));
+                               "bug=none|pos0|reuse|shift-not-rerotated, max_length=N)"));
   const CommandResult bug =
       RunKvdiff(fmt::format("conform '{}?bug=sometimes'", kEngine), dir.path());
   EXPECT_EQ(bug.exit_code, 2) << bug.out << bug.err;
-  EXPECT_THAT(bug.err, HasSubstr("option bug=sometimes: expected none, pos0 or reuse"));
+  EXPECT_THAT(bug.err, HasSubstr("option bug=sometimes: expected none, pos0, reuse or "
+                                 "shift-not-rerotated"));
 }
 
 TEST(RustEngine, AModelItCannotReadIsBadInput) {

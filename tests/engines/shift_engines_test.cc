@@ -39,6 +39,14 @@ const bool kEngineHostSet = (SetEngineHost(KVDIFF_BINARY), true);
 std::string Example(const std::string& options = "") {
   return std::string("plugin:") + KVDIFF_EXAMPLE_ENGINE + options;
 }
+// The Rust example (engines/rust_example), when the build has cargo; "" when it has not.
+#ifdef KVDIFF_RUST_EXAMPLE_ENGINE
+std::string Rust(const std::string& options = "") {
+  return std::string("plugin:") + KVDIFF_RUST_EXAMPLE_ENGINE + options;
+}
+#else
+std::string Rust(const std::string& = "") { return ""; }
+#endif
 std::string Numpy() {
   return fmt::format("exec:/usr/bin/python3 {}/examples/numpy_engine.py", KVDIFF_SOURCE_DIR);
 }
@@ -50,9 +58,10 @@ std::vector<ShiftSuiteBackend> ShiftingEngines() {
   static const std::vector<std::string> names = {
       Example(), "in-process:" + Example(),
       std::string("in-process:plugin:") + KVDIFF_BROKEN_V3_ENGINE,  // a v3 wrapper, passing on
-      Numpy()};
+      Numpy(), Rust()};
   std::vector<ShiftSuiteBackend> out;
-  for (const std::string& n : names) out.push_back({n.c_str()});
+  for (const std::string& n : names)
+    if (!n.empty()) out.push_back({n.c_str()});
   out.push_back({"llama.cpp", 1e-5});
   return out;
 }
@@ -123,6 +132,38 @@ class ShiftEnginesTest : public ::testing::Test {
                 engine->Name().c_str(), worst, static_cast<long long>(rows), cases.size());
   }
 
+  // The proof of power: an engine whose shift moves rows but leaves keys with their old rotation
+  // (the example's fault=shift-not-rerotated, the Rust example's bug=shift-not-rerotated) fails
+  // every scenario whose shift moved a key before a decode, the random ones included (each ends
+  // with two shifts that move rows, then a decode), while the healthy engine passes them all
+  // (...AgreesWithRef64AfterShifts).
+  static void ShiftFaultIsCaughtWheneverAKeyMoved(const std::string& name) {
+    const auto faulty = Make(name);
+    const auto ref64 = Make("ref64");
+    std::vector<Scenario> cases = {
+        LoadScenario(std::string(KVDIFF_SOURCE_DIR) + "/examples/scenarios/shift.json")};
+    for (uint32_t seed = 0; seed < 100; ++seed) cases.push_back(RandomShiftScenario(seed));
+    int caught = 0, moved = 0;
+    double weakest = 1e30;
+    for (const Scenario& sc : cases) {
+      const bool moves =
+          sc.steps.back().op == Op::kDecode && sc.steps[sc.steps.size() - 2].op == Op::kShift;
+      if (!moves) continue;  // a random case too short for its closing shifts
+      ++moved;
+      const RunReport r = Run(sc, *faulty, *ref64);
+      EXPECT_FALSE(r.Passed()) << sc.name;
+      if (r.Passed() || !r.first_divergence) continue;
+      ++caught;
+      EXPECT_EQ(r.first_divergence->kind, PathKind::kCross) << sc.name;
+      weakest = std::min(weakest, r.first_divergence->row.cmp.max_abs_diff);
+    }
+    EXPECT_GT(moved, 80);
+    EXPECT_EQ(caught, moved);
+    EXPECT_GT(weakest, 1e-2);
+    std::printf("figure: %s caught in %d of %d scenarios, the weakest first divergence %.2e\n",
+                faulty->Name().c_str(), caught, moved, weakest);
+  }
+
   static std::shared_ptr<const format::ModelWeights>* weights_;
 };
 std::shared_ptr<const format::ModelWeights>* ShiftEnginesTest::weights_ = nullptr;
@@ -132,6 +173,11 @@ TEST_F(ShiftEnginesTest, TheExamplePluginAgreesWithRef64AfterShifts) {
 }
 
 TEST_F(ShiftEnginesTest, TheNumpyEngineAgreesWithRef64AfterShifts) { AgreesWithRef64(Numpy(), 40); }
+
+TEST_F(ShiftEnginesTest, TheRustEngineAgreesWithRef64AfterShifts) {
+  if (Rust().empty()) GTEST_SKIP() << "the Rust example is not built (KVDIFF_WITH_RUST=OFF)";
+  AgreesWithRef64(Rust(), 100);
+}
 
 TEST_F(ShiftEnginesTest, LlamaCppAgreesWithRef64AfterShifts) {
   if (!BackendRegistry::Global().Has("llama.cpp")) GTEST_SKIP() << "llama.cpp not built";
@@ -199,38 +245,15 @@ TEST_F(ShiftEnginesTest, LlamaCppShiftsAForkApartFromItsTwin) {
   EXPECT_EQ(rows, 4 + 4 + 3 + 2);
 }
 
-// The proof of power: the example with fault=shift-not-rerotated (rows move, keys keep their old
-// rotation) fails every scenario whose shift moved a key before a decode, the random ones
-// included (each ends with two shifts that move rows, then a decode), while the healthy example
-// passes them all (TheExamplePluginAgreesWithRef64AfterShifts).
 TEST_F(ShiftEnginesTest, TheExamplesShiftFaultIsCaughtWheneverAKeyMoved) {
   if (!BackendRegistry::Global().Has("ref64")) GTEST_SKIP() << "ref64 not built";
-  const auto faulty = Make("in-process:" + Example("?fault=shift-not-rerotated"));
-  const auto ref64 = Make("ref64");
-  std::vector<Scenario> cases = {
-      LoadScenario(std::string(KVDIFF_SOURCE_DIR) + "/examples/scenarios/shift.json")};
-  for (uint32_t seed = 0; seed < 100; ++seed) cases.push_back(RandomShiftScenario(seed));
-  int caught = 0, moved = 0;
-  double weakest = 1e30;
-  for (const Scenario& sc : cases) {
-    const bool moves =
-        sc.steps.back().op == Op::kDecode && sc.steps[sc.steps.size() - 2].op == Op::kShift;
-    if (!moves) continue;  // a random case too short for its closing shifts
-    ++moved;
-    const RunReport r = Run(sc, *faulty, *ref64);
-    EXPECT_FALSE(r.Passed()) << sc.name;
-    if (r.Passed() || !r.first_divergence) continue;
-    ++caught;
-    EXPECT_EQ(r.first_divergence->kind, PathKind::kCross) << sc.name;
-    weakest = std::min(weakest, r.first_divergence->row.cmp.max_abs_diff);
-  }
-  EXPECT_GT(moved, 80);
-  EXPECT_EQ(caught, moved);
-  EXPECT_GT(weakest, 1e-2);
-  std::printf(
-      "figure: fault=shift-not-rerotated caught in %d of %d scenarios, the weakest first "
-      "divergence %.2e\n",
-      caught, moved, weakest);
+  ShiftFaultIsCaughtWheneverAKeyMoved("in-process:" + Example("?fault=shift-not-rerotated"));
+}
+
+TEST_F(ShiftEnginesTest, TheRustEnginesShiftBugIsCaughtWheneverAKeyMoved) {
+  if (!BackendRegistry::Global().Has("ref64")) GTEST_SKIP() << "ref64 not built";
+  if (Rust().empty()) GTEST_SKIP() << "the Rust example is not built (KVDIFF_WITH_RUST=OFF)";
+  ShiftFaultIsCaughtWheneverAKeyMoved("in-process:" + Rust("?bug=shift-not-rerotated"));
 }
 
 // ---- what is refused, and the plugin that lies ----

@@ -1,4 +1,4 @@
-//! The C ABI of include/kvdiff/engine.h (version 2), declared by hand: no bindgen, no crates.
+//! The C ABI of include/kvdiff/engine.h (version 3), declared by hand: no bindgen, no crates.
 //! Every entry point runs its work inside catch_unwind, since a panic unwinding into C is
 //! undefined behaviour: a panic becomes KVDIFF_ENGINE_FAILURE with the panic's text. (The two
 //! error getters only return a pointer the handle holds: there is no work in them to guard.)
@@ -13,7 +13,7 @@ use crate::model::Llama;
 use crate::options::Options;
 use crate::session::{BatchItem, Engine, Failure, Session, Status};
 
-const ABI_VERSION: u32 = 2; // KVDIFF_ENGINE_ABI_VERSION
+const ABI_VERSION: u32 = 3; // KVDIFF_ENGINE_ABI_VERSION
 
 // kvdiff_status
 type KvdiffStatus = i32;
@@ -87,6 +87,7 @@ pub struct KvdiffEngineApi {
         *mut f32,
         i64,
     ) -> KvdiffStatus, // ABI 2
+    shift: unsafe extern "C" fn(*mut SessionHandle, i64, i64) -> KvdiffStatus, // ABI 3
 }
 
 // The table holds pointers to static strings only; nothing in it is ever written.
@@ -109,6 +110,7 @@ static API: KvdiffEngineApi = KvdiffEngineApi {
     session_error,
     session_free,
     append_batch,
+    shift,
 };
 
 /// The one exported symbol.
@@ -330,6 +332,16 @@ unsafe extern "C" fn truncate(s: *mut SessionHandle, n: i64) -> KvdiffStatus {
     guarded(&mut (*s).error, || {
         let handle = &mut *s;
         handle.session.truncate(opened(&mut *handle.engine)?, n)
+    })
+}
+
+unsafe extern "C" fn shift(s: *mut SessionHandle, keep: i64, discard: i64) -> KvdiffStatus {
+    if s.is_null() {
+        return KVDIFF_INVALID_INPUT;
+    }
+    guarded(&mut (*s).error, || {
+        let handle = &mut *s;
+        handle.session.shift(opened(&mut *handle.engine)?, keep, discard)
     })
 }
 

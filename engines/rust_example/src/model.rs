@@ -63,6 +63,12 @@ impl Cache {
     pub fn fork(&self) -> Cache {
         Cache { kv_dim: self.kv_dim, keys: self.keys.clone(), values: self.values.clone() }
     }
+
+    /// Layer `l`'s keys, (len, kv_heads * head_dim): for the crate's tests.
+    #[cfg(test)]
+    pub fn keys(&self, l: usize) -> &[f32] {
+        &self.keys[l]
+    }
 }
 
 impl Llama {
@@ -174,6 +180,26 @@ impl Llama {
         Ok(matmul(&xn, self.lm_head.as_ref().unwrap_or(&self.embed), c.vocab, c.hidden))
     }
 
+    /// A context shift on `cache` (keep + discard <= its length): positions [keep, keep + discard)
+    /// are forgotten and the later ones move down by `discard`. Each moved key was cached rotated
+    /// for its old position p; RoPE is a rotation, R(p - discard) = R(-discard)·R(p), so it is
+    /// rotated by -discard in f32 on the cached values, as an engine with an f32 cache does it
+    /// (the angles in f64, as in `rope`). Values move unchanged. `rerotate` false is the test-only
+    /// bug=shift-not-rerotated: the keys keep their old positions' rotation.
+    pub fn shift(&self, cache: &mut Cache, keep: usize, discard: usize, rerotate: bool) {
+        let (kv_dim, d) = (cache.kv_dim, self.config.head_dim);
+        for (keys, values) in cache.keys.iter_mut().zip(cache.values.iter_mut()) {
+            keys.drain(keep * kv_dim..(keep + discard) * kv_dim); // (len - discard, kv_dim)
+            values.drain(keep * kv_dim..(keep + discard) * kv_dim);
+            if !rerotate || discard == 0 {
+                continue; // bug=shift-not-rerotated: THE BUG (test-only)
+            }
+            for row in keys[keep * kv_dim..].chunks_exact_mut(kv_dim) {
+                rope(row, d, -(discard as i64), &self.inv_freq);
+            }
+        }
+    }
+
     /// Attention (4.) of s rows at positions index_pos.. over the layer's cache plus themselves.
     fn attention(
         &self,
@@ -190,7 +216,7 @@ impl Llama {
         let mut k = matmul(xn, &w.wk, kv_dim, c.hidden); // (s, kv_heads * d)
         let v = matmul(xn, &w.wv, kv_dim, c.hidden); // (s, kv_heads * d)
         for i in 0..s {
-            let pos = index_pos + i;
+            let pos = (index_pos + i) as i64;
             rope(&mut q[i * c.heads * d..(i + 1) * c.heads * d], d, pos, &self.inv_freq);
             rope(&mut k[i * kv_dim..(i + 1) * kv_dim], d, pos, &self.inv_freq);
         }
@@ -305,8 +331,9 @@ fn rmsnorm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
 }
 
 /// RoPE (3.), rotate-half layout (dimension i pairs with i + d/2), on every head of one row at
-/// position `pos`. Angles in f64, so position 500 is as exact as position 5.
-fn rope(row: &mut [f32], d: usize, pos: usize, inv_freq: &[f64]) {
+/// position `pos`. Angles in f64, so position 500 is as exact as position 5. A negative position
+/// is a rotation back: a context shift rotates a cached key by -discard (Llama::shift).
+fn rope(row: &mut [f32], d: usize, pos: i64, inv_freq: &[f64]) {
     let half = d / 2;
     for (i, f) in inv_freq.iter().enumerate() {
         let angle = pos as f64 * f;

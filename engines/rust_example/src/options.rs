@@ -10,6 +10,9 @@ pub enum Bug {
     Pos0,
     /// One cache for every conversation and session, index_pos restarting at 0 (`reuse`).
     Reuse,
+    /// TEST-ONLY: a context shift moves the cached rows but leaves the keys rotated for their old
+    /// positions (`shift-not-rerotated`), to prove kvdiff's shift checks catch it.
+    ShiftNotRerotated,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -19,7 +22,8 @@ pub struct Options {
     pub max_length: usize,
 }
 
-const KNOWN: &str = "the Rust example engine knows: bug=none|pos0|reuse, max_length=N";
+const KNOWN: &str =
+    "the Rust example engine knows: bug=none|pos0|reuse|shift-not-rerotated, max_length=N";
 
 impl Options {
     pub fn parse(text: &str, max_position_embeddings: usize) -> Result<Options, String> {
@@ -46,7 +50,10 @@ fn parse_bug(value: &str) -> Result<Bug, String> {
         "none" => Ok(Bug::None),
         "pos0" => Ok(Bug::Pos0),
         "reuse" => Ok(Bug::Reuse),
-        _ => Err(format!("option bug={}: expected none, pos0 or reuse", value)),
+        "shift-not-rerotated" => Ok(Bug::ShiftNotRerotated),
+        _ => {
+            Err(format!("option bug={}: expected none, pos0, reuse or shift-not-rerotated", value))
+        }
     }
 }
 
@@ -74,7 +81,11 @@ mod tests {
             .starts_with("unknown option 'kv' (the Rust"));
         assert!(Options::parse("bug=sometimes", 512)
             .unwrap_err()
-            .contains("expected none, pos0 or reuse"));
+            .contains("expected none, pos0, reuse or shift-not-rerotated"));
+        assert_eq!(
+            Options::parse("bug=shift-not-rerotated", 512).unwrap().bug,
+            Bug::ShiftNotRerotated
+        );
         assert!(Options::parse("max_length=513", 512).unwrap_err().contains("[1, 512]"));
         assert!(Options::parse("bug", 512).unwrap_err().contains("expected key=value"));
     }

@@ -129,6 +129,40 @@ impl Session {
         Ok(())
     }
 
+    /// A context shift (engine.h ABI 3): forgets positions [keep, keep + discard) and moves the
+    /// later ones down, their keys re-rotated (Llama::shift). Refused, changing nothing, unless
+    /// 0 <= keep, 0 <= discard and keep + discard <= length (compared without adding: either may
+    /// be i64::MAX).
+    pub fn shift(&mut self, engine: &mut Engine, keep: i64, discard: i64) -> Result<(), Failure> {
+        let length = self.position as i64;
+        if keep < 0 || discard < 0 || keep > length || discard > length - keep {
+            return Err(invalid(format!(
+                "shift(keep={}, discard={}): expected 0 <= keep, 0 <= discard and keep + discard \
+                 <= {} (the session's length)",
+                keep, discard, length
+            )));
+        }
+        let (keep, discard) = (keep as usize, discard as usize);
+        let rerotate = engine.options.bug != Bug::ShiftNotRerotated;
+        let cache =
+            if engine.options.bug == Bug::Reuse { &mut engine.shared } else { &mut self.cache };
+        if keep + discard > cache.len() {
+            // bug=reuse only: another session truncated the shared cache below this one's length.
+            return Err(Failure {
+                status: Status::EngineFailure,
+                message: format!(
+                    "shift(keep={}, discard={}): the shared cache holds only {} positions",
+                    keep,
+                    discard,
+                    cache.len()
+                ),
+            });
+        }
+        engine.model.shift(cache, keep, discard, rerotate);
+        self.position -= discard;
+        Ok(())
+    }
+
     /// An explicit deep copy: the child's cache evolves apart from this one's.
     pub fn fork(&self) -> Session {
         Session { position: self.position, cache: self.cache.fork() }
@@ -172,13 +206,18 @@ impl Session {
         let ids: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
         let index_pos = match engine.options.bug {
             Bug::Pos0 => 0, // forgets its position: the document's `pos0`
-            Bug::None | Bug::Reuse => self.position,
+            Bug::None | Bug::Reuse | Bug::ShiftNotRerotated => self.position,
         };
         let bug = engine.options.bug;
         let cache = if bug == Bug::Reuse { &mut engine.shared } else { &mut self.cache };
         let logits = engine.model.forward(&ids, index_pos, cache)?;
         self.position += tokens.len();
         Ok(logits)
+    }
+
+    #[cfg(test)]
+    pub fn cache_for_tests(&self) -> &Cache {
+        &self.cache
     }
 
     fn cache_of<'a>(&'a self, engine: &'a Engine) -> &'a Cache {

@@ -147,3 +147,74 @@ fn reuse_with_a_one_token_prompt_silently_continues_the_first_conversation() {
     let fresh = e.model.forward(&[8], 0, &mut Cache::new(&e.model.config)).unwrap();
     assert!(max_abs_diff(&got, &fresh) > 1e-3);
 }
+
+/// A session of `e` fed the first `n` tokens of the document's conversation.
+fn fed(e: &mut Engine, n: usize) -> crate::session::Session {
+    let all: Vec<i32> = PROMPT.iter().chain(DECODED.iter()).copied().collect();
+    let mut s = e.new_session();
+    s.append(e, &all[..n]).unwrap();
+    s
+}
+
+/// Layer 0's keys depend on their own token and position only, so after shift(keep, discard)
+/// they must be what a forward of the remaining tokens computes at their new positions: the
+/// re-rotation by -discard checked against a rotation made from scratch.
+fn layer0_keys_after_shift(bug: Bug) -> f32 {
+    let mut e = engine(bug);
+    let mut s = fed(&mut e, 20);
+    s.shift(&mut e, 3, 6).unwrap();
+    assert_eq!(s.length(), 14);
+    let all: Vec<u32> = PROMPT.iter().chain(DECODED.iter()).map(|&t| t as u32).collect();
+    let rest: Vec<u32> = all[..3].iter().chain(all[9..20].iter()).copied().collect();
+    let mut fresh = Cache::new(&e.model.config);
+    e.model.forward(&rest, 0, &mut fresh).unwrap();
+    max_abs_diff(s.cache_for_tests().keys(0), fresh.keys(0))
+}
+
+#[test]
+fn a_shift_rerotates_the_moved_keys_to_their_new_positions() {
+    let worst = layer0_keys_after_shift(Bug::None);
+    assert!(worst < 1e-5, "layer 0 keys after a shift vs computed there: {}", worst);
+    let bug = layer0_keys_after_shift(Bug::ShiftNotRerotated);
+    assert!(bug > 1e-2, "bug=shift-not-rerotated moved keys differ by only {}", bug);
+}
+
+#[test]
+fn two_shifts_are_one_shift_of_their_sum() {
+    let mut e = engine(Bug::None);
+    for keep in [0i64, 1, 4] {
+        let (mut twice, mut once) = (fed(&mut e, 20), fed(&mut e, 20));
+        twice.shift(&mut e, keep, 3).unwrap();
+        twice.shift(&mut e, keep, 5).unwrap();
+        once.shift(&mut e, keep, 8).unwrap();
+        let next = [7, 20, 31];
+        let worst = max_abs_diff(
+            &twice.append(&mut e, &next).unwrap(),
+            &once.append(&mut e, &next).unwrap(),
+        );
+        // f32 rounds each re-rotation once: R(-3)·R(-5) and R(-8) differ by their cos/sin's rounding.
+        assert!(worst < 2e-5, "keep {}: two shifts vs one of their sum: {}", keep, worst);
+    }
+}
+
+#[test]
+fn a_bad_shift_is_refused_and_changes_nothing() {
+    let mut e = engine(Bug::None);
+    let (mut s, mut twin) = (fed(&mut e, 6), fed(&mut e, 6));
+    for (keep, discard) in [(4, 3), (-1, 1), (1, -1), (7, 0), (1, i64::MAX), (i64::MAX, 1)] {
+        let err = s.shift(&mut e, keep, discard).unwrap_err();
+        assert_eq!(err.status, Status::InvalidInput);
+        assert_eq!(s.length(), 6);
+    }
+    let err = s.shift(&mut e, 4, 3).unwrap_err().message;
+    assert_eq!(
+        err,
+        "shift(keep=4, discard=3): expected 0 <= keep, 0 <= discard and keep + discard <= 6 \
+         (the session's length)"
+    );
+    let next = [7, 20, 31];
+    assert_eq!(
+        max_abs_diff(&s.append(&mut e, &next).unwrap(), &twin.append(&mut e, &next).unwrap()),
+        0.0
+    );
+}

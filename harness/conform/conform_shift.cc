@@ -1,0 +1,124 @@
+// The context-shift checks of `kvdiff conform` (engine.h ABI 3's shift, BackendSession::Shift):
+// positions [keep, keep + discard) dropped, the later ones moved down with their cached keys
+// re-rotated. No uncached forward is the oracle of a row after a shift (the kept keys were computed
+// with the dropped tokens in view), so the Script holds those rows to an arbiter that replays the
+// same shifts (ref64 from the command line: exactly, in double); every row before a shift, of a
+// parent whose fork shifted, or after a shift that discarded nothing is still held to the uncached
+// oracle. Then the refusals: a shift beyond the length, or negative, changes nothing. Both checks
+// are skipped, saying why, for an engine that does not shift.
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "harness/conform/conform_detail.h"
+
+namespace kvdiff::harness::conform_detail {
+namespace {
+
+void RequireShifts(const Script& s) {
+  if (!s.engine().Info().shifts) {
+    throw NotApplicable(
+        "the engine does not shift (a plugin of ABI 1 or 2, or whose shift is NULL; an engine "
+        "program whose info does not list it)");
+  }
+}
+
+// A new conversation fed `n` tokens in one call.
+void Fed(Script& s, const std::string& conversation, int64_t n) {
+  s.Add(Step::NewConversation(conversation), "a new session " + conversation);
+  s.Append(conversation, s.RandomTokens(n), fmt::format("{}: prefill of {}", conversation, n));
+}
+
+void Shift(Script& s, const std::string& conversation, int64_t keep, int64_t discard,
+           int64_t length) {
+  s.Add(Step::Shift(conversation, keep, discard),
+        fmt::format("{}: shift(keep={}, discard={}) of {}", conversation, keep, discard, length));
+}
+
+void Then(Script& s, const std::string& conversation, int64_t n, const std::string& after) {
+  s.Append(conversation, s.RandomTokens(n),
+           fmt::format("{}: +{} after {}", conversation, n, after));
+}
+
+std::string CheckShift(Script& s) {
+  RequireShifts(s);
+  if (!s.arbiter()) {
+    throw NotApplicable(
+        "nothing to hold rows after a shift to: no arbiter (kvdiff conform makes ref64 when "
+        "LibTorch is built) and the oracle does not shift");
+  }
+  // keep 0: the first positions go (no attention sink kept).
+  s.Append("main", s.RandomTokens(20), "main: prefill of 20");
+  Shift(s, "main", 0, 5, 20);
+  Then(s, "main", 3, "shift(0, 5)");
+  // keep 1: one attention sink, as StreamingLLM keeps.
+  Fed(s, "sink", 16);
+  Shift(s, "sink", 1, 4, 16);
+  Then(s, "sink", 2, "shift(1, 4)");
+  // keep k, two shifts before one append: llama.cpp#3825 recorded the second shift's delta over
+  // the first's instead of adding it.
+  Fed(s, "twice", 24);
+  Shift(s, "twice", 4, 3, 24);
+  Shift(s, "twice", 4, 6, 21);
+  Then(s, "twice", 1, "two shifts");
+  Then(s, "twice", 2, "two shifts and an append");
+  // Nothing after keep: keep + discard = length moves nothing and forgets the tail.
+  Fed(s, "tail", 10);
+  Shift(s, "tail", 3, 7, 10);
+  Then(s, "tail", 3, "shift(3, 7), nothing after keep");
+  // A fork shifts on its own: its parent, appended to afterwards, is still its uncached forward.
+  Fed(s, "parent", 12);
+  s.Add(Step::Fork("parent", "child"), "fork of parent at 12");
+  Shift(s, "child", 2, 5, 12);
+  Then(s, "parent", 2, "its fork's shift(2, 5)");
+  Then(s, "child", 2, "shift(2, 5) of a fork");
+  // discard 0 changes nothing: the rows after it are held to the uncached forward.
+  Fed(s, "zero", 8);
+  Shift(s, "zero", 3, 0, 8);
+  Then(s, "zero", 2, "shift(3, 0)");
+  const Played played = s.Play();
+  return fmt::format(
+      "{} rows after a shift against {}, max |a-b| {:.1e}; {} against the oracle; keep 0, 1, 4, "
+      "two shifts before an append, nothing after keep, a fork, discard 0",
+      played.shifted_rows, s.arbiter()->Name(), played.shifted_worst, played.Figures());
+}
+
+// A bad shift on "main", then an append of 2 that must still be right.
+void RefuseShift(Script& s, int64_t keep, int64_t discard, int64_t length) {
+  s.Refuse(fmt::format("shift(keep={}, discard={}) of {}", keep, discard, length),
+           [keep, discard](const Backend&, const std::vector<BackendSession*>& sessions) {
+             sessions.at(0)->Shift(keep, discard);
+           });
+  s.Append("main", s.RandomTokens(2),
+           fmt::format("shift(keep={}, discard={}) refused, then an append", keep, discard));
+}
+
+std::string CheckShiftRefused(Script& s) {
+  RequireShifts(s);
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  s.Append("main", s.RandomTokens(5), "prefill of 5");
+  RefuseShift(s, -1, 1, 5);
+  RefuseShift(s, 1, -1, 7);
+  RefuseShift(s, 1, kMax, 9);  // keep + discard overflows int64: compared without adding
+  RefuseShift(s, kMax, 1, 11);
+  RefuseShift(s, 7, 7, 13);
+  return s.Play().Refused();
+}
+
+}  // namespace
+
+std::vector<CheckDef> ShiftChecks() {
+  return {
+      {"shift",
+       "a context shift drops [keep, keep+discard) and re-rotates the moved keys: rows after it "
+       "held to the arbiter",
+       CheckShift},
+      {"shift-beyond", "a shift beyond the length or negative is refused, changing nothing",
+       CheckShiftRefused},
+  };
+}
+
+}  // namespace kvdiff::harness::conform_detail
