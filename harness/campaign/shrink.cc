@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "harness/scenario/conversations.h"
+
 namespace kvdiff::harness {
 namespace {
 
@@ -32,8 +34,25 @@ std::vector<int64_t> ShorterLengths(int64_t n) {
   return out;
 }
 
+// A shift that reaches past its conversation's end once an earlier step got shorter, moved to
+// end there: keep is what its discard (cut to the length) leaves, so that a shift that left
+// nothing after keep still does, and still drops something.
+void FitShifts(Scenario& sc) {
+  Conversations convs;
+  for (Step& s : sc.steps) {
+    if (s.op == Op::kShift && convs.Exists(s.conversation)) {
+      const int64_t length = convs.At(s.conversation).length;
+      if (s.keep > length || s.discard > length - s.keep) {
+        s.discard = std::min(s.discard, length);
+        s.keep = length - s.discard;
+      }
+    }
+    convs.Apply(s);
+  }
+}
+
 // Every one-edit-smaller scenario, the largest cuts first.
-std::vector<Scenario> Candidates(const Scenario& sc) {
+std::vector<Scenario> CandidatesAsCut(const Scenario& sc) {
   std::vector<Scenario> out;
   auto with_step = [&](size_t i, Step step) {
     Scenario c = sc;
@@ -79,8 +98,23 @@ std::vector<Scenario> Candidates(const Scenario& sc) {
       for (int64_t length : ShorterLengths(s.length))
         with_step(i, Step::Truncate(s.conversation, length));
       if (s.length == 1) with_step(i, Step::Truncate(s.conversation, 0));
+    } else if (s.op == Op::kShift) {
+      // A shorter discard or keep reaches less far into the conversation, so that the prompts
+      // and decodes before it can shrink too.
+      for (int64_t discard : ShorterLengths(s.discard))
+        with_step(i, Step::Shift(s.conversation, s.keep, discard));
+      for (int64_t keep : ShorterLengths(s.keep))
+        with_step(i, Step::Shift(s.conversation, keep, s.discard));
+      if (s.keep == 1) with_step(i, Step::Shift(s.conversation, 0, s.discard));
     }
   }
+  return out;
+}
+
+// Every one-edit-smaller scenario, the largest cuts first (the shifts fitted to what is left).
+std::vector<Scenario> Candidates(const Scenario& sc) {
+  std::vector<Scenario> out = CandidatesAsCut(sc);
+  for (Scenario& c : out) FitShifts(c);
   return out;
 }
 
