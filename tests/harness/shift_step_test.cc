@@ -8,6 +8,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "format/error.h"
 #include "harness/backend/backend.h"
 #include "harness/backend/registry.h"
+#include "harness/campaign/case_generator.h"
 #include "harness/run/differential_run.h"
 #include "harness/run/model_for.h"
 #include "harness/scenario/scenario.h"
@@ -179,6 +181,46 @@ TEST_F(ShiftAgainstRef64Test, ImplAgreesWithRef64AfterShifts) {
       "impl~ref64 on %d random shift scenarios: %lld rows after a shift, worst %.2e (rows with "
       "an oracle: worst %.2e)\n",
       kCases, static_cast<long long>(rows_after_shift), worst, worst_before);
+}
+
+// The same over the rows after a shift in the default campaign's cases (GenerateCase with
+// shifts): the figure docs/campaigns.md gives.
+TEST_F(ShiftAgainstRef64Test, ImplAgreesWithRef64AfterTheCampaignsShifts) {
+  const format::LlamaConfig& config = backends_[0]->config();
+  GenerationOptions options;
+  options.shifts = true;
+  options.boundaries =
+      CampaignBoundaries({backends_[0], backends_[1]}, config.max_position_embeddings);
+  double worst = 0;
+  int64_t rows_after_shift = 0, cases_with_shifts = 0;
+  const int kCases = 200;
+  for (int64_t k = 0; k < kCases; ++k) {
+    const Scenario sc = GenerateCase(config, testing::TinyModel(3), 0, k, options);
+    const bool shifts = std::any_of(sc.steps.begin(), sc.steps.end(),
+                                    [](const Step& s) { return s.op == Op::kShift; });
+    if (!shifts) continue;
+    ++cases_with_shifts;
+    const RunReport r = Run(sc, {backends_[0], backends_[1]});
+    ASSERT_TRUE(r.Passed()) << "case " << k << ": "
+                            << (r.first_divergence ? r.first_divergence->params : "");
+    for (const StepReport& s : r.steps) {
+      std::set<int64_t> judged;  // rows impl's uncached oracle judged
+      for (const ComparedRow& row : s.outcomes[0].rows) judged.insert(row.row);
+      for (const ComparedRow& row : s.outcomes[2].rows) {
+        if (judged.count(row.row) > 0) continue;
+        ++rows_after_shift;
+        worst = std::max(worst, row.cmp.max_abs_diff);
+      }
+    }
+  }
+  EXPECT_GT(cases_with_shifts, kCases / 3);
+  EXPECT_GT(rows_after_shift, 1000);
+  EXPECT_LE(worst, 1e-4);
+  std::printf(
+      "campaign cases 0..%d of seed 0: %lld with shifts, %lld rows after a shift, "
+      "impl~ref64 worst %.2e\n",
+      kCases - 1, static_cast<long long>(cases_with_shifts),
+      static_cast<long long>(rows_after_shift), worst);
 }
 
 // llama3 rope_scaling: impl's delta uses the rescaled inv_freq of its RoPE table, ref64 its own
