@@ -34,15 +34,33 @@ std::vector<int64_t> ShorterLengths(int64_t n) {
   return out;
 }
 
-// A shift that reaches past its conversation's end once an earlier step got shorter, moved to
-// end there: keep is what its discard (cut to the length) leaves, so that a shift that left
-// nothing after keep still does, and still drops something.
-void FitShifts(Scenario& sc) {
+// Per step, whether it is a shift that leaves nothing after keep (keep + discard = the length,
+// discard >= 1): a shape worth keeping while the steps before it shrink.
+std::vector<bool> ShiftsToTheEnd(const Scenario& sc) {
+  std::vector<bool> out;
   Conversations convs;
-  for (Step& s : sc.steps) {
+  for (const Step& s : sc.steps) {
+    out.push_back(s.op == Op::kShift && convs.Exists(s.conversation) && s.discard > 0 &&
+                  s.keep + s.discard == convs.At(s.conversation).length);
+    convs.Apply(s);
+  }
+  return out;
+}
+
+// The shifts of a candidate fitted to its histories, which an earlier cut may have shortened:
+// one that left nothing after keep (to_end, per step) still does, its keep kept where the length
+// allows and its discard what is left; any other that now reaches past the end is moved to end
+// there, keeping its discard where the length allows.
+void FitShifts(Scenario& sc, const std::vector<bool>& to_end) {
+  Conversations convs;
+  for (size_t i = 0; i < sc.steps.size(); ++i) {
+    Step& s = sc.steps[i];
     if (s.op == Op::kShift && convs.Exists(s.conversation)) {
       const int64_t length = convs.At(s.conversation).length;
-      if (s.keep > length || s.discard > length - s.keep) {
+      if (to_end[i] && length >= 1) {
+        s.keep = std::min(s.keep, length - 1);
+        s.discard = length - s.keep;
+      } else if (s.keep > length || s.discard > length - s.keep) {
         s.discard = std::min(s.discard, length);
         s.keep = length - s.discard;
       }
@@ -51,7 +69,8 @@ void FitShifts(Scenario& sc) {
   }
 }
 
-// Every one-edit-smaller scenario, the largest cuts first.
+// Every one-edit-smaller scenario, the largest cuts first: first each step removed, the last
+// first (Candidates counts on that order), then the edits of one step.
 std::vector<Scenario> CandidatesAsCut(const Scenario& sc) {
   std::vector<Scenario> out;
   auto with_step = [&](size_t i, Step step) {
@@ -114,7 +133,14 @@ std::vector<Scenario> CandidatesAsCut(const Scenario& sc) {
 // Every one-edit-smaller scenario, the largest cuts first (the shifts fitted to what is left).
 std::vector<Scenario> Candidates(const Scenario& sc) {
   std::vector<Scenario> out = CandidatesAsCut(sc);
-  for (Scenario& c : out) FitShifts(c);
+  const std::vector<bool> to_end = ShiftsToTheEnd(sc);
+  for (size_t c = 0; c < out.size(); ++c) {
+    std::vector<bool> flags = to_end;
+    // The first candidates remove one step each, the last first (CandidatesAsCut).
+    if (c < sc.steps.size())
+      flags.erase(flags.begin() + static_cast<std::ptrdiff_t>(sc.steps.size() - 1 - c));
+    FitShifts(out[c], flags);
+  }
   return out;
 }
 
