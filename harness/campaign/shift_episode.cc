@@ -125,10 +125,11 @@ std::vector<Step> DrawShiftEpisode(CaseRng& rng, const Conversations& convs,
     }
   } else if (kind < 88 && !limits.fork_name.empty()) {  // a fork, then a shift of one of the two
     e.Emit(Step::Fork(name, limits.fork_name));
-    const std::string other = name;
-    if (rng.Chance(70)) name = limits.fork_name;
+    const std::string source = name;
+    const bool shift_the_fork = rng.Chance(70);
+    name = shift_the_fork ? limits.fork_name : source;
     e.Shift(name, true);
-    e.Continue(other == name ? limits.fork_name : other);
+    e.Continue(shift_the_fork ? source : limits.fork_name);  // the other one goes on too
   } else {  // a shift, then a truncate to keep or less: the original's first tokens again
     const int64_t length = e.At(name).length;
     const int64_t keep = e.DrawKeep(length);
