@@ -7,9 +7,14 @@
 namespace kvdiff::impl {
 namespace {
 
-constexpr BatchFault kFaults[] = {
-    BatchFault::kNone,          BatchFault::kMaskOfPartZero,    BatchFault::kSharedPositions,
-    BatchFault::kRowsMisMapped, BatchFault::kSeesOtherSequence, BatchFault::kShiftNotRerotated};
+constexpr BatchFault kFaults[] = {BatchFault::kNone,
+                                  BatchFault::kMaskOfPartZero,
+                                  BatchFault::kSharedPositions,
+                                  BatchFault::kRowsMisMapped,
+                                  BatchFault::kSeesOtherSequence,
+                                  BatchFault::kShiftNotRerotated,
+                                  BatchFault::kShiftDeltaOverwritten,
+                                  BatchFault::kShiftSkippedWhenEmpty};
 
 }  // namespace
 
@@ -27,6 +32,10 @@ const char* BatchFaultName(BatchFault fault) {
       return "batch-sees-other-sequence";
     case BatchFault::kShiftNotRerotated:
       return "shift-not-rerotated";
+    case BatchFault::kShiftDeltaOverwritten:
+      return "shift-delta-overwritten";
+    case BatchFault::kShiftSkippedWhenEmpty:
+      return "shift-skipped-when-empty";
   }
   return "?";
 }

@@ -29,25 +29,35 @@ void KvCache::SetLength(int64_t length) {
   KVDIFF_CHECK(length >= 0 && length <= capacity_,
                "KvCache::SetLength: length {} is outside 0..{} (the capacity)", length, capacity_);
   length_ = length;
+  // A truncated position's pending delta must not rotate the key written there next.
+  if (static_cast<int64_t>(pending_.size()) > length_) pending_.resize(length_);
 }
 
-void KvCache::Shift(int64_t keep, int64_t discard, int64_t half, const float* cos,
-                    const float* sin) {
+void KvCache::Shift(int64_t keep, int64_t discard, ShiftBookkeeping bookkeeping) {
   KVDIFF_CHECK(keep >= 0 && discard >= 0 && keep <= length_ && discard <= length_ - keep,
                "KvCache::Shift: keep {} and discard {} must be >= 0 with keep + discard <= {} (the "
                "length)",
                keep, discard, length_);
   if (discard == 0) return;  // nothing moves: bit-identical afterwards
-  const int64_t heads = kv_dim_ / (2 * half);
-  for (int64_t l = 0; l < NumLayers(); ++l) {
-    for (int64_t p = keep + discard; p < length_; ++p) {
-      float* key = KeyRow(l, p - discard);  // (kv_dim): [kv_head][head_dim]
-      std::copy(KeyRow(l, p), KeyRow(l, p) + kv_dim_, key);
+  pending_.resize(length_, 0);
+  for (int64_t p = keep + discard; p < length_; ++p) {
+    for (int64_t l = 0; l < NumLayers(); ++l) {
+      std::copy(KeyRow(l, p), KeyRow(l, p) + kv_dim_, KeyRow(l, p - discard));
       std::copy(ValueRow(l, p), ValueRow(l, p) + kv_dim_, ValueRow(l, p - discard));
-      if (cos != nullptr) ApplyRope(key, heads, half, cos, sin);
     }
+    pending_[p - discard] =
+        bookkeeping == ShiftBookkeeping::kOverwriteDelta ? -discard : pending_[p] - discard;
   }
+  const bool moved = keep + discard < length_;
   length_ -= discard;
+  pending_.resize(length_);
+  shift_pending_ =
+      bookkeeping == ShiftBookkeeping::kFlagFromThisShift ? moved : shift_pending_ || moved;
+}
+
+void KvCache::RotateKey(int64_t pos, int64_t half, const float* cos, const float* sin) {
+  const int64_t heads = kv_dim_ / (2 * half);
+  for (int64_t l = 0; l < NumLayers(); ++l) ApplyRope(KeyRow(l, pos), heads, half, cos, sin);
 }
 
 KvCache KvCache::Fork() const {
@@ -58,6 +68,8 @@ KvCache KvCache::Fork() const {
     std::copy(values_[l].data(), values_[l].data() + used, copy.values_[l].data());
   }
   copy.length_ = length_;
+  copy.pending_ = pending_;
+  copy.shift_pending_ = shift_pending_;
   return copy;
 }
 

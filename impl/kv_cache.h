@@ -39,15 +39,39 @@ class KvCache {
   // Only the forward pass and Session move the length; data past Length() is garbage.
   // Throws InputError unless 0 <= length <= Capacity().
   void SetLength(int64_t length);
-  void Clear() { length_ = 0; }
+  void Clear() {
+    length_ = 0;
+    SpendPendingShift();
+  }
 
-  // A context shift: positions [keep, keep + discard) are dropped and the rows after them move
-  // down by `discard`. Each moved key row is rotated by `cos`/`sin` (half = head_dim / 2 values
-  // each: the RoPE of the position delta -discard, so R(p - discard) = R(-discard)·R(p)), in the
-  // rotate-half layout of ApplyRope; values move unchanged. Null cos/sin move keys unrotated
-  // (the TEST-ONLY fault shift-not-rerotated). Throws InputError unless 0 <= keep, 0 <= discard
-  // and keep + discard <= Length(); then nothing changes.
-  void Shift(int64_t keep, int64_t discard, int64_t half, const float* cos, const float* sin);
+  // How a shift records the re-rotation it leaves pending. kAccumulate is right; the other two
+  // are TEST-ONLY faults (impl/batch_fault.h) modelled on llama.cpp before #3835: a cell's delta
+  // set to the latest shift's instead of added to (#3825), and the pending flag set from whether
+  // the latest shift moved anything instead of or-ed, so a shift that moves nothing cancels the
+  // re-rotation an earlier one left pending.
+  enum class ShiftBookkeeping { kAccumulate, kOverwriteDelta, kFlagFromThisShift };
+
+  // A context shift, as llama.cpp's cache makes it: positions [keep, keep + discard) are dropped
+  // and the rows after them move down by `discard` now; each moved key's re-rotation is left
+  // pending (its delta -discard, added to what is pending for it already) for the next append to
+  // apply (PendingDelta, RotateKey, SpendPendingShift). Values move unchanged. Throws InputError
+  // unless 0 <= keep, 0 <= discard and keep + discard <= Length(); then nothing changes.
+  void Shift(int64_t keep, int64_t discard,
+             ShiftBookkeeping bookkeeping = ShiftBookkeeping::kAccumulate);
+  // Whether a shift left a re-rotation pending (llama.cpp's has_shift), and the position delta
+  // the key at `pos` has not been rotated by yet (0 when none).
+  bool ShiftPending() const { return shift_pending_; }
+  int64_t PendingDelta(int64_t pos) const {
+    return pos < static_cast<int64_t>(pending_.size()) ? pending_[pos] : 0;
+  }
+  // Rotates the key of `pos` in every layer by cos/sin (half = head_dim / 2 values each, the
+  // rotate-half layout of ApplyRope).
+  void RotateKey(int64_t pos, int64_t half, const float* cos, const float* sin);
+  // Forgets every pending delta and the flag (once applied, or when they are not to be).
+  void SpendPendingShift() {
+    pending_.clear();
+    shift_pending_ = false;
+  }
 
   // Explicit deep copy (no copy constructor, so the cost shows): same capacity, and only the
   // Length() rows in use are copied.
@@ -63,6 +87,10 @@ class KvCache {
   int64_t length_ = 0;
   std::vector<RowMatrix> keys_;    // per layer: (capacity, kv_dim)
   std::vector<RowMatrix> values_;  // per layer: (capacity, kv_dim)
+  // (<= length): per position, the delta its key still has to be rotated by; positions past the
+  // end have none. Empty when no shift is pending.
+  std::vector<int64_t> pending_;
+  bool shift_pending_ = false;
 };
 
 }  // namespace kvdiff::impl

@@ -1,6 +1,7 @@
 #include "impl/session.h"
 
 #include <cmath>
+#include <map>
 #include <vector>
 
 #include "format/error.h"
@@ -21,6 +22,7 @@ Logits Session::Append(const Tokens& tokens, ForwardTrace* trace) {
   KVDIFF_CHECK(Length() + n <= Capacity(),
                "Append: {} tokens at length {} need {} positions, beyond the session capacity {}",
                n, Length(), Length() + n, Capacity());
+  ApplyPendingShift();
   // The position is the session's own: index_pos == Length() always, so the raw call's mask and
   // RoPE rows agree with the cache by construction.
   return model_->Forward(tokens, Length(), cache_, trace);
@@ -42,6 +44,7 @@ Logits Session::AppendBatch(const std::vector<BatchAppend>& items,
                  i, n, s->Length(), s->Length() + n, s->Capacity());
     parts.push_back({items[i].tokens, s->Length(), &s->cache_});
   }
+  for (const BatchAppend& item : items) item.session->ApplyPendingShift();
   // The model checks the rest (tokens, a cache named twice) before it runs anything.
   return model->ForwardBatch(parts, output);
 }
@@ -57,19 +60,46 @@ void Session::Shift(int64_t keep, int64_t discard) {
                "Shift: keep {} and discard {} must be >= 0 with keep + discard <= {} (the session "
                "length)",
                keep, discard, Length());
-  // R(-discard): angle[i] = -discard · inv_freq[i], exact in double and rounded once, the
-  // inv_freq of the RoPE table (llama3 rope_scaling included).
-  const std::vector<double> inv_freq = RopeInvFreq(model_->config());
-  const auto half = static_cast<int64_t>(inv_freq.size());
-  std::vector<float> cos(half), sin(half);  // (head_dim / 2)
-  for (int64_t i = 0; i < half; ++i) {
-    const double angle = -static_cast<double>(discard) * inv_freq[i];
-    cos[i] = static_cast<float>(std::cos(angle));
-    sin[i] = static_cast<float>(std::sin(angle));
+  using Bookkeeping = KvCache::ShiftBookkeeping;
+  switch (model_->InjectedFault()) {
+    case BatchFault::kShiftDeltaOverwritten:
+      cache_.Shift(keep, discard, Bookkeeping::kOverwriteDelta);
+      break;
+    case BatchFault::kShiftSkippedWhenEmpty:
+      cache_.Shift(keep, discard, Bookkeeping::kFlagFromThisShift);
+      break;
+    default:
+      cache_.Shift(keep, discard);
   }
-  const bool rerotate = model_->InjectedFault() != BatchFault::kShiftNotRerotated;
-  cache_.Shift(keep, discard, half, rerotate ? cos.data() : nullptr,
-               rerotate ? sin.data() : nullptr);
+}
+
+void Session::ApplyPendingShift() {
+  if (!cache_.ShiftPending()) {
+    cache_.SpendPendingShift();  // deltas without the flag: the fault that lost it
+    return;
+  }
+  if (model_->InjectedFault() != BatchFault::kShiftNotRerotated) {
+    // R(delta): angle[i] = delta · inv_freq[i], exact in double and rounded once, the inv_freq of
+    // the RoPE table (llama3 rope_scaling included); one table per distinct delta.
+    const std::vector<double> inv_freq = RopeInvFreq(model_->config());
+    const auto half = static_cast<int64_t>(inv_freq.size());
+    std::map<int64_t, std::vector<float>> tables;  // delta -> cos (half) then sin (half)
+    for (int64_t p = 0; p < Length(); ++p) {
+      const int64_t delta = cache_.PendingDelta(p);
+      if (delta == 0) continue;
+      std::vector<float>& t = tables[delta];
+      if (t.empty()) {
+        t.resize(2 * half);
+        for (int64_t i = 0; i < half; ++i) {
+          const double angle = static_cast<double>(delta) * inv_freq[i];
+          t[i] = static_cast<float>(std::cos(angle));
+          t[half + i] = static_cast<float>(std::sin(angle));
+        }
+      }
+      cache_.RotateKey(p, half, t.data(), t.data() + half);
+    }
+  }
+  cache_.SpendPendingShift();
 }
 
 Session Session::Fork() const { return Session(model_, cache_.Fork()); }

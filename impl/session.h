@@ -26,11 +26,12 @@ class Session {
   // Forgets positions >= length. Throws InputError when length > Length() or length < 0.
   void Truncate(int64_t length);
   // A context shift (llama.cpp's n_keep/n_discard): forgets positions [keep, keep + discard) and
-  // moves the later ones down by `discard`, each cached key re-rotated by -discard positions
-  // (the delta's angles computed as the RoPE table's are: in double, rounded once). Length()
-  // drops by `discard`. Throws InputError unless 0 <= keep, 0 <= discard and
-  // keep + discard <= Length(); the session is unchanged when it throws. Allocates (the delta's
-  // cos/sin); a decode does not.
+  // moves the later ones down by `discard`; Length() drops by `discard`. As in llama.cpp, the
+  // moved keys are re-rotated by the next append (ApplyPendingShift), each once by the sum of the
+  // deltas of the shifts since (the angles computed as the RoPE table's: in double, rounded
+  // once). Throws InputError unless 0 <= keep, 0 <= discard and keep + discard <= Length(); the
+  // session is unchanged when it throws. Allocates (the pending deltas; the next append, the
+  // delta's cos/sin); a decode with no shift pending does not.
   void Shift(int64_t keep, int64_t discard);
   Session Fork() const;  // explicit deep copy: the fork evolves independently
   void Reset();          // a new conversation: empty cache, position 0
@@ -51,6 +52,9 @@ class Session {
 
  private:
   Session(const Model* model, KvCache cache);
+  // Re-rotates each key a shift moved by its pending delta (KvCache::PendingDelta), before an
+  // append reads them: llama.cpp's K-shift at the next decode.
+  void ApplyPendingShift();
   const Model* model_;
   KvCache cache_;
 };

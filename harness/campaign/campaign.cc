@@ -387,6 +387,7 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model, PartBackends ordinary,
   generation.boundaries = CampaignBoundaries(backends, context);
   generation.max_sessions = CampaignMaxSessions(backends);
   generation.max_call_tokens = CampaignMaxCallTokens(backends);
+  generation.shifts = CampaignShifts(backends);
   report.coverage = NewCoverage(generation.boundaries, context);
   report.coverage.reach_limit = CampaignReachLimit(config, options.generation.max_length, backends);
   const DemandingPart& demanding = options.demanding;

@@ -8,6 +8,7 @@
 
 #include "format/error.h"
 #include "harness/campaign/case_rng.h"
+#include "harness/campaign/shift_episode.h"
 #include "harness/scenario/conversations.h"
 
 namespace kvdiff::harness {
@@ -135,6 +136,11 @@ int64_t CampaignMaxCallTokens(const std::vector<const Backend*>& backends) {
     if (n > 0 && (out == 0 || n < out)) out = n;
   }
   return out;
+}
+
+bool CampaignShifts(const std::vector<const Backend*>& backends) {
+  return std::all_of(backends.begin(), backends.end(),
+                     [](const Backend* b) { return b->Info().shifts; });
 }
 
 bool IsLongCase(uint64_t seed, int64_t k, double long_fraction, int64_t context) {
@@ -318,6 +324,7 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
   };
 
   prefill("main", deep_start);
+  Rng shift_rng(ShiftStream(seed, k));
   const int64_t n_steps = long_case ? rng.Between(2, 6) : rng.Between(2, 10);
   for (int64_t i = 0; i < n_steps; ++i) {
     const int64_t roll = rng.Below(100);
@@ -369,6 +376,16 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
       s.conversation = any();
       emit(s);
       prefill(s.conversation);
+    }
+    // Now and then a context shift (harness/campaign/shift_episode.h), from a stream of its own.
+    if (options.shifts && shift_rng.Chance(kDefaultShiftPercent)) {
+      const std::string fork_name = fmt::format("c{}", next_name);
+      const ShiftEpisodeLimits limits{max_len, config.vocab_size, call_cap,
+                                      live() < max_conversations ? fork_name : std::string()};
+      for (const Step& step : DrawShiftEpisode(shift_rng, convs, limits)) {
+        if (step.op == Op::kFork) ++next_name;
+        emit(step);
+      }
     }
   }
   // A long case ends with a decode to its target on its longest conversation: decoding is where

@@ -57,12 +57,17 @@ struct GenerationOptions {
   // The fewest tokens any backend takes in one call (BackendInfo::max_batch_tokens; 0: no
   // limit): no prefill chunk and no batch step is larger. CampaignMaxCallTokens gives it.
   int64_t max_call_tokens = 0;
+  // Whether every backend shifts (BackendInfo::shifts): only then do cases draw shift episodes
+  // (harness/campaign/shift_episode.h). CampaignShifts gives it.
+  bool shifts = false;
 };
 
 // The smallest max_sessions the backends declare (0 when none declares one).
 int64_t CampaignMaxSessions(const std::vector<const Backend*>& backends);
 // The smallest max_batch_tokens the backends declare (0 when none declares one).
 int64_t CampaignMaxCallTokens(const std::vector<const Backend*>& backends);
+// Whether every backend shifts a conversation's positions (BackendInfo::shifts).
+bool CampaignShifts(const std::vector<const Backend*>& backends);
 
 // The longest history of the campaign: options.max_length (InputError naming --max-length when
 // it is < 1), capped by the model's context.

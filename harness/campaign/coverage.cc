@@ -93,6 +93,8 @@ Coverage Coverage::FromJson(const nlohmann::json& j, const std::string& where) {
   c.shapes = CountsFromJson<std::string>(j, "shapes", where, as_text);
   if (j.contains("batches"))  // reports written before batch steps have none
     c.batches = CountsFromJson<std::string>(j, "batches", where, as_text);
+  if (j.contains("shifts"))  // nor of shift steps before the campaign drew them
+    c.shifts = CountsFromJson<std::string>(j, "shifts", where, as_text);
   if (j.contains("deep"))  // nor of deep ops before deep cases
     c.deep = CountsFromJson<std::string>(j, "deep", where, as_text);
   KVDIFF_CHECK(j.contains("boundaries") && j.at("boundaries").is_array(),
@@ -125,6 +127,8 @@ void Coverage::Add(const Scenario& sc, const std::string& shape, bool long_case,
   int64_t case_longest = 0;
   std::string prev;
   std::set<std::string> in_last_batch;
+  std::set<std::string> forked;  // conversations a fork made
+  const Step* last = nullptr;
   auto count_call = [&](int64_t n) {
     ++call_sizes[Bucket(n)];
     for (BoundaryCoverage& b : boundaries) {
@@ -156,13 +160,35 @@ void Coverage::Add(const Scenario& sc, const std::string& shape, bool long_case,
       AddBatch(s, in_last_batch);
     }
     AddDepth(s, convs);
+    AddShift(s, last, convs, forked);
+    if (s.op == Op::kFork) forked.insert(s.to);
+    if (s.op == Op::kNewConversation || s.op == Op::kReset) forked.erase(s.conversation);
     convs.Apply(s);
+    last = &s;
   }
   ++lengths[Bucket(case_longest)];
   ++conversations[static_cast<int64_t>(convs.Names().size())];
   longest = std::max(longest, case_longest);
   const int64_t reachable = case_context > 0 ? case_context : context;
   cases_at_context += case_longest >= reachable && reachable > 0 ? 1 : 0;
+}
+
+void Coverage::AddShift(const Step& s, const Step* last, const Conversations& convs,
+                        const std::set<std::string>& forked) {
+  const bool after_shift =
+      last != nullptr && last->op == Op::kShift && last->conversation == s.conversation;
+  if (after_shift && s.op == Op::kDecode) ++shifts["then decode"];
+  if (after_shift && s.op == Op::kTruncate && s.length <= last->keep)
+    ++shifts["then truncate to keep"];
+  if (s.op != Op::kShift) return;
+  const int64_t length = convs.At(s.conversation).length;
+  ++shifts["steps"];
+  if (s.keep == 0) ++shifts["keep 0"];
+  if (s.keep == 1) ++shifts["keep 1"];
+  if (s.discard == 0) ++shifts["discard 0"];
+  if (s.discard > 0 && s.keep + s.discard == length) ++shifts["nothing after keep"];
+  if (after_shift && last->discard > 0 && s.discard > 0) ++shifts["twice before a call"];
+  if (forked.count(s.conversation) > 0) ++shifts["of a fork"];
 }
 
 void Coverage::AddBatch(const Step& s, std::set<std::string>& in_last_batch) {
@@ -209,6 +235,7 @@ void Coverage::Merge(const Coverage& o) {
   AddAll(bigrams, o.bigrams);
   AddAll(shapes, o.shapes);
   AddAll(batches, o.batches);
+  AddAll(shifts, o.shifts);
   AddAll(deep, o.deep);
   for (const BoundaryCoverage& ob : o.boundaries) {
     auto it = std::find_if(boundaries.begin(), boundaries.end(),
@@ -258,8 +285,8 @@ std::string Coverage::Text() const {
   for (const auto& [op, n] : ops)
     ops_text += fmt::format("{}{} {}", ops_text.empty() ? "" : ", ", op, n);
   out += fmt::format("  ops:           {}\n", ops_text);
-  // The bigrams a campaign can make: every op after every op (8 x 8).
-  constexpr int64_t kOpKinds = 8;
+  // The bigrams a campaign can make: every op after every op (8 x 8; 9 x 9 with shift steps).
+  const int64_t op_kinds = shifts.empty() ? 8 : 9;
   std::vector<std::pair<int64_t, std::string>> seen;
   for (const auto& [bigram, n] : bigrams) seen.push_back({-n, bigram});
   std::sort(seen.begin(), seen.end());
@@ -267,12 +294,13 @@ std::string Coverage::Text() const {
   for (auto it = seen.rbegin(); it != seen.rend() && it - seen.rbegin() < 4; ++it)
     rare += fmt::format("{}{} {}", rare.empty() ? "" : ", ", it->second, -it->first);
   out += fmt::format("  op bigrams:    {} of {} seen; rarest: {}\n", bigrams.size(),
-                     kOpKinds * kOpKinds, rare);
+                     op_kinds * op_kinds, rare);
   std::string convs;
   for (const auto& [n, count] : conversations)
     convs += fmt::format("{}{}: {}", convs.empty() ? "" : ", ", n, count);
   out += fmt::format("  conversations: {}\n", convs);
   if (!batches.empty()) out += BatchText();
+  if (!shifts.empty()) out += ShiftText();
   if (!deep.empty()) out += DeepText();
   // Every shape while there are few (a fixed campaign has one); with a shape per case
   // (--shapes random) the commonest kShapeLines and a count, the rest being in --json.
@@ -320,6 +348,21 @@ std::string Coverage::BatchText() const {
       get("rows last"), get("rows none"), get("joined"), get("left"));
 }
 
+// "  shifts:        120 steps; keep 0 20, keep 1 18; discard 0 5; nothing after keep 30; twice
+//  before a call 25; of a fork 9; then decode 60, then truncate to keep 8"
+std::string Coverage::ShiftText() const {
+  auto get = [&](const std::string& key) {
+    auto it = shifts.find(key);
+    return it == shifts.end() ? int64_t{0} : it->second;
+  };
+  return fmt::format(
+      "  shifts:        {} steps; keep 0 {}, keep 1 {}; discard 0 {}; nothing after keep {}; "
+      "twice before a call {}; of a fork {}; then decode {}, then truncate to keep {}\n",
+      get("steps"), get("keep 0"), get("keep 1"), get("discard 0"), get("nothing after keep"),
+      get("twice before a call"), get("of a fork"), get("then decode"),
+      get("then truncate to keep"));
+}
+
 // "  deep ops:      on conversations past 64 positions: fork 40 of 427, truncate 15 of 98, ..."
 std::string Coverage::DeepText() const {
   std::string out;
@@ -358,6 +401,7 @@ nlohmann::json Coverage::ToJson() const {
           {"bigrams", bigrams},
           {"shapes", shapes},
           {"batches", batches},
+          {"shifts", shifts},
           {"deep", deep},
           {"boundaries", bounds},
           {"reach_limit", reach_limit},

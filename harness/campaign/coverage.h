@@ -49,6 +49,12 @@ struct Coverage {
   // conversation was in no earlier batch of the case, or left it since; "left" per conversation
   // of a batch absent from the next one.
   std::map<std::string, int64_t> batches;
+  // Shift steps: "steps"; "keep 0", "keep 1", "discard 0"; "nothing after keep" (keep + discard
+  // = the length, discard >= 1); "twice before a call" (a shift moving keys right after another
+  // of the same conversation); "of a fork" (of a conversation a fork made); "then decode" (a
+  // decode right after the conversation's shift); "then truncate to keep" (a truncate to keep or
+  // less right after, where the uncached oracle applies again).
+  std::map<std::string, int64_t> shifts;
   // Forks, truncations, batch items and ends, each counted under "fork" and so on, and also under
   // "fork deep" and so on when its conversation held more than kDeepPosition positions.
   std::map<std::string, int64_t> deep;
@@ -70,7 +76,11 @@ struct Coverage {
  private:
   void AddBatch(const Step& step, std::set<std::string>& in_last_batch);
   void AddDepth(const Step& step, const Conversations& convs);  // before the step is applied
+  // before the step is applied; `last`: the step before it, or null
+  void AddShift(const Step& step, const Step* last, const Conversations& convs,
+                const std::set<std::string>& forked);
   std::string BatchText() const;
+  std::string ShiftText() const;
   std::string DeepText() const;
 };
 

@@ -76,6 +76,7 @@ ShapeCase RunShapeCase(const std::vector<std::string>& names, const BackendOptio
   generation.boundaries = out.boundaries = CampaignBoundaries(backends, out.context);
   generation.max_sessions = CampaignMaxSessions(backends);
   generation.max_call_tokens = CampaignMaxCallTokens(backends);
+  generation.shifts = CampaignShifts(backends);
   out.scenario = new_case();
   const std::string shape = std::move(out.result.shape);
   out.result = campaign_detail::RunCase(out.scenario, backends, options, k);

@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "harness/scenario/conversations.h"
+
 namespace kvdiff::harness {
 namespace {
 
@@ -32,8 +34,44 @@ std::vector<int64_t> ShorterLengths(int64_t n) {
   return out;
 }
 
-// Every one-edit-smaller scenario, the largest cuts first.
-std::vector<Scenario> Candidates(const Scenario& sc) {
+// Per step, whether it is a shift that leaves nothing after keep (keep + discard = the length,
+// discard >= 1): a shape worth keeping while the steps before it shrink.
+std::vector<bool> ShiftsToTheEnd(const Scenario& sc) {
+  std::vector<bool> out;
+  Conversations convs;
+  for (const Step& s : sc.steps) {
+    out.push_back(s.op == Op::kShift && convs.Exists(s.conversation) && s.discard > 0 &&
+                  s.keep + s.discard == convs.At(s.conversation).length);
+    convs.Apply(s);
+  }
+  return out;
+}
+
+// The shifts of a candidate fitted to its histories, which an earlier cut may have shortened:
+// one that left nothing after keep (to_end, per step) still does, its keep kept where the length
+// allows and its discard what is left; any other that now reaches past the end is moved to end
+// there, keeping its discard where the length allows.
+void FitShifts(Scenario& sc, const std::vector<bool>& to_end) {
+  Conversations convs;
+  for (size_t i = 0; i < sc.steps.size(); ++i) {
+    Step& s = sc.steps[i];
+    if (s.op == Op::kShift && convs.Exists(s.conversation)) {
+      const int64_t length = convs.At(s.conversation).length;
+      if (to_end[i] && length >= 1) {
+        s.keep = std::min(s.keep, length - 1);
+        s.discard = length - s.keep;
+      } else if (s.keep > length || s.discard > length - s.keep) {
+        s.discard = std::min(s.discard, length);
+        s.keep = length - s.discard;
+      }
+    }
+    convs.Apply(s);
+  }
+}
+
+// Every one-edit-smaller scenario, the largest cuts first: first each step removed, the last
+// first (Candidates counts on that order), then the edits of one step.
+std::vector<Scenario> CandidatesAsCut(const Scenario& sc) {
   std::vector<Scenario> out;
   auto with_step = [&](size_t i, Step step) {
     Scenario c = sc;
@@ -79,7 +117,29 @@ std::vector<Scenario> Candidates(const Scenario& sc) {
       for (int64_t length : ShorterLengths(s.length))
         with_step(i, Step::Truncate(s.conversation, length));
       if (s.length == 1) with_step(i, Step::Truncate(s.conversation, 0));
+    } else if (s.op == Op::kShift) {
+      // A shorter discard or keep reaches less far into the conversation, so that the prompts
+      // and decodes before it can shrink too.
+      for (int64_t discard : ShorterLengths(s.discard))
+        with_step(i, Step::Shift(s.conversation, s.keep, discard));
+      for (int64_t keep : ShorterLengths(s.keep))
+        with_step(i, Step::Shift(s.conversation, keep, s.discard));
+      if (s.keep == 1) with_step(i, Step::Shift(s.conversation, 0, s.discard));
     }
+  }
+  return out;
+}
+
+// Every one-edit-smaller scenario, the largest cuts first (the shifts fitted to what is left).
+std::vector<Scenario> Candidates(const Scenario& sc) {
+  std::vector<Scenario> out = CandidatesAsCut(sc);
+  const std::vector<bool> to_end = ShiftsToTheEnd(sc);
+  for (size_t c = 0; c < out.size(); ++c) {
+    std::vector<bool> flags = to_end;
+    // The first candidates remove one step each, the last first (CandidatesAsCut).
+    if (c < sc.steps.size())
+      flags.erase(flags.begin() + static_cast<std::ptrdiff_t>(sc.steps.size() - 1 - c));
+    FitShifts(out[c], flags);
   }
   return out;
 }

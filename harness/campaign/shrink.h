@@ -7,9 +7,11 @@
 //
 // Greedy and deterministic: it tries, in turn, removing each step (from the last), each item of a
 // batch step, the second half of a prompt or of a batch item's tokens, a prompt's chunk split,
-// and half of a decode's tokens, keeps every candidate that still fails, and starts over until no
-// candidate does or the budget is spent. A candidate the scenario rules refuse
-// (ValidateScenario: a step on a conversation a removed step created, ...) is skipped unrun.
+// half of a decode's tokens, and half of a shift's discard or keep (or one less), each candidate's
+// shifts fitted to the histories a cut shortened (one that left nothing after keep still does),
+// keeps every candidate that still fails, and starts over until no candidate does or the budget is
+// spent. A candidate the scenario rules refuse (ValidateScenario: a step on a conversation a
+// removed step created, ...) is skipped unrun.
 #pragma once
 
 #include <cstdint>

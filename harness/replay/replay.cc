@@ -20,6 +20,10 @@ struct ReplayedConversation {
   int64_t last_row = -1;  // into Recording::rows: the row of its last position, when it has one
   std::string stopped;    // why the conversation stopped; empty while it runs
   bool shifted = false;   // a shift moved its positions: later rows have no uncached oracle
+  // While shifted: the positions below it hold the tokens they held before the first shift,
+  // cached as an uncached forward of them would be (a shift leaves [0, keep) alone, and each of
+  // those positions saw only the ones before it). A truncate to it or less ends `shifted`.
+  int64_t unshifted_prefix = 0;
 };
 
 class Replayer {
@@ -108,6 +112,7 @@ class Replayer {
         break;
       case Op::kTruncate:
         driver_->Truncate(step.conversation, step.length);
+        if (step.length <= conv.unshifted_prefix) conv.shifted = false;
         break;
       case Op::kFork:
         driver_->Fork(step.from, step.to);
@@ -273,7 +278,8 @@ class Replayer {
   }
 
   // After a shift, the conversation appends to a new history: the tokens its cache still holds,
-  // [0, keep) then [keep + discard, length), and its rows are no uncached forward's any more.
+  // [0, keep) then [keep + discard, length), and its rows are no uncached forward's any more
+  // (until a truncate to unshifted_prefix or less).
   void ShiftHistory(ReplayedConversation& conv, int64_t length, int64_t keep, int64_t discard) {
     if (discard == 0 || conv.history < 0) return;  // nothing moved
     const Tokens& old = rec_.histories[conv.history];
@@ -281,6 +287,7 @@ class Replayer {
     kept.insert(kept.end(), old.begin() + keep + discard, old.begin() + length);
     rec_.histories.push_back(std::move(kept));
     conv.history = static_cast<int64_t>(rec_.histories.size()) - 1;
+    conv.unshifted_prefix = conv.shifted ? std::min(conv.unshifted_prefix, keep) : keep;
     conv.shifted = true;
   }
 

@@ -31,7 +31,8 @@ struct RecordedRow {
   int64_t chosen_by = -1;  // decode rows: the index (into Recording::rows) of the row whose
                            // argmax chose `token`; -1 when the scenario gave it
   int64_t history = 0;     // Recording::histories[history][0..position] is this row's history
-  // Appended to a conversation after a shift (or to a fork of one, until a reset): its cached
+  // Appended to a conversation after a shift (or to a fork of one, until a reset or a truncate
+  // to the shift's keep or less, which leaves the original history's first tokens): its cached
   // keys were computed with tokens in view that its history no longer holds, so no uncached
   // forward is its oracle; it is compared across backends only (ref64 the arbiter).
   bool after_shift = false;

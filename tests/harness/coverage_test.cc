@@ -155,6 +155,40 @@ TEST(Coverage, DeepCasesPutForksTruncationsAndBatchesOnLongConversations) {
   }
 }
 
+// The shift line: what kinds of shift the cases drew, added up across shards and through JSON.
+TEST(Coverage, CountsTheKindsOfShiftDrawn) {
+  Scenario sc;
+  sc.steps = {Step::Prefill("main", Tokens(12, 3)),
+              Step::Shift("main", 0, 2),
+              Step::Shift("main", 1, 3),
+              Step::Decode("main", 2),
+              Step::Fork("main", "b"),
+              Step::Shift("b", 4, 5),
+              Step::Truncate("b", 4),
+              Step::Shift("main", 2, 0)};
+  ValidateScenario(sc, Tiny());
+  Coverage c = NewCoverage({}, 512);
+  c.Add(sc, "tiny", false);
+  EXPECT_EQ(c.shifts["steps"], 4);
+  EXPECT_EQ(c.shifts["keep 0"], 1);
+  EXPECT_EQ(c.shifts["keep 1"], 1);
+  EXPECT_EQ(c.shifts["discard 0"], 1);
+  EXPECT_EQ(c.shifts["nothing after keep"], 1);  // b: 4 + 5 of its 9
+  EXPECT_EQ(c.shifts["twice before a call"], 1);
+  EXPECT_EQ(c.shifts["of a fork"], 1);
+  EXPECT_EQ(c.shifts["then decode"], 1);
+  EXPECT_EQ(c.shifts["then truncate to keep"], 1);
+  EXPECT_NE(c.Text().find("  shifts:        4 steps; keep 0 1, keep 1 1; discard 0 1; nothing "
+                          "after keep 1; twice before a call 1; of a fork 1; then decode 1, then "
+                          "truncate to keep 1\n"),
+            std::string::npos)
+      << c.Text();
+  Coverage merged = Coverage::FromJson(c.ToJson(), "coverage");
+  merged.Merge(c);
+  EXPECT_EQ(merged.shifts["steps"], 8);
+  EXPECT_EQ(merged.shifts["nothing after keep"], 2);
+}
+
 TEST(Coverage, CountsCallsRowsAndBoundariesOfAScenario) {
   Scenario sc;
   sc.steps = {Step::Prefill("main", Tokens(10, 1), {3, 7}), Step::Decode("main", 2),

@@ -9,6 +9,7 @@
 #include "format/error.h"
 #include "format/model_files.h"
 #include "harness/campaign/campaign.h"
+#include "harness/scenario/conversations.h"
 #include "tests/harness/harness_test_util.h"
 
 namespace kvdiff::harness {
@@ -411,6 +412,46 @@ TEST(GenerateCase, IsAFunctionOfSeedAndIndexAndAlwaysValid) {
   }
   EXPECT_EQ(ops.size(), 8u) << "every op appears somewhere in 300 cases";
   EXPECT_TRUE(chunked);
+}
+
+// Shift episodes only when every backend shifts (GenerationOptions::shifts), from a stream of
+// their own: without it a case has none; with it, cases stay valid and within the context, the
+// sessions and the call size the backends hold, and draw every kind of episode.
+TEST(GenerateCase, DrawsShiftsOnlyWhenEveryBackendShiftsAndStaysWithinLimits) {
+  const auto config = TinyConfig();
+  const ModelSpec model = testing::TinyModel();
+  GenerationOptions limited;
+  limited.shifts = true;
+  limited.max_length = 64;
+  limited.max_sessions = 3;
+  limited.max_call_tokens = 16;
+  int64_t shifts = 0, nothing_after_keep = 0, twice = 0;
+  for (int64_t k = 0; k < 300; ++k) {
+    for (const Step& s : GenerateCase(config, model, 1, k).steps) EXPECT_NE(s.op, Op::kShift);
+    const Scenario sc = GenerateCase(config, model, 1, k, limited);
+    EXPECT_NO_THROW(ValidateScenario(sc, config)) << sc.ToJson().dump();
+    EXPECT_EQ(ParseScenario(sc.ToText()).ToJson(), sc.ToJson());
+    Conversations convs;
+    const Step* last = nullptr;
+    for (const Step& s : sc.steps) {
+      for (const ForwardCall& call : convs.CallsOf(s)) {
+        if (s.op != Op::kBatch) EXPECT_LE(call.size, 16) << s.ParamString();
+      }
+      if (s.op == Op::kShift) {
+        ++shifts;
+        nothing_after_keep +=
+            s.discard > 0 && s.keep + s.discard == convs.At(s.conversation).length;
+        twice += last != nullptr && last->op == Op::kShift && s.discard > 0;
+      }
+      convs.Apply(s);
+      EXPECT_LE(static_cast<int64_t>(convs.Names().size()), 3) << sc.ToJson().dump();
+      for (const std::string& name : convs.Names()) EXPECT_LE(convs.At(name).length, 64);
+      last = &s;
+    }
+  }
+  EXPECT_GT(shifts, 300);
+  EXPECT_GT(nothing_after_keep, 30);
+  EXPECT_GT(twice, 30);
 }
 
 }  // namespace

@@ -1,11 +1,14 @@
 // Shift steps (issue 34, "Positions that move"): the scenario op (parsed, written back,
 // validated), BackendSession::Shift on impl, ref and ref64 held to the algebra of a context shift
 // (tests/harness/shift_session_suite.h), impl against ref64 on random shift scenarios, and
-// the proof of power: impl?fault=shift-not-rerotated is caught by the comparison with ref64.
+// the proof of power: impl?fault=shift-not-rerotated, shift-delta-overwritten and
+// shift-skipped-when-empty are caught by the comparison with ref64; and a truncate to a shift's
+// keep or less gives the rows after it their uncached oracle back.
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -17,6 +20,7 @@
 #include "format/error.h"
 #include "harness/backend/backend.h"
 #include "harness/backend/registry.h"
+#include "harness/campaign/case_generator.h"
 #include "harness/run/differential_run.h"
 #include "harness/run/model_for.h"
 #include "harness/scenario/scenario.h"
@@ -126,7 +130,9 @@ class ShiftAgainstRef64Test : public ::testing::Test {
   static void SetUpTestSuite() {
     if (!BackendRegistry::Global().Has("ref64")) return;
     weights_ = new std::shared_ptr<const format::ModelWeights>(LoadModelFor(testing::TinyModel(3)));
-    for (const char* name : {"impl", "ref64", "impl?fault=shift-not-rerotated"})
+    for (const char* name :
+         {"impl", "ref64", "impl?fault=shift-not-rerotated", "impl?fault=shift-delta-overwritten",
+          "impl?fault=shift-skipped-when-empty"})
       backends_.push_back(MakeBackend(name, *weights_, 1).release());
   }
   static void TearDownTestSuite() {
@@ -175,6 +181,46 @@ TEST_F(ShiftAgainstRef64Test, ImplAgreesWithRef64AfterShifts) {
       "impl~ref64 on %d random shift scenarios: %lld rows after a shift, worst %.2e (rows with "
       "an oracle: worst %.2e)\n",
       kCases, static_cast<long long>(rows_after_shift), worst, worst_before);
+}
+
+// The same over the rows after a shift in the default campaign's cases (GenerateCase with
+// shifts): the figure docs/campaigns.md gives.
+TEST_F(ShiftAgainstRef64Test, ImplAgreesWithRef64AfterTheCampaignsShifts) {
+  const format::LlamaConfig& config = backends_[0]->config();
+  GenerationOptions options;
+  options.shifts = true;
+  options.boundaries =
+      CampaignBoundaries({backends_[0], backends_[1]}, config.max_position_embeddings);
+  double worst = 0;
+  int64_t rows_after_shift = 0, cases_with_shifts = 0;
+  const int kCases = 200;
+  for (int64_t k = 0; k < kCases; ++k) {
+    const Scenario sc = GenerateCase(config, testing::TinyModel(3), 0, k, options);
+    const bool shifts = std::any_of(sc.steps.begin(), sc.steps.end(),
+                                    [](const Step& s) { return s.op == Op::kShift; });
+    if (!shifts) continue;
+    ++cases_with_shifts;
+    const RunReport r = Run(sc, {backends_[0], backends_[1]});
+    ASSERT_TRUE(r.Passed()) << "case " << k << ": "
+                            << (r.first_divergence ? r.first_divergence->params : "");
+    for (const StepReport& s : r.steps) {
+      std::set<int64_t> judged;  // rows impl's uncached oracle judged
+      for (const ComparedRow& row : s.outcomes[0].rows) judged.insert(row.row);
+      for (const ComparedRow& row : s.outcomes[2].rows) {
+        if (judged.count(row.row) > 0) continue;
+        ++rows_after_shift;
+        worst = std::max(worst, row.cmp.max_abs_diff);
+      }
+    }
+  }
+  EXPECT_GT(cases_with_shifts, kCases / 3);
+  EXPECT_GT(rows_after_shift, 1000);
+  EXPECT_LE(worst, 1e-4);
+  std::printf(
+      "campaign cases 0..%d of seed 0: %lld with shifts, %lld rows after a shift, "
+      "impl~ref64 worst %.2e\n",
+      kCases - 1, static_cast<long long>(cases_with_shifts),
+      static_cast<long long>(rows_after_shift), worst);
 }
 
 // llama3 rope_scaling: impl's delta uses the rescaled inv_freq of its RoPE table, ref64 its own
@@ -237,6 +283,81 @@ TEST_F(ShiftAgainstRef64Test, AShiftThatForgetsToRerotateIsCaught) {
   EXPECT_GT(bad.first_divergence->row.cmp.max_abs_diff, 1e-2);
   std::printf("shift-not-rerotated against ref64: %s, max |a-b| %.2e\n",
               bad.first_divergence->params.c_str(), bad.first_divergence->row.cmp.max_abs_diff);
+}
+
+// llama.cpp#3825's bug: the second of two shifts before a decode sets the keys' pending delta to
+// its own instead of adding to the first's. One shift alone is right.
+TEST_F(ShiftAgainstRef64Test, ASecondShiftsDeltaOverwritingTheFirstsIsCaught) {
+  const std::string prompt = R"({"op": "prefill", "tokens": [5, 17, 3, 99, 42, 8, 1, 2, 77, 12]},)";
+  const RunReport one = Run(Parse(prompt + R"({"op": "shift", "keep": 1, "discard": 3},
+                                               {"op": "decode", "n": 3})"),
+                            {backends_[3], backends_[1]});
+  EXPECT_TRUE(one.Passed());
+  const std::string two = prompt + R"({"op": "shift", "keep": 1, "discard": 2},
+                                      {"op": "shift", "keep": 1, "discard": 2},
+                                      {"op": "decode", "n": 3})";
+  EXPECT_TRUE(Run(Parse(two), {backends_[0], backends_[1]}).Passed());
+  const RunReport bad = Run(Parse(two), {backends_[3], backends_[1]});
+  ASSERT_TRUE(bad.first_divergence.has_value());
+  EXPECT_EQ(bad.first_divergence->step, 3);
+  EXPECT_GT(bad.first_divergence->row.cmp.max_abs_diff, 1e-2);
+}
+
+// A shift that moves keys, then one that leaves nothing after keep before the next append: with
+// shift-skipped-when-empty the second cancels the re-rotation the first left pending.
+TEST_F(ShiftAgainstRef64Test, APendingRerotationLostToAShiftThatMovesNothingIsCaught) {
+  const std::string steps = R"({"op": "prefill", "tokens": [5, 17, 3, 99, 42, 8, 1, 2, 77, 12]},
+                               {"op": "shift", "keep": 1, "discard": 2},
+                               {"op": "shift", "keep": 5, "discard": 3},
+                               {"op": "prefill", "tokens": [9, 4]})";
+  EXPECT_TRUE(Run(Parse(steps), {backends_[0], backends_[1]}).Passed());
+  const RunReport bad = Run(Parse(steps), {backends_[4], backends_[1]});
+  ASSERT_TRUE(bad.first_divergence.has_value());
+  EXPECT_EQ(bad.first_divergence->step, 3);
+  EXPECT_GT(bad.first_divergence->row.cmp.max_abs_diff, 1e-2);
+  // The shift that moves nothing, alone, has nothing pending to lose.
+  EXPECT_TRUE(Run(Parse(R"({"op": "prefill", "tokens": [5, 17, 3, 99, 42, 8, 1, 2]},
+                           {"op": "shift", "keep": 5, "discard": 3},
+                           {"op": "prefill", "tokens": [9, 4]})"),
+                  {backends_[4], backends_[1]})
+                  .Passed());
+}
+
+// After shift(keep, discard), positions below keep are untouched and each saw only the ones
+// before it: a truncate to keep or less leaves a conversation whose cache is the uncached forward
+// of its history, so the rows after it are held to their oracle again (a truncate past keep is
+// not enough; nor is a fork of a shifted conversation until it truncates so).
+TEST_F(ShiftAgainstRef64Test, ATruncateToKeepOrLessGivesTheOracleBack) {
+  const Scenario sc = Parse(R"({"op": "prefill", "tokens": [5, 17, 3, 99, 42, 8, 1, 2, 77, 12]},
+                               {"op": "shift", "keep": 4, "discard": 3},
+                               {"op": "shift", "keep": 6, "discard": 1},
+                               {"op": "fork", "from": "main", "to": "b"},
+                               {"op": "truncate", "length": 5},
+                               {"op": "prefill", "tokens": [9, 4, 60]},
+                               {"op": "truncate", "length": 4},
+                               {"op": "prefill", "tokens": [9, 4, 60]},
+                               {"op": "decode", "n": 2},
+                               {"op": "prefill", "conversation": "b", "tokens": [7, 31]},
+                               {"op": "truncate", "conversation": "b", "length": 2},
+                               {"op": "prefill", "conversation": "b", "tokens": [7, 31]})");
+  for (const Backend* b : {backends_[0], backends_[1]}) {
+    const RunReport r = Run(sc, {b});
+    EXPECT_TRUE(r.Passed()) << b->Name();
+    EXPECT_EQ(r.steps[5].outcomes[0].status, PathStatus::kSkipped) << b->Name();  // 5 > keep 4
+    for (int step : {7, 8, 11}) {
+      EXPECT_EQ(r.steps[step].outcomes[0].status, PathStatus::kPass) << b->Name() << " " << step;
+      EXPECT_FALSE(r.steps[step].outcomes[0].rows.empty()) << b->Name() << " " << step;
+    }
+    EXPECT_EQ(r.steps[9].outcomes[0].status, PathStatus::kSkipped) << b->Name();  // b: shifted
+  }
+  // And impl against ref64 where the oracle does not reach (a truncate past keep drops keys
+  // whose re-rotation was pending; the next append must not rotate what it writes there).
+  const RunReport both = Run(sc, {backends_[0], backends_[1]});
+  EXPECT_TRUE(both.Passed());
+  EXPECT_EQ(both.steps[5].outcomes[2].rows.size(), 3u);
+  // A truncate to keep or less restores the oracle for a wrong shift too: the rows it judges
+  // never saw a moved key.
+  EXPECT_TRUE(Run(sc, {backends_[2]}).steps[7].outcomes[0].status == PathStatus::kPass);
 }
 
 }  // namespace

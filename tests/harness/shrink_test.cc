@@ -12,6 +12,7 @@
 #include "harness/backend/registry.h"
 #include "harness/run/differential_run.h"
 #include "harness/run/model_for.h"
+#include "harness/scenario/conversations.h"
 #include "harness/scenario/scenario.h"
 #include "tests/harness/harness_test_util.h"
 #include "tests/test_support.h"
@@ -143,6 +144,53 @@ TEST(Shrink, ARealBatchBugShrinksToABatchOfTwoItems) {
   std::cout << "figure: shrunk from " << sc.steps.size() << " steps in " << shrink.runs
             << " replays to:\n"
             << small.ToText();
+}
+
+// A failure that needs a shift moving keys, then one leaving nothing after keep, then an append
+// (impl?fault=shift-skipped-when-empty's shape): keep and discard shrink, and the prompts before
+// them shrink too, each shift refitted to the shorter history so that the last still leaves
+// nothing after keep.
+TEST(Shrink, ShiftsShrinkTheirKeepAndDiscardAndKeepTheirShape) {
+  const format::LlamaConfig config = TinyConfig();
+  Scenario sc;
+  sc.model = testing::TinyModel();
+  sc.steps = {Step::Prefill("main", Tokens(20, 7), {8, 12}),
+              Step::Decode("main", 6),
+              Step::Prefill("main", Tokens(10, 9)),
+              Step::Shift("main", 4, 6),
+              Step::Shift("main", 10, 20),
+              Step::Prefill("main", {1, 2, 3})};
+  auto fails = [](const Scenario& candidate) {
+    Conversations convs;
+    bool moved = false, lost = false;
+    for (const Step& s : candidate.steps) {
+      const int64_t length = convs.Exists(s.conversation) ? convs.At(s.conversation).length : 0;
+      if (s.op == Op::kShift && s.discard > 0) {
+        lost = moved && s.keep + s.discard == length;
+        moved = s.keep + s.discard < length;
+      } else if (s.op == Op::kPrefill || s.op == Op::kDecode) {
+        if (lost) return true;
+        moved = false;
+      } else {
+        moved = lost = false;
+      }
+      convs.Apply(s);
+    }
+    return false;
+  };
+  ValidateScenario(sc, config);
+  ASSERT_TRUE(fails(sc));
+  const Shrink shrink = ShrinkScenario(sc, config, fails);
+  const Scenario& small = shrink.scenario;
+  EXPECT_NO_THROW(ValidateScenario(small, config));
+  EXPECT_TRUE(fails(small));
+  ASSERT_EQ(small.steps.size(), 4u) << small.ToText();
+  EXPECT_EQ(small.steps[0].op, Op::kPrefill);
+  EXPECT_LE(small.steps[0].tokens.size(), 3u) << small.ToText();
+  EXPECT_EQ(small.steps[1].ParamString(), "shift(main,keep=0,discard=1)") << small.ToText();
+  EXPECT_EQ(small.steps[2].op, Op::kShift);
+  EXPECT_EQ(small.steps[2].discard, 1) << small.ToText();
+  EXPECT_EQ(small.steps[3].tokens.size(), 1u) << small.ToText();
 }
 
 }  // namespace

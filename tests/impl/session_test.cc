@@ -1,5 +1,6 @@
 // The Session (checked API) against ForwardFull (the oracle) on the tiny preset: token by token,
-// in chunks, after Reset, Truncate and Fork; every error message; thread-count independence.
+// in chunks, after Reset, Truncate and Fork; every error message; thread-count independence; and
+// KvCache::Shift's bookkeeping of the re-rotation it leaves pending.
 #include "impl/session.h"
 
 #include <fmt/format.h>
@@ -7,7 +8,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "format/error.h"
+#include "format/model_files.h"
+#include "impl/kv_cache.h"
 #include "impl/model.h"
 #include "tests/impl/impl_test_util.h"
 
@@ -195,6 +201,58 @@ TEST_F(TinySessionTest, TraceRowsOfASessionMatchTheFullForwardTrace) {
 }
 
 // Any thread count gives the same bits: every output element has one owner and a fixed order.
+// KvCache::Shift's bookkeeping, as llama.cpp's cache keeps it: the rows move at once, each moved
+// key's re-rotation waits (its delta added to what waits already) for the next append; and the
+// two TEST-ONLY ways of getting that wrong (impl/batch_fault.h).
+TEST(KvCacheShift, MovesRowsNowAndLeavesEachMovedKeysDeltaPending) {
+  const format::LlamaConfig config = format::PresetConfig("tiny");
+  auto filled = [&](int64_t length) {
+    KvCache cache(config, 32);
+    cache.SetLength(length);
+    for (int64_t p = 0; p < length; ++p)
+      for (int64_t l = 0; l < cache.NumLayers(); ++l)
+        std::fill(cache.KeyRow(l, p), cache.KeyRow(l, p) + cache.KvDim(), static_cast<float>(p));
+    return cache;
+  };
+  auto deltas = [](const KvCache& c) {
+    std::vector<int64_t> out;
+    for (int64_t p = 0; p < c.Length(); ++p) out.push_back(c.PendingDelta(p));
+    return out;
+  };
+  using Bookkeeping = KvCache::ShiftBookkeeping;
+  KvCache right = filled(10);
+  right.Shift(2, 3);  // keeps 0 1, moves 5..9 to 2..6
+  EXPECT_EQ(right.KeyRow(0, 2)[0], 5.0f);
+  EXPECT_TRUE(right.ShiftPending());
+  EXPECT_EQ(deltas(right), (std::vector<int64_t>{0, 0, -3, -3, -3, -3, -3}));
+  right.Shift(1, 2);  // moves 3..6 to 1..4: the delta of a key moved twice is the sum
+  EXPECT_EQ(deltas(right), (std::vector<int64_t>{0, -5, -5, -5, -5}));
+  right.SetLength(3);  // a truncated position's delta goes with it
+  right.SetLength(5);
+  EXPECT_EQ(deltas(right), (std::vector<int64_t>{0, -5, -5, 0, 0}));
+  KvCache twin = right.Fork();
+  EXPECT_EQ(deltas(twin), deltas(right));
+  right.SpendPendingShift();
+  EXPECT_FALSE(right.ShiftPending());
+  EXPECT_EQ(deltas(right), (std::vector<int64_t>(5, 0)));
+
+  KvCache overwritten = filled(10);
+  overwritten.Shift(2, 3);
+  overwritten.Shift(1, 2, Bookkeeping::kOverwriteDelta);  // llama.cpp#3825
+  EXPECT_EQ(deltas(overwritten), (std::vector<int64_t>{0, -2, -2, -2, -2}));
+
+  KvCache flagged = filled(10);
+  flagged.Shift(2, 3, Bookkeeping::kFlagFromThisShift);
+  EXPECT_TRUE(flagged.ShiftPending());
+  flagged.Shift(4, 3, Bookkeeping::kFlagFromThisShift);  // nothing after keep: nothing moves
+  EXPECT_EQ(flagged.Length(), 4);
+  EXPECT_FALSE(flagged.ShiftPending());  // the first shift's re-rotation is lost
+  KvCache kept = filled(10);
+  kept.Shift(2, 3);
+  kept.Shift(4, 3);
+  EXPECT_TRUE(kept.ShiftPending());
+}
+
 TEST(ImplThreadsTest, OneTwoAndThreeThreadsGiveBitIdenticalLogits) {
   auto weights = testing::PresetModel("tiny", 11);
   const Tokens tokens = RandomTokens(70, 256, 12);
