@@ -15,8 +15,13 @@ namespace {
 // from 1.6e-5 at positions 0-63 to 1.4e-4..2.8e-4 at 384-511, llama.cpp's alike (2.2e-4..2.6e-4),
 // impl's stays 1.3e-5..2.7e-5; on stories260K (trained, 512 positions) ref 3.4e-5, impl 2.2e-5;
 // on the smollm2-135m preset (rope_theta 1e5) ref 2.4e-5 up to 1024 positions. The worst excess
-// over 1e-4, 1.8e-4 at position 384, is 4.7e-7 per position: the allowance is about twice that.
-constexpr double kRopeF32PerPosition = 1e-6;
+// over 1e-4 there, 1.8e-4 at position 384, is 4.7e-7 per position. Random shapes go further:
+// over 5000 cases of `check --shapes random` (seeds 0 and 1, impl,ref and ref,ref64, up to 1024
+// positions), the worst row of each case exceeded 1e-4 by up to 1.07e-6 per position (a single
+// head of 88 dimensions, llama3 scaling, theta 5e5: impl~ref 6.3e-4 at position 497), the next
+// by 7.1e-7; the same shape's 2000-token prefill stays at 5.7e-7. The first allowance, 1e-6 (set
+// from the presets alone), failed that correct case. The allowance is about twice the worst.
+constexpr double kRopeF32PerPosition = 2e-6;
 
 // Measured with llama.cpp (kvdiff check --backends ref64,plugin:...?kv=f16 --tolerance 1, 100
 // cases of up to 48 positions; and a 400-token chunked prefill with 100 decode steps): worst
@@ -34,7 +39,8 @@ const ToleranceProfile kProfiles[] = {
 const RopeAngleProfile kRopeF32 = {
     kRopeF32PerPosition,
     "float32 RoPE angles drift from the exact ones with the position: measured against ref64 "
-    "up to 1024 positions on 5 models, worst 2.8e-04 at position 384 (tiny)"};
+    "up to 1024 positions on 5 models and 5000 random shapes, worst 1.1e-06 per position over "
+    "1e-4 (6.3e-04 at position 497)"};
 
 }  // namespace
 

@@ -259,7 +259,7 @@ void Script::Arbitrate(Played& played) const {
         continue;
       played.arbitrated[k] =
           CompareRows(row.logits.data(), want.logits.data(), vocab(),
-                      gate_.Across(engine_.Info(), arbiter_->Info(), row.position));
+                      gate_.Across(engine_.Info(), arbiter_->Info(), row.rope_reach));
       break;
     }
     if (!played.arbitrated[k])

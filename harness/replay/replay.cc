@@ -24,6 +24,10 @@ struct ReplayedConversation {
   // cached as an uncached forward of them would be (a shift leaves [0, keep) alone, and each of
   // those positions saw only the ones before it). A truncate to it or less ends `shifted`.
   int64_t unshifted_prefix = 0;
+  // While shifted: how far the angles of its cached keys have turned, in positions: a moved key
+  // was rotated at its first position, then back by each discard, so a float32-angle backend's
+  // error in it is that of a key at the sum (RecordedRow::rope_reach). 0 while not shifted.
+  int64_t key_rope_reach = 0;
 };
 
 class Replayer {
@@ -112,7 +116,7 @@ class Replayer {
         break;
       case Op::kTruncate:
         driver_->Truncate(step.conversation, step.length);
-        if (step.length <= conv.unshifted_prefix) conv.shifted = false;
+        if (step.length <= conv.unshifted_prefix) conv = Unshifted(conv);
         break;
       case Op::kFork:
         driver_->Fork(step.from, step.to);
@@ -256,6 +260,7 @@ class Replayer {
       row.chosen_by = t == 0 ? chosen_by : -1;
       row.history = conv.history;
       row.after_shift = conv.shifted;
+      row.rope_reach = std::max(row.position, conv.key_rope_reach);
       row.logits.assign(logits.row(r).data(), logits.row(r).data() + vocab_);
       ++r;
       rec_.rows.push_back(std::move(row));
@@ -282,6 +287,11 @@ class Replayer {
   // (until a truncate to unshifted_prefix or less).
   void ShiftHistory(ReplayedConversation& conv, int64_t length, int64_t keep, int64_t discard) {
     if (discard == 0 || conv.history < 0) return;  // nothing moved
+    // The keys that move were rotated at up to length - 1 (or, moved before, up to the reach so
+    // far) and are turned back by discard more.
+    if (keep + discard < length) {
+      conv.key_rope_reach = std::max(conv.key_rope_reach, length - 1) + discard;
+    }
     const Tokens& old = rec_.histories[conv.history];
     Tokens kept(old.begin(), old.begin() + keep);
     kept.insert(kept.end(), old.begin() + keep + discard, old.begin() + length);
@@ -289,6 +299,13 @@ class Replayer {
     conv.history = static_cast<int64_t>(rec_.histories.size()) - 1;
     conv.unshifted_prefix = conv.shifted ? std::min(conv.unshifted_prefix, keep) : keep;
     conv.shifted = true;
+  }
+
+  // After a truncate to its unshifted prefix or less: the positions left were never moved.
+  static ReplayedConversation Unshifted(ReplayedConversation conv) {
+    conv.shifted = false;
+    conv.key_rope_reach = 0;
+    return conv;
   }
 
   // The history this conversation appends to at `length`: its own in place while it reaches the

@@ -36,6 +36,12 @@ struct RecordedRow {
   // keys were computed with tokens in view that its history no longer holds, so no uncached
   // forward is its oracle; it is compared across backends only (ref64 the arbiter).
   bool after_shift = false;
+  // The position a float32-angle backend's RoPE error in this row is that of (the rope-f32
+  // profile's allowance is taken there, tolerance_profile.h): the row's own position, or after a
+  // shift, further: its moved keys were rotated at their first positions and then turned back by
+  // each discard, in float32 too, so their error is that of keys at the first position plus the
+  // discards (measured: a key moved from 952 to 1 put ref 1.1e-4 off ref64 at position 1).
+  int64_t rope_reach = 0;
   std::vector<float> logits;  // (vocab)
 };
 

@@ -25,7 +25,7 @@ namespace kvdiff::harness {
 namespace {
 
 ComparedRow ToCompared(const RecordedRow& rec, const RowComparison& cmp) {
-  return ComparedRow{rec.row, rec.conversation, rec.position, rec.token, cmp};
+  return ComparedRow{rec.row, rec.conversation, rec.position, rec.token, cmp, rec.rope_reach};
 }
 
 // Rows appended after a shift: the kept keys were computed with the dropped tokens in view, so
@@ -88,7 +88,7 @@ PathOutcome CrossOutcome(const Backend& bx, const Recording& rx, const Backend& 
     if (it == ys.end() || !rx.SameHistory(row, ry, *it->second)) continue;
     const RowComparison c = CompareRows(row.logits.data(), it->second->logits.data(),
                                         static_cast<int64_t>(row.logits.size()),
-                                        gate.Across(bx.Info(), by.Info(), row.position));
+                                        gate.Across(bx.Info(), by.Info(), row.rope_reach));
     o.rows.push_back(ToCompared(row, c));
     o.max_abs_diff = std::max(o.max_abs_diff, c.max_abs_diff);
     all_within = all_within && c.within_tolerance;
@@ -121,10 +121,11 @@ std::string GateBasis(const ComparedRow& r, const PathOutcome& o, const Gate& ga
     return fmt::format("{} x max |logit| {}", FormatDiff(gate.rel), FormatDiff(c.scale));
   }
   if (o.kind == PathKind::kCross && gate.rope_f32_per_position > 0 &&
-      gate.Across(backends[o.a_index]->Info(), backends[o.b_index]->Info(), r.position).abs >
+      gate.Across(backends[o.a_index]->Info(), backends[o.b_index]->Info(), r.rope_reach).abs >
           gate.abs) {
-    return fmt::format("tolerance {} + rope-f32 allowance {} x {}", FormatDiff(gate.abs),
-                       FormatDiff(gate.rope_f32_per_position), r.position);
+    return fmt::format("tolerance {} + rope-f32 allowance {} x {}{}", FormatDiff(gate.abs),
+                       FormatDiff(gate.rope_f32_per_position), r.rope_reach,
+                       r.rope_reach > r.position ? " (the reach of keys a shift moved)" : "");
   }
   return "tolerance";
 }

@@ -40,6 +40,7 @@ struct ComparedRow {
   int64_t position = 0;  // position in the conversation's history
   Token token = 0;       // the input token at that position
   RowComparison cmp;
+  int64_t rope_reach = 0;  // RecordedRow::rope_reach: where a rope-f32 allowance is taken
 };
 
 // What a column compares: a backend against its own ForwardFull, or two backends.

@@ -21,6 +21,8 @@
 #include "harness/backend/backend.h"
 #include "harness/backend/registry.h"
 #include "harness/campaign/case_generator.h"
+#include "harness/compare/tolerance_profile.h"
+#include "harness/replay/replay.h"
 #include "harness/run/differential_run.h"
 #include "harness/run/model_for.h"
 #include "harness/scenario/scenario.h"
@@ -358,6 +360,49 @@ TEST_F(ShiftAgainstRef64Test, ATruncateToKeepOrLessGivesTheOracleBack) {
   // A truncate to keep or less restores the oracle for a wrong shift too: the rows it judges
   // never saw a moved key.
   EXPECT_TRUE(Run(sc, {backends_[2]}).steps[7].outcomes[0].status == PathStatus::kPass);
+}
+
+// A float32-angle backend's error in a moved key is that of a key at its first position plus the
+// discards it was turned back by: the rope-f32 allowance of the rows after a shift is taken there
+// (RecordedRow::rope_reach), not at their own, smaller, positions. Found by `check --shapes random
+// --backends ref,ref64`: a key moved from position 952 to 1 put ref 1.1e-4 off ref64 at position
+// 1, past the 1e-4 + allowance x 1 it was held to.
+TEST(ShiftStep, RowsAfterAShiftTakeTheRopeAllowanceWhereTheirMovedKeysWereTurned) {
+  std::string prompt;
+  for (int i = 0; i < 300; ++i) prompt += fmt::format("{}{}", i ? "," : "", (i * 37) % 256);
+  Scenario sc = Parse(fmt::format(R"({{"op": "prefill", "tokens": [{}]}},
+                                     {{"op": "shift", "keep": 1, "discard": 290}},
+                                     {{"op": "prefill", "tokens": [3, 4]}},
+                                     {{"op": "fork", "from": "main", "to": "b"}},
+                                     {{"op": "shift", "keep": 0, "discard": 3}},
+                                     {{"op": "prefill", "tokens": [5]}},
+                                     {{"op": "truncate", "conversation": "b", "length": 1}},
+                                     {{"op": "prefill", "conversation": "b", "tokens": [6]}})",
+                                  prompt));
+  const auto weights = LoadModelFor(testing::TinyModel(3));
+  PrepareScenario(sc, *weights);
+  const auto impl = MakeBackend("impl", weights, 1);
+  const Recording rec = Replay(sc, *impl);
+  auto reach_at = [&](size_t step) {
+    std::vector<std::pair<int64_t, int64_t>> out;  // (position, rope_reach)
+    for (size_t k = rec.steps[step].rows_begin; k < rec.steps[step].rows_end; ++k)
+      out.emplace_back(rec.rows[k].position, rec.rows[k].rope_reach);
+    return out;
+  };
+  EXPECT_EQ(reach_at(0).back(), std::make_pair(int64_t{299}, int64_t{299}));  // not shifted
+  // The 9 moved keys were rotated at up to 299 and turned back by 290: 589.
+  EXPECT_EQ(reach_at(2), (std::vector<std::pair<int64_t, int64_t>>{{10, 589}, {11, 589}}));
+  // A second shift turns them back 3 more.
+  EXPECT_EQ(reach_at(5), (std::vector<std::pair<int64_t, int64_t>>{{9, 592}}));
+  // The fork, truncated to within keep, holds no moved key any more.
+  EXPECT_EQ(reach_at(7), (std::vector<std::pair<int64_t, int64_t>>{{1, 1}}));
+  if (!BackendRegistry::Global().Has("ref64")) return;
+  // ref (float32 angles) against ref64 with the profile: within, on every row after the shifts.
+  const auto ref = MakeBackend("ref", weights, 1);
+  const auto ref64 = MakeBackend("ref64", weights, 1);
+  sc.gate.rope_f32_per_position = RopeF32Profile().per_position;
+  const RunReport r = RunScenario(sc, {ref.get(), ref64.get()}, RunOptions{});
+  EXPECT_TRUE(r.Passed()) << r.worst_diff;
 }
 
 }  // namespace
