@@ -10,6 +10,7 @@
 
 #include <string>
 
+#include "tests/mutant_campaign_support.h"
 #include "tests/test_support.h"
 
 namespace kvdiff::testing {
@@ -17,33 +18,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-// The default campaign on `backends` must fail, and its first failing case be shrunk to a batch
-// step of at most `max_steps` steps that `kvdiff run` fails again (exit 1).
-void ExpectCaughtAndShrunkToABatch(const std::string& backends, size_t max_steps) {
-  TempDir dir;
-  const CommandResult r =
-      RunKvdiff("check --cases 200 --shrink 1 --backends '" + backends + "'", dir.path());
-  EXPECT_EQ(r.exit_code, 1) << backends << "\n" << r.out << r.err;
-  const size_t first = r.out.find("FAIL case ");
-  ASSERT_NE(first, std::string::npos) << backends << "\n" << r.out;
-  const size_t shrunk = r.out.find("  shrunk to ", first);
-  ASSERT_NE(shrunk, std::string::npos) << backends << "\n" << r.out;
-  const std::string line = r.out.substr(shrunk, r.out.find('\n', shrunk) - shrunk);
-  EXPECT_THAT(line, HasSubstr("batch(")) << backends;
-  const size_t replay = r.out.find("replay: kvdiff run ", shrunk);
-  ASSERT_NE(replay, std::string::npos) << backends;
-  const std::string file = r.out.substr(replay + 19, r.out.find('\n', replay) - replay - 19);
-  EXPECT_THAT(file, HasSubstr("-shrunk.json"));
-  const std::string text = ReadFile(dir.path() / file);
-  EXPECT_THAT(text, HasSubstr("\"op\":\"batch\"")) << backends;
-  size_t steps = 0;
-  for (size_t at = text.find("\"op\":"); at != std::string::npos; at = text.find("\"op\":", at + 1))
-    ++steps;
-  EXPECT_LE(steps, max_steps) << backends << "\n" << text;
-  EXPECT_EQ(RunKvdiff("run " + file, dir.path()).exit_code, 1) << backends << "\n" << text;
-  std::cout << "figure: " << backends << ": " << line << "\n";
-}
 
 TEST(ServingCampaign, TheExamplePluginOfAbi2PassesTheDefaultCampaignsBatchSteps) {
   TempDir dir;
@@ -65,7 +39,7 @@ TEST(ServingCampaign, AVersion1PluginPassesThemThroughTheDefault) {
 TEST(ServingCampaign, EachFaultOfImplsBatchedForwardIsCaughtAndShrunkToAFewSteps) {
   for (const char* fault : {"batch-mask-of-part0", "batch-shared-positions", "batch-rows-swapped",
                             "batch-sees-other-sequence"}) {
-    ExpectCaughtAndShrunkToABatch(std::string("impl,impl?fault=") + fault, 6);
+    ExpectCaughtAndShrunkTo("batch", std::string("impl,impl?fault=") + fault, 6, "batch(");
   }
 }
 
@@ -101,7 +75,7 @@ TEST(ServingCampaign, AnEngineOfSmallLimitsGetsCasesWithinThem) {
 
 TEST(ServingCampaign, EachFaultOfLlamaCppsBatchedCallIsCaughtAndShrunkToAFewSteps) {
   for (const char* fault : {"batch-shared-positions", "batch-rows-swapped", "batch-one-seq"})
-    ExpectCaughtAndShrunkToABatch(std::string("impl,llama.cpp?fault=") + fault, 6);
+    ExpectCaughtAndShrunkTo("batch", std::string("impl,llama.cpp?fault=") + fault, 6, "batch(");
 }
 #endif
 

@@ -9,6 +9,7 @@
 #include <iostream>
 #include <string>
 
+#include "tests/mutant_campaign_support.h"
 #include "tests/test_support.h"
 
 namespace kvdiff::testing {
@@ -16,41 +17,10 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// The default campaign on `backends` must fail, and its first failing case be shrunk to at most
-// `max_steps` steps holding a shift, which `kvdiff run` fails again (exit 1).
-void ExpectCaughtAndShrunkToAShift(const std::string& backends, size_t max_steps) {
-  TempDir dir;
-  const CommandResult r =
-      RunKvdiff("check --cases 200 --shrink 1 --backends '" + backends + "'", dir.path());
-  EXPECT_EQ(r.exit_code, 1) << backends << "\n" << r.out << r.err;
-  const size_t first = r.out.find("FAIL case ");
-  ASSERT_NE(first, std::string::npos) << backends << "\n" << r.out;
-  const size_t shrunk = r.out.find("  shrunk to ", first);
-  ASSERT_NE(shrunk, std::string::npos) << backends << "\n" << r.out;
-  const std::string line = r.out.substr(shrunk, r.out.find('\n', shrunk) - shrunk);
-  const size_t replay = r.out.find("replay: kvdiff run ", shrunk);
-  ASSERT_NE(replay, std::string::npos) << backends;
-  const std::string file = r.out.substr(replay + 19, r.out.find('\n', replay) - replay - 19);
-  EXPECT_THAT(file, HasSubstr("-shrunk.json"));
-  const std::string text = ReadFile(dir.path() / file);
-  EXPECT_THAT(text, HasSubstr("\"op\":\"shift\"")) << backends;
-  size_t steps = 0;
-  for (size_t at = text.find("\"op\":"); at != std::string::npos; at = text.find("\"op\":", at + 1))
-    ++steps;
-  EXPECT_LE(steps, max_steps) << backends << "\n" << text;
-  const CommandResult again = RunKvdiff("run " + file, dir.path());
-  EXPECT_EQ(again.exit_code, 1) << backends << "\n" << text << again.out << again.err;
-  const size_t summary = r.out.find("FAIL: ");
-  std::cout << "figure: " << backends << ": "
-            << r.out.substr(summary, r.out.find('\n', summary) - summary) << "; first "
-            << r.out.substr(first, r.out.find('\n', first) - first) << "; " << line << "\n"
-            << text << "\n";
-}
-
 TEST(ShiftMutants, EachShiftFaultOfImplIsCaughtByTheDefaultCampaignAndShrunk) {
   for (const char* fault :
        {"shift-delta-overwritten", "shift-skipped-when-empty", "shift-not-rerotated"}) {
-    ExpectCaughtAndShrunkToAShift(std::string("impl?fault=") + fault + ",ref64", 6);
+    ExpectCaughtAndShrunkTo("shift", std::string("impl?fault=") + fault + ",ref64", 6);
   }
 }
 
