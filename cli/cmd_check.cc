@@ -29,6 +29,15 @@
 namespace kvdiff::cli {
 namespace {
 
+// The long tier's generation (check --long), where its flags are not given: every case long,
+// histories up to the whole context, no batch steps (a padded batch at these lengths is what the
+// serving campaigns test, and it would hold [items, s, P+s] masks), and decode steps of at most
+// kLongTierMaxDecode tokens (a long case reaches its target with a prompt, then decodes).
+constexpr int64_t kLongTierMaxDecode = 64;
+constexpr double kLongTierLongFraction = 1.0;
+constexpr int64_t kLongTierMaxLength = 0;
+constexpr int64_t kLongTierBatchPercent = 0;
+
 struct CheckArgs {
   ModelFlags model;  // --model, --preset, --model-seed
   int64_t cases = 0;
@@ -48,9 +57,11 @@ struct CheckArgs {
   double long_fraction = harness::kDefaultLongFraction;
   double deep_fraction = harness::kDefaultDeepFraction;
   int64_t batch_percent = harness::kDefaultBatchPercent;
+  int64_t shift_percent = harness::kDefaultShiftPercent;
   int threads = 1;
   harness::BackendOptions isolation;    // --isolate, --isolate-timeout
   std::string shapes = "fixed";         // --shapes: fixed (one model) or random (one per case)
+  bool long_tier = false;               // --long: the long tier's shapes and generation
   harness::DemandingOptions demanding;  // --demanding-fraction, --demanding-rtol
 };
 
@@ -98,6 +109,7 @@ harness::CampaignOptions BaseOptions(const CheckArgs& args, harness::ShardSelect
   options.generation.max_length = args.max_length;
   options.generation.long_fraction = args.long_fraction;
   options.generation.batch_percent = args.batch_percent;
+  options.generation.shift_percent = args.shift_percent;
   options.generation.deep_fraction = args.deep_fraction;
   options.progress = ProgressLine();
   return options;
@@ -145,35 +157,65 @@ BackendSet ProbeBackends(const std::vector<std::string>& names,
   for (size_t i = 0;; ++i) {
     const int64_t k = i < cases.size() ? cases[i] : static_cast<int64_t>(i);
     try {
-      return MakeBackends(names, harness::LoadModelFor(harness::ShapeModel(options.seed, k)),
-                          backend_options);
+      return MakeBackends(
+          names, harness::LoadModelFor(harness::ShapeModel(options.seed, k, options.shape_tier)),
+          backend_options);
     } catch (const InputError&) {
       if (i + 1 >= kProbeShapes) throw;
     }
   }
 }
 
-// --shapes random: a model per case, drawn from (--seed, k); backends built per case.
+// The long tier's backends when --backends is not given: impl against ref64, the arbiter whose
+// RoPE angles do not drift with the position (ref's float32 angles are held to an allowance of
+// 2e-6 per position, 0.07 at 32768: too loose to see a port's error there).
+std::vector<std::string> LongTierBackends() {
+  if (harness::BackendRegistry::Global().HasArbiter()) return {"impl", "ref64"};
+  return {"impl"};
+}
+
+// --shapes random or --long: a model per case, drawn from (--seed, k); backends built per case.
 int CheckRandomShapes(const CheckArgs& args) {
+  const char* what = args.long_tier ? "--long" : "--shapes random";
   KVDIFF_CHECK(args.model.model.empty(),
-               "--shapes random cannot be combined with --model: each case draws its own model "
-               "shape from (--seed, case), and a model directory has one fixed shape (use "
-               "--shapes fixed, the default, to run a campaign on it)");
+               "{} cannot be combined with --model: each case draws its own model shape from "
+               "(--seed, case), and a model directory has one fixed shape (use --shapes fixed, "
+               "the default, with --max-length 0 --long-fraction 1 to run long cases on it)",
+               what);
   KVDIFF_CHECK(args.model.preset.empty() && !args.model.SeedGiven(),
-               "--shapes random cannot be combined with --preset/--model-seed: each case draws its "
-               "own shape and weight seed from (--seed, case)");
+               "{} cannot be combined with --preset/--model-seed: each case draws its own shape "
+               "and weight seed from (--seed, case)",
+               what);
+  KVDIFF_CHECK(!args.long_tier || args.shapes == "fixed",
+               "--long cannot be combined with --shapes {}: the long tier draws shapes of its own",
+               args.shapes);
   harness::ShardSelection shard;
   harness::CampaignOptions options = BaseOptions(args, shard);
-  const std::vector<std::string> names =
-      args.backends.empty() ? harness::DefaultBackends() : harness::ParseBackendList(args.backends);
+  if (args.long_tier) {
+    options.shape_tier = harness::ShapeTier::kLong;
+    options.generation.max_decode = kLongTierMaxDecode;
+    options.generation.min_long_target = harness::kLongTierMinContext / 2;
+  }
+  const std::vector<std::string> names = !args.backends.empty()
+                                             ? harness::ParseBackendList(args.backends)
+                                         : args.long_tier ? LongTierBackends()
+                                                          : harness::DefaultBackends();
   const harness::BackendOptions backend_options = WithThreads(args.isolation, args.threads);
   const BackendSet probe = ProbeBackends(names, backend_options, options);
   const std::vector<std::string> gate_notes = ResolveGates(args, probe.all, options);
   const int jobs = harness::ResolveJobs(
       args.jobs, static_cast<int64_t>(harness::ShardCases(args.cases, options.shard).size()));
-  fmt::print(Report(),
-             "kvdiff check: random shapes (a model per case, from --seed {}), backends {}\n",
-             args.seed, fmt::join(names, ","));
+  if (args.long_tier) {
+    fmt::print(Report(),
+               "kvdiff check: long tier: random long-context shapes ({}-{} positions, a model per "
+               "case, from --seed {}), backends {}\n",
+               harness::kLongTierMinContext, harness::kLongTierMaxContext, args.seed,
+               fmt::join(names, ","));
+  } else {
+    fmt::print(Report(),
+               "kvdiff check: random shapes (a model per case, from --seed {}), backends {}\n",
+               args.seed, fmt::join(names, ","));
+  }
   PrintGates(gate_notes);
   PrintShardSource(shard, options);
   std::fflush(Report());
@@ -227,7 +269,7 @@ harness::DemandingPart PlanDemandingPart(const CheckArgs& args, const harness::M
 
 int Check(const CheckArgs& args) {
   SeparateReportFromEngines();  // what an engine prints is not the report
-  if (args.shapes == "random") return CheckRandomShapes(args);
+  if (args.shapes == "random" || args.long_tier) return CheckRandomShapes(args);
   const harness::ModelSpec model = args.model.Spec();
   harness::ShardSelection shard;
   harness::CampaignOptions options = BaseOptions(args, shard);
@@ -284,27 +326,36 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
   cmd->add_option(
       "--backends", args->backends,
       BackendsHelp("default: " + fmt::format("{}", fmt::join(harness::DefaultBackends(), ","))));
-  cmd->add_option("--max-length", args->max_length,
-                  fmt::format("Longest history a long case may reach, capped by the model's "
-                              "context (0: the full context; default {})",
-                              harness::kDefaultMaxLength))
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--long-fraction", args->long_fraction,
-                  fmt::format("Share of cases that go long, around boundaries and up to "
-                              "--max-length (default {})",
-                              harness::kDefaultLongFraction))
-      ->check(CLI::Range(0.0, 1.0));
+  CLI::Option* max_length =
+      cmd->add_option("--max-length", args->max_length,
+                      fmt::format("Longest history a long case may reach, capped by the model's "
+                                  "context (0: the full context; default {})",
+                                  harness::kDefaultMaxLength))
+          ->check(CLI::NonNegativeNumber);
+  CLI::Option* long_fraction =
+      cmd->add_option("--long-fraction", args->long_fraction,
+                      fmt::format("Share of cases that go long, around boundaries and up to "
+                                  "--max-length (default {})",
+                                  harness::kDefaultLongFraction))
+          ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--deep-fraction", args->deep_fraction,
                   fmt::format("Share of the other cases that start with a prompt past position "
                               "{}, so that their forks, truncations and batches act on long "
                               "conversations (default {})",
                               harness::kDeepPosition, harness::kDefaultDeepFraction))
       ->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--batch-percent", args->batch_percent,
-                  fmt::format("Chance, in percent, that a step is a batch: several conversations "
-                              "in one engine call, as a serving engine runs them (0: none; "
-                              "default {})",
-                              harness::kDefaultBatchPercent))
+  CLI::Option* batch_percent =
+      cmd->add_option(
+             "--batch-percent", args->batch_percent,
+             fmt::format("Chance, in percent, that a step is a batch: several conversations "
+                         "in one engine call, as a serving engine runs them (0: none; "
+                         "default {})",
+                         harness::kDefaultBatchPercent))
+          ->check(CLI::Range(0, 100));
+  cmd->add_option("--shift-percent", args->shift_percent,
+                  fmt::format("Chance, in percent, that a step is followed by a context shift "
+                              "episode, when every backend shifts (0: none; default {})",
+                              harness::kDefaultShiftPercent))
       ->check(CLI::Range(0, 100));
   cmd->add_option("--json", args->json, "Write the campaign report as JSON to this file");
   cmd->add_option("--junit", args->junit, "Write a JUnit XML report (one testcase per case)");
@@ -348,8 +399,23 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
                               "row (default {})",
                               harness::kDefaultDemandingRtol))
       ->check(CLI::Range(0.0, 0.999999));
+  cmd->add_flag("--long", args->long_tier,
+                fmt::format("The long tier: case k on a small random shape with a context of {} "
+                            "to {} positions (llama3 rope scaling half the time), every case long "
+                            "with a target of {} positions or more up to the whole context, "
+                            "decodes of at most {} tokens, no batch steps; default backends "
+                            "impl,ref64",
+                            harness::kLongTierMinContext, harness::kLongTierMaxContext,
+                            harness::kLongTierMinContext / 2, kLongTierMaxDecode));
   AddIsolateFlag(cmd, args->isolation);
-  cmd->callback([args, &exit_code] { exit_code = Check(*args); });
+  cmd->callback([args, &exit_code, max_length, long_fraction, batch_percent] {
+    if (args->long_tier) {  // the tier's own defaults, where the flag is not given
+      if (max_length->count() == 0) args->max_length = kLongTierMaxLength;
+      if (long_fraction->count() == 0) args->long_fraction = kLongTierLongFraction;
+      if (batch_percent->count() == 0) args->batch_percent = kLongTierBatchPercent;
+    }
+    exit_code = Check(*args);
+  });
 }
 
 }  // namespace kvdiff::cli

@@ -36,6 +36,11 @@ Tensor Prepare4dCausalAttentionMask(const Tensor& attention_mask, int64_t sequen
   return causal_mask;
 }
 
+Tensor CausalMask::Rows(int64_t start, int64_t n, int64_t batch_size) const {
+  return Prepare4dCausalAttentionMask(Tensor(), n, target_length, dtype,
+                                      cache_position.narrow(0, start, n), batch_size);
+}
+
 Tensor PositionIdsFromAttentionMask(const Tensor& attention_mask, int64_t new_length) {
   Tensor position_ids = attention_mask.cumsum(-1) - 1;
   position_ids.masked_fill_(attention_mask == 0, 1);

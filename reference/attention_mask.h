@@ -22,6 +22,29 @@ at::Tensor Prepare4dCausalAttentionMask(const at::Tensor& attention_mask, int64_
                                         int64_t target_length, at::ScalarType dtype,
                                         const at::Tensor& cache_position, int64_t batch_size);
 
+// A forward of one conversation whose mask would have more entries than this (s queries x
+// P + s + 1 columns) attends its queries a block at a time (reference_model.cc, EagerAttention),
+// each block of at most this many entries. Up to it (every forward of up to 4096 positions, and
+// so every forward of the default campaigns; every padded batch) the whole 4-D mask is built once,
+// as LlamaModel does. Past it, the whole mask and scores would not fit in memory ([s, P+s+1] and
+// [nh, s, P+s]: 4 GB and 16 GB in float32 at 32768 positions on 4 heads, twice that for ref64):
+// the long tier's contexts (check --long).
+inline constexpr int64_t kWholeMaskEntries = int64_t{4096} * 4097;
+
+// The mask a forward's attention adds to its scores: transformers' whole [B, 1, s, target] mask,
+// or (`whole` undefined) the means to build the rows of one block of queries at a time from the
+// block's own cache positions, so that each row's scores, softmax and sums are the same
+// arithmetic on the same values as in the whole matrix.
+struct CausalMask {
+  at::Tensor whole;
+  at::Tensor cache_position;  // [s] long: the column of each query
+  int64_t target_length = 0;
+  at::ScalarType dtype = at::kFloat;
+
+  // Rows [start, start + n) of the mask, [batch_size, 1, n, target_length].
+  at::Tensor Rows(int64_t start, int64_t n, int64_t batch_size) const;
+};
+
 // generate()'s position_ids: attention_mask.cumsum(-1) - 1, padding set to 1, the columns of the
 // new tokens: [B, S], row b's new token k at position P_b + k.
 at::Tensor PositionIdsFromAttentionMask(const at::Tensor& attention_mask, int64_t new_length);

@@ -19,6 +19,7 @@
 #include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -155,19 +156,40 @@ struct ReferenceModel::Impl {
         .reshape({batch, nkv * n_rep, slen, head_dim});
   }
 
-  // eager_attention_forward: scores in the model dtype, softmax in float32, cast back.
+  // eager_attention_forward: scores in the model dtype, softmax in float32, cast back. A mask
+  // built per block (CausalMask) takes the queries a block of kWholeMaskEntries at a time.
   Tensor EagerAttention(const Tensor& query, const Tensor& key, const Tensor& value,
-                        const Tensor& attention_mask) const {
+                        const CausalMask& mask) const {
     const int64_t n_rep = config.NumRep();
     Tensor key_states = RepeatKv(key, n_rep);
     Tensor value_states = RepeatKv(value, n_rep);
+    Tensor attn_output;  // [B, nh, s, d]
+    if (mask.whole.defined()) {
+      attn_output = AttendRows(query, key_states, value_states, mask.whole);
+    } else {
+      const int64_t s = query.size(2);
+      const int64_t block = std::max<int64_t>(1, kWholeMaskEntries / mask.target_length);
+      std::vector<Tensor> blocks;
+      for (int64_t start = 0; start < s; start += block) {
+        const int64_t n = std::min(block, s - start);
+        blocks.push_back(AttendRows(query.narrow(2, start, n), key_states, value_states,
+                                    mask.Rows(start, n, query.size(0))));
+      }
+      attn_output = at::cat(blocks, 2);
+    }
+    return attn_output.transpose(1, 2).contiguous();  // [B, s, nh, d]
+  }
+
+  // Softmax(q k^T * scaling + mask) v for the queries of `query` ([B, nh, n, d]) and the rows of
+  // the mask that belong to them ([B, 1, n, >= keys]).
+  Tensor AttendRows(const Tensor& query, const Tensor& key_states, const Tensor& value_states,
+                    const Tensor& attention_mask) const {
     const double scaling = std::pow(static_cast<double>(config.head_dim), -0.5);
     Tensor attn_weights = at::matmul(query, key_states.transpose(2, 3)) * scaling;
     Tensor causal_mask = attention_mask.narrow(-1, 0, key_states.size(-2));
     attn_weights = attn_weights + causal_mask;
     attn_weights = at::softmax(attn_weights, -1, upcast).to(query.scalar_type());
-    Tensor attn_output = at::matmul(attn_weights, value_states);  // [B, nh, s, d]
-    return attn_output.transpose(1, 2).contiguous();              // [B, s, nh, d]
+    return at::matmul(attn_weights, value_states);  // [B, nh, n, d]
   }
 
   // at::linear, except that a single row goes through a matrix-vector product. For every call
@@ -185,7 +207,7 @@ struct ReferenceModel::Impl {
   // LlamaAttention.forward
   Tensor Attention(const Tensor& hidden_states, const LayerWeights& w,
                    const std::pair<Tensor, Tensor>& position_embeddings,
-                   const Tensor& attention_mask, DynamicCache::Impl* past_key_value,
+                   const CausalMask& attention_mask, DynamicCache::Impl* past_key_value,
                    size_t layer_idx) const {
     const int64_t b = hidden_states.size(0), s = hidden_states.size(1);
     const std::vector<int64_t> hidden_shape = {b, s, -1, config.head_dim};
@@ -211,7 +233,7 @@ struct ReferenceModel::Impl {
   // LlamaDecoderLayer.forward
   Tensor DecoderLayer(const Tensor& hidden_states_in, size_t layer_idx,
                       const std::pair<Tensor, Tensor>& position_embeddings,
-                      const Tensor& attention_mask, DynamicCache::Impl* past_key_value,
+                      const CausalMask& attention_mask, DynamicCache::Impl* past_key_value,
                       ForwardTrace* trace) const {
     const LayerWeights& w = layers[layer_idx];
     Tensor residual = hidden_states_in;
@@ -282,8 +304,11 @@ struct ReferenceModel::Impl {
     // attention narrows it to the keys.
     const int64_t target_length =
         attention_mask.defined() ? attention_mask.size(-1) : past_seen_tokens + s + 1;
-    Tensor causal_mask = Prepare4dCausalAttentionMask(attention_mask, s, target_length, dtype,
-                                                      cache_position, batch_size);
+    CausalMask causal_mask{Tensor(), cache_position, target_length, dtype};
+    if (attention_mask.defined() || s * target_length <= kWholeMaskEntries) {
+      causal_mask.whole = Prepare4dCausalAttentionMask(attention_mask, s, target_length, dtype,
+                                                       cache_position, batch_size);
+    }
     Tensor hidden_states = inputs_embeds;
     const std::pair<Tensor, Tensor> position_embeddings = RotaryEmbedding(position_ids);
     for (size_t l = 0; l < layers.size(); ++l) {

@@ -121,35 +121,38 @@ nlohmann::json CampaignReport::ToJson() const {
   for (const auto& [path, stats] : distributions) {
     distributions_json[path] = DistributionToJson(stats);
   }
-  nlohmann::json out = {
-      {"kvdiff_version", KVDIFF_VERSION},
-      {"command", "check"},
-      {"model",
-       {{"source", random_shapes ? std::string("random shapes") : model.Describe()},
-        {"description", model_description}}},
-      {"backends", backends},
-      {"tolerance", {{"abs", tolerance}}},
-      {"seed", seed},
-      {"cases", cases},
-      {"shard", {{"index", shard.index}, {"count", shard.count}}},
-      {"case_indices", indices},
-      {"passed", Passed()},
-      {"failures", Failures()},
-      {"rows_compared", rows_compared},
-      {"worst_diff", Number(worst_diff)},
-      {"worst", WorstRowToJson(worst)},
-      {"worst_case", worst_case},
-      {"seconds", seconds},
-      {"coverage", coverage.ToJson()},
-      {"distributions", distributions_json},
-      {"demanding", demanding.ToJson()},
-      {"results", cases_json}};
-  if (random_shapes) out["shapes"] = "random";  // absent: fixed (reports of before --shapes)
+  nlohmann::json out = {{"kvdiff_version", KVDIFF_VERSION},
+                        {"command", "check"},
+                        {"model",
+                         {{"source", long_shapes     ? std::string("long-context random shapes")
+                                     : random_shapes ? std::string("random shapes")
+                                                     : model.Describe()},
+                          {"description", model_description}}},
+                        {"backends", backends},
+                        {"tolerance", {{"abs", tolerance}}},
+                        {"seed", seed},
+                        {"cases", cases},
+                        {"shard", {{"index", shard.index}, {"count", shard.count}}},
+                        {"case_indices", indices},
+                        {"passed", Passed()},
+                        {"failures", Failures()},
+                        {"rows_compared", rows_compared},
+                        {"worst_diff", Number(worst_diff)},
+                        {"worst", WorstRowToJson(worst)},
+                        {"worst_case", worst_case},
+                        {"seconds", seconds},
+                        {"coverage", coverage.ToJson()},
+                        {"distributions", distributions_json},
+                        {"demanding", demanding.ToJson()},
+                        {"results", cases_json}};
+  // Absent: fixed (reports of before --shapes).
+  if (random_shapes) out["shapes"] = long_shapes ? "long" : "random";
   // What the cases were drawn with: shards drawn otherwise are another campaign (merge refuses).
   out["generation"] = {{"max_length", generation.max_length},
                        {"long_fraction", generation.long_fraction},
                        {"deep_fraction", generation.deep_fraction},
-                       {"batch_percent", generation.batch_percent}};
+                       {"batch_percent", generation.batch_percent},
+                       {"shift_percent", generation.shift_percent}};
   return out;
 }
 
@@ -390,6 +393,7 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model, PartBackends ordinary,
   generation.shifts = CampaignShifts(backends);
   report.coverage = NewCoverage(generation.boundaries, context);
   report.coverage.reach_limit = CampaignReachLimit(config, options.generation.max_length, backends);
+  report.coverage.shift_limit = CampaignShiftLimit(backends, generation.shift_percent);
   const DemandingPart& demanding = options.demanding;
   if (demanding.Active()) ValidateDemandingOptions(demanding.options);
   report.demanding.skipped = demanding.Active() || !demanding.skipped.empty()

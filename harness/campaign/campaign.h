@@ -15,6 +15,7 @@
 #include "harness/campaign/case_generator.h"
 #include "harness/campaign/coverage.h"
 #include "harness/campaign/demanding_part.h"
+#include "harness/campaign/shape_generator.h"
 #include "harness/campaign/shrink.h"
 #include "harness/report/junit.h"
 #include "harness/run/differential_run.h"
@@ -42,6 +43,8 @@ struct CampaignOptions {
   // --max-length, --long-fraction; the boundaries are filled in by RunCampaign from the
   // backends' declared sizes and the powers of two (CampaignBoundaries).
   GenerationOptions generation;
+  // Which random shapes RunRandomShapeCampaign draws: --shapes random, or the long tier (--long).
+  ShapeTier shape_tier = ShapeTier::kSmall;
   RunOptions run;
   // The cases run on the demanding variant of the model against ref64
   // (harness/campaign/demanding_part.h), after the ordinary ones; the caller gives its backends or
@@ -51,7 +54,7 @@ struct CampaignOptions {
   // that failed them (the ordinary part's first, in case order, then the demanding part's), each
   // within shrink_budget, and the smallest failing scenario found is written beside the whole case
   // (check-seedS-caseK-shrunk.json); 0: none.
-  // --shapes random cases are not shrunk (each has its own model).
+  // --shapes random (and --long) cases are not shrunk (each has its own model).
   int64_t shrink_cases = 3;
   ShrinkBudget shrink_budget;
   // Called after every case with (done, total, failures) for a progress line.
@@ -89,6 +92,7 @@ struct CampaignReport {
   ModelSpec model;  // --shapes fixed: the model every case ran on
   std::string model_description;
   bool random_shapes = false;  // --shapes random: each case its own model (CaseResult::shape)
+  bool long_shapes = false;    // check --long: those models are the long tier's (ShapeTier::kLong)
   std::vector<std::string> backends;
   double tolerance = kDefaultTolerance;
   uint64_t seed = 0;

@@ -143,6 +143,13 @@ bool CampaignShifts(const std::vector<const Backend*>& backends) {
                      [](const Backend* b) { return b->Info().shifts; });
 }
 
+std::string CampaignShiftLimit(const std::vector<const Backend*>& backends, int64_t shift_percent) {
+  for (const Backend* b : backends)
+    if (!b->Info().shifts) return fmt::format("none drawn: backend {} does not shift", b->Name());
+  if (shift_percent == 0) return "none drawn: --shift-percent 0";
+  return "";
+}
+
 bool IsLongCase(uint64_t seed, int64_t k, double long_fraction, int64_t context) {
   if (context <= kShortCaseLength) return false;
   // A stream of its own, so the short cases are the same whatever the fraction.
@@ -182,9 +189,12 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
   // A long case aims at a length of its own: a boundary's neighbourhood, the full context, or
   // anything between; its sizes are drawn within that. A deep one is a short case on top of its
   // first prompt.
-  const int64_t max_len =
-      long_case ? std::max<int64_t>(kShortCaseLength + 1, sizes.Pick(context, context))
-                : std::min<int64_t>(deep_start + kShortCaseLength, context);
+  int64_t max_len = long_case
+                        ? std::max<int64_t>(kShortCaseLength + 1, sizes.Pick(context, context))
+                        : std::min<int64_t>(deep_start + kShortCaseLength, context);
+  // A tier that wants its long cases longer (min_long_target) redraws a target short of it.
+  if (long_case && max_len < options.min_long_target)
+    max_len = rng.Between(std::min(options.min_long_target, context), context);
   Conversations convs;
   int64_t next_name = 1;
   auto emit = [&](const Step& s) {
@@ -342,6 +352,7 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
         s.op = Op::kDecode;
         s.conversation = c;
         s.n = sizes.Pick(max_len - convs.At(c).length, 8);
+        if (options.max_decode > 0) s.n = std::min(s.n, options.max_decode);
         emit(s);
       }
     } else if (roll < 72) {  // truncate (to the same length now and then: keeps the last row)
@@ -378,7 +389,7 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
       prefill(s.conversation);
     }
     // Now and then a context shift (harness/campaign/shift_episode.h), from a stream of its own.
-    if (options.shifts && shift_rng.Chance(kDefaultShiftPercent)) {
+    if (options.shifts && shift_rng.Chance(static_cast<int>(options.shift_percent))) {
       const std::string fork_name = fmt::format("c{}", next_name);
       const ShiftEpisodeLimits limits{max_len, config.vocab_size, call_cap,
                                       live() < max_conversations ? fork_name : std::string()};
@@ -389,16 +400,25 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
     }
   }
   // A long case ends with a decode to its target on its longest conversation: decoding is where
-  // a cache is read past everything the prompt wrote.
+  // a cache is read past everything the prompt wrote. With decodes capped (max_decode), a prompt
+  // brings it within max_decode of the target first, so any conversation can be the one.
   if (long_case) {
+    const bool capped = options.max_decode > 0;
     std::string longest;
     for (const std::string& name : convs.Names()) {
       const ConversationState& c = convs.At(name);
-      if (c.has_last_row && c.length < max_len &&
+      if ((c.has_last_row || capped) && c.length < max_len &&
           (longest.empty() || c.length > convs.At(longest).length))
         longest = name;
     }
-    if (!longest.empty()) emit(Step::Decode(longest, max_len - convs.At(longest).length));
+    if (!longest.empty()) {
+      const ConversationState& c = convs.At(longest);
+      const int64_t room = max_len - c.length;
+      const int64_t prompt =
+          capped ? std::max(room - options.max_decode, c.has_last_row ? int64_t{0} : 1) : 0;
+      if (prompt > 0) prefill(longest, prompt);
+      if (room > prompt) emit(Step::Decode(longest, room - prompt));
+    }
   }
   return sc;
 }

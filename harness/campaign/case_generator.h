@@ -41,6 +41,9 @@ struct Boundary {
 };
 
 inline constexpr int64_t kDefaultBatchPercent = 20;
+// The chance, in percent, that a step of a case is followed by a shift episode
+// (harness/campaign/shift_episode.h), when every backend shifts.
+inline constexpr int64_t kDefaultShiftPercent = 25;
 
 struct GenerationOptions {
   // The longest history a case may reach (capped by the context); 0: max_position_embeddings.
@@ -60,6 +63,18 @@ struct GenerationOptions {
   // Whether every backend shifts (BackendInfo::shifts): only then do cases draw shift episodes
   // (harness/campaign/shift_episode.h). CampaignShifts gives it.
   bool shifts = false;
+  // The most tokens a decode step decodes (0: no limit); a long case then reaches its target with
+  // a prompt before its last decode. The long tier (check --long) sets it: a decode is a call per
+  // token, and thousands of them at 32768 positions would take the campaign's time from the
+  // positions it is there to reach.
+  int64_t max_decode = 0;
+  // The shortest target a long case draws (0: kShortCaseLength + 1); a shorter draw is redrawn
+  // uniformly between it and the context. The long tier sets half its smallest context, so that
+  // its cases are spent where its contexts are long.
+  int64_t min_long_target = 0;
+  // The chance, in percent, that a step of a case is followed by a shift episode when `shifts`;
+  // 0 draws none (check --shift-percent).
+  int64_t shift_percent = kDefaultShiftPercent;
 };
 
 // The smallest max_sessions the backends declare (0 when none declares one).
@@ -68,6 +83,10 @@ int64_t CampaignMaxSessions(const std::vector<const Backend*>& backends);
 int64_t CampaignMaxCallTokens(const std::vector<const Backend*>& backends);
 // Whether every backend shifts a conversation's positions (BackendInfo::shifts).
 bool CampaignShifts(const std::vector<const Backend*>& backends);
+// Empty when the campaign draws shift episodes; else why it draws none, for the coverage's
+// `shifts:` line: "none drawn: backend plugin:... does not shift" or "none drawn:
+// --shift-percent 0".
+std::string CampaignShiftLimit(const std::vector<const Backend*>& backends, int64_t shift_percent);
 
 // The longest history of the campaign: options.max_length (InputError naming --max-length when
 // it is < 1), capped by the model's context.

@@ -84,6 +84,8 @@ Coverage Coverage::FromJson(const nlohmann::json& j, const std::string& where) {
   c.cases_at_context = Count(j, "cases_at_context", where);
   if (j.contains("reach_limit") && j.at("reach_limit").is_string())  // since 0.3
     c.reach_limit = j.at("reach_limit").get<std::string>();
+  if (j.contains("shift_limit") && j.at("shift_limit").is_string())  // since shift steps
+    c.shift_limit = j.at("shift_limit").get<std::string>();
   c.lengths = CountsFromJson<int64_t>(j, "lengths", where, BucketLow);
   c.call_sizes = CountsFromJson<int64_t>(j, "call_sizes", where, BucketLow);
   c.conversations = CountsFromJson<int64_t>(j, "conversations", where, BucketLow);
@@ -226,6 +228,7 @@ void Coverage::Merge(const Coverage& o) {
   long_cases += o.long_cases;
   context = std::max(context, o.context);
   if (reach_limit.empty()) reach_limit = o.reach_limit;
+  if (shift_limit.empty()) shift_limit = o.shift_limit;
   longest = std::max(longest, o.longest);
   cases_at_context += o.cases_at_context;
   AddAll(lengths, o.lengths);
@@ -300,7 +303,10 @@ std::string Coverage::Text() const {
     convs += fmt::format("{}{}: {}", convs.empty() ? "" : ", ", n, count);
   out += fmt::format("  conversations: {}\n", convs);
   if (!batches.empty()) out += BatchText();
-  if (!shifts.empty()) out += ShiftText();
+  if (!shifts.empty())
+    out += ShiftText();
+  else if (!shift_limit.empty())
+    out += fmt::format("  shifts:        {}\n", shift_limit);
   if (!deep.empty()) out += DeepText();
   // Every shape while there are few (a fixed campaign has one); with a shape per case
   // (--shapes random) the commonest kShapeLines and a count, the rest being in --json.
@@ -405,6 +411,7 @@ nlohmann::json Coverage::ToJson() const {
           {"deep", deep},
           {"boundaries", bounds},
           {"reach_limit", reach_limit},
+          {"shift_limit", shift_limit},
           {"warnings", Warnings()}};
 }
 

@@ -35,6 +35,7 @@ struct Coverage {
   int64_t cases = 0, long_cases = 0;
   int64_t context = 0;           // the campaign's longest allowed history
   std::string reach_limit;       // why `context` is below the model's (CampaignReachLimit), or ""
+  std::string shift_limit;       // why no shift episode was drawn (CampaignShiftLimit), or ""
   int64_t longest = 0;           // the longest history any case reached
   int64_t cases_at_context = 0;  // cases that reached `context` (or their own, case_context)
   // Histograms keyed by the lower end of a power-of-two bucket [2^i, 2^(i+1)): 1, 2, 4, 8...

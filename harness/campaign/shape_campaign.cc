@@ -28,13 +28,14 @@ struct ShapeCase {
   int64_t context = 0;
   bool long_case = false;
   std::vector<Boundary> boundaries;
+  std::string shift_limit;  // CampaignShiftLimit of this case's backends
 };
 
 // Case k: its model, its backends (each of `names`, built by the registry), then the case as the
 // fixed campaign runs one.
 ShapeCase RunShapeCase(const std::vector<std::string>& names, const BackendOptions& backend_options,
                        const CampaignOptions& options, int64_t k) {
-  const ModelSpec model = ShapeModel(options.seed, k);
+  const ModelSpec model = ShapeModel(options.seed, k, options.shape_tier);
   const format::LlamaConfig& config = *model.config;
   ShapeCase out;
   out.shape = DescribeModel(config);
@@ -49,8 +50,10 @@ ShapeCase RunShapeCase(const std::vector<std::string>& names, const BackendOptio
   // The case as its file says how to get it again.
   auto new_case = [&] {
     Scenario sc = campaign_detail::NewCase(config, model, names, options, generation, k);
-    sc.description = fmt::format("kvdiff check --shapes random --seed {}: case {}{}", options.seed,
-                                 k, out.long_case ? " (long)" : "");
+    sc.description =
+        fmt::format("kvdiff check {} --seed {}: case {}{}",
+                    options.shape_tier == ShapeTier::kLong ? "--long" : "--shapes random",
+                    options.seed, k, out.long_case ? " (long)" : "");
     return sc;
   };
   for (const std::string& name : names) {
@@ -77,6 +80,7 @@ ShapeCase RunShapeCase(const std::vector<std::string>& names, const BackendOptio
   generation.max_sessions = CampaignMaxSessions(backends);
   generation.max_call_tokens = CampaignMaxCallTokens(backends);
   generation.shifts = CampaignShifts(backends);
+  out.shift_limit = CampaignShiftLimit(backends, generation.shift_percent);
   out.scenario = new_case();
   const std::string shape = std::move(out.result.shape);
   out.result = campaign_detail::RunCase(out.scenario, backends, options, k);
@@ -103,6 +107,7 @@ Coverage FoldCoverage(const std::vector<ShapeCase>& cases) {
   Coverage coverage = NewCoverage(boundaries, context);
   for (const ShapeCase& c : cases) {
     if (c.ran) coverage.Add(c.scenario, c.shape, c.long_case, c.context);
+    if (c.ran && coverage.shift_limit.empty()) coverage.shift_limit = c.shift_limit;
   }
   return coverage;
 }
@@ -120,11 +125,16 @@ CampaignReport RunRandomShapeCampaign(const std::vector<std::string>& backend_na
   const auto start = std::chrono::steady_clock::now();
   CampaignReport report = campaign_detail::NewReport(backend_names, options);
   // The demanding part scales a preset's weights; here every case draws a model of its own.
-  report.demanding.skipped =
-      "--shapes random (the demanding part runs on a preset's demanding variant: use --shapes "
-      "fixed)";
+  report.demanding.skipped = fmt::format(
+      "{} (the demanding part runs on a preset's demanding variant: use --shapes fixed)",
+      options.shape_tier == ShapeTier::kLong ? "--long" : "--shapes random");
   report.random_shapes = true;
-  report.model_description = "a random shape per case (see coverage)";
+  report.long_shapes = options.shape_tier == ShapeTier::kLong;
+  report.model_description = report.long_shapes ? fmt::format(
+                                                      "a random long-context shape per case ({}-{} "
+                                                      "positions; see coverage)",
+                                                      kLongTierMinContext, kLongTierMaxContext)
+                                                : "a random shape per case (see coverage)";
   const std::vector<int64_t> indices = ShardCases(options.cases, options.shard);
   // As in the fixed campaign: results land in case order, the report is folded from them after.
   std::vector<ShapeCase> cases(indices.size());

@@ -16,10 +16,10 @@ uint64_t ShapeStream(uint64_t seed, int64_t k) {
 
 // An even head_dim in [8, 128] with heads x head_dim in [kMinShapeWidth, kMaxShapeWidth]: half the
 // time a power of two (what real models use), else any even size (odd strides: 18, 22, 54...).
-int64_t DrawHeadDim(CaseRng& rng, int64_t heads) {
+int64_t DrawHeadDim(CaseRng& rng, int64_t heads, int64_t max_width = kMaxShapeWidth) {
   const int64_t need = std::max(kMinHeadDim, (kMinShapeWidth + heads - 1) / heads);
   const int64_t lo = (need + 1) / 2 * 2;
-  const int64_t hi = std::min(kMaxHeadDim, kMaxShapeWidth / heads) / 2 * 2;
+  const int64_t hi = std::min(kMaxHeadDim, max_width / heads) / 2 * 2;
   std::vector<int64_t> powers;
   for (int64_t p = kMinHeadDim; p <= hi; p *= 2)
     if (p >= lo) powers.push_back(p);
@@ -51,9 +51,49 @@ format::RopeScaling DrawRopeScaling(CaseRng& rng) {
   return s;
 }
 
+// The long tier's shape (ShapeTier::kLong): narrow and shallow, so that a forward of 32768
+// positions takes seconds (attention grows with the square of the length and with the width);
+// a context of 8192, 16384 or 32768 positions, or anything between.
+constexpr int64_t kLongTierMaxWidth = 64;
+format::LlamaConfig DrawLongShape(CaseRng& rng) {
+  format::LlamaConfig c;
+  c.num_hidden_layers = rng.Between(1, 2);
+  c.num_key_value_heads = rng.Between(1, 2);
+  c.num_attention_heads = c.num_key_value_heads * rng.Between(1, 2);
+  c.head_dim = DrawHeadDim(rng, c.num_attention_heads, kLongTierMaxWidth);
+  c.hidden_size = c.QDim();
+  c.intermediate_size = rng.Between(16, 2 * c.hidden_size);
+  c.vocab_size = rng.Between(32, 256);
+  const int64_t roll = rng.Below(100);
+  c.max_position_embeddings = roll < 35   ? 8192
+                              : roll < 65 ? 16384
+                              : roll < 80
+                                  ? kLongTierMaxContext
+                                  : rng.Between(kLongTierMinContext + 1, kLongTierMaxContext);
+  const double thetas[] = {10000.0, 500000.0, 1000000.0};
+  c.rope_theta = rng.Pick(thetas);
+  const double epsilons[] = {1e-6, 1e-5};
+  c.rms_norm_eps = rng.Pick(epsilons);
+  c.tie_word_embeddings = rng.Chance(50);
+  if (rng.Chance(50)) {
+    c.rope_scaling = DrawRopeScaling(rng);
+    c.rope_scaling->original_max_position_embeddings = rng.Between(1024, 8192);
+  }
+  return c;
+}
+
 }  // namespace
 
-format::LlamaConfig DrawShape(uint64_t seed, int64_t k) {
+format::LlamaConfig DrawShape(uint64_t seed, int64_t k, ShapeTier tier) {
+  if (tier == ShapeTier::kLong) {
+    CaseRng rng(ShapeStream(seed, k) ^ 0x4C4F4E4754494552ull);  // "LONGTIER"
+    format::LlamaConfig c = DrawLongShape(rng);
+    c.bos_token_id = 1;
+    c.eos_token_id = 2;
+    c.torch_dtype = "float32";
+    c.Validate();
+    return c;
+  }
   CaseRng rng(ShapeStream(seed, k));
   format::LlamaConfig c;
   c.num_hidden_layers = rng.Between(1, 3);
@@ -80,9 +120,9 @@ format::LlamaConfig DrawShape(uint64_t seed, int64_t k) {
   return c;
 }
 
-ModelSpec ShapeModel(uint64_t seed, int64_t k) {
+ModelSpec ShapeModel(uint64_t seed, int64_t k, ShapeTier tier) {
   ModelSpec spec;
-  spec.config = DrawShape(seed, k);
+  spec.config = DrawShape(seed, k, tier);
   // Drawn from the shape's own stream after the config: the seed does not move the shape.
   CaseRng rng(ShapeStream(seed, k) ^ 0x5745494748545300ull);
   spec.seed = static_cast<uint64_t>(rng.Below(int64_t{1} << 31));

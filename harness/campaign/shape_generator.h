@@ -30,10 +30,21 @@ inline constexpr int64_t kMinShapeWidth = 32;
 // still runs a short case in milliseconds.
 inline constexpr int64_t kMaxShapeWidth = 256;
 
-// The config of case k of the campaign seeded `seed` (valid: LlamaConfig::Validate passes).
-format::LlamaConfig DrawShape(uint64_t seed, int64_t k);
+// Which shapes a campaign draws. kSmall: the shapes above (`--shapes random`). kLong: the long
+// tier (`check --long`): small and narrow (1-2 layers, 32-64 wide, vocabularies up to 256), with
+// contexts of 8192 to 32768 positions and, half the time, llama3 rope scaling from an original
+// context of 1024-8192, so that a case runs far into the scaled band within seconds. There the
+// RoPE angles' rounding grows with the position and cached and uncached paths share it, so only
+// the comparison with ref64 sees a port's error (docs/campaigns.md, "The long tier").
+enum class ShapeTier { kSmall, kLong };
+inline constexpr int64_t kLongTierMinContext = 8192;
+inline constexpr int64_t kLongTierMaxContext = 32768;
+
+// The config of case k of the campaign seeded `seed` (valid: LlamaConfig::Validate passes). Each
+// tier draws from a stream of its own.
+format::LlamaConfig DrawShape(uint64_t seed, int64_t k, ShapeTier tier = ShapeTier::kSmall);
 // Case k's model: DrawShape's config with random weights of a seed drawn alongside it, as the
 // inline-config ModelSpec a failing case's replay file records.
-ModelSpec ShapeModel(uint64_t seed, int64_t k);
+ModelSpec ShapeModel(uint64_t seed, int64_t k, ShapeTier tier = ShapeTier::kSmall);
 
 }  // namespace kvdiff::harness

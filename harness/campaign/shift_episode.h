@@ -27,9 +27,6 @@
 
 namespace kvdiff::harness {
 
-// The chance, in percent, that a step of a case is followed by a shift episode.
-inline constexpr int64_t kDefaultShiftPercent = 25;
-
 // The stream of case k's shift episodes, apart from its steps' (CaseStream).
 inline uint64_t ShiftStream(uint64_t seed, int64_t k) {
   return CaseStream(seed, k) ^ 0x5348494654535445ull;  // "SHIFTSTE"

@@ -18,7 +18,7 @@ std::string Summary(const CampaignReport& r) {
       {"verdict", HtmlVerdict(r.Passed()) + ": " + HtmlFigure("failures", r.Failures()) +
                       HtmlEscape(fmt::format(" of {} cases failed", r.results.size()))},
       {"model", HtmlEscape(r.random_shapes
-                               ? std::string("random shapes (a model per case)")
+                               ? r.model_description
                                : fmt::format("{} ({})", r.model.Describe(), r.model_description))},
       {"backends", HtmlEscape(fmt::format("{}", fmt::join(r.backends, ", ")))},
       {"tolerance", HtmlFigure("tolerance", r.tolerance, FormatDiff(r.tolerance))},

@@ -147,6 +147,9 @@ TEST(ConformCli, ATruncateThatKeepsTheCacheIsCaughtByConformAndByCheck) {
                 dir.path());
   EXPECT_EQ(check.exit_code, 1) << check.out << check.err;
   EXPECT_THAT(check.out, HasSubstr("kvdiff-failures/"));
+  // A version-1 plugin has no shift: the campaign draws none, and says so by name.
+  EXPECT_THAT(check.out, HasSubstr("  shifts:        none drawn: backend plugin:"));
+  EXPECT_THAT(check.out, HasSubstr("?bug=truncate does not shift"));
 }
 
 TEST(ConformCli, AForkWithoutTheParentsCacheIsCaughtByConformAndByCheck) {

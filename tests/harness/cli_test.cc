@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/backend/registry.h"
+#include "harness/campaign/case_generator.h"
 #include "harness/compare/tolerance_profile.h"
 #include "tests/harness/harness_test_util.h"
 #include "tests/test_support.h"
@@ -242,6 +243,32 @@ TEST(CheckCli, FailingCaseIsWrittenAsAReplayableScenario) {
   ASSERT_FALSE(file.empty());
   const auto replay = RunKvdiff("run " + file + " --threads 1", dir.path());
   EXPECT_EQ(replay.exit_code, 1) << replay.out << replay.err;
+}
+
+// --shift-percent 0 draws no shift episode, and the coverage says why there is none; the other
+// steps are the ones a campaign on backends that cannot shift draws (the episodes have their own
+// random stream), so the case count and the ops apart from shifts stay comparable.
+TEST(CheckCli, ShiftPercentZeroDrawsNoShiftAndSaysSo) {
+  TempDir dir;
+  const std::string campaign = "check --cases 20 --seed 3 --backends impl --demanding-fraction 0 ";
+  const auto with = RunKvdiff(campaign + "--json a.json", dir.path());
+  ASSERT_EQ(with.exit_code, 0) << with.out << with.err;
+  const auto a = nlohmann::json::parse(ReadFile(dir / "a.json"));
+  EXPECT_GT(a.at("coverage").at("ops").value("shift", 0), 0) << "impl shifts: the default draws";
+  EXPECT_EQ(a.at("coverage").at("shift_limit"), "");
+  EXPECT_EQ(a.at("generation").at("shift_percent"), harness::kDefaultShiftPercent);
+
+  const auto without = RunKvdiff(campaign + "--shift-percent 0 --json b.json", dir.path());
+  ASSERT_EQ(without.exit_code, 0) << without.out << without.err;
+  EXPECT_THAT(without.out, HasSubstr("  shifts:        none drawn: --shift-percent 0\n"));
+  const auto b = nlohmann::json::parse(ReadFile(dir / "b.json"));
+  EXPECT_EQ(b.at("coverage").at("ops").value("shift", 0), 0);
+  EXPECT_EQ(b.at("coverage").at("shift_limit"), "none drawn: --shift-percent 0");
+  EXPECT_EQ(b.at("generation").at("shift_percent"), 0);
+
+  const auto bad = RunKvdiff("check --cases 1 --shift-percent 101", dir.path());
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--shift-percent"));
 }
 
 TEST(CheckCli, UsageErrorsExitTwo) {
