@@ -36,6 +36,16 @@ Tensor Prepare4dCausalAttentionMask(const Tensor& attention_mask, int64_t sequen
   return causal_mask;
 }
 
+Tensor ApplySlidingWindow(const Tensor& causal_mask, const Tensor& key_positions,
+                          const Tensor& query_positions, int64_t window) {
+  using at::indexing::None;
+  using at::indexing::Slice;
+  const Tensor keys = key_positions.index({Slice(), None, None, Slice()});       // [B, 1, 1, T]
+  const Tensor queries = query_positions.index({Slice(), None, Slice(), None});  // [B, 1, s, 1]
+  const Tensor out_of_window = keys <= queries - window;                         // [B, 1, s, T]
+  return causal_mask.masked_fill(out_of_window, MinOf(causal_mask.scalar_type()));
+}
+
 Tensor PositionIdsFromAttentionMask(const Tensor& attention_mask, int64_t new_length) {
   Tensor position_ids = attention_mask.cumsum(-1) - 1;
   position_ids.masked_fill_(attention_mask == 0, 1);

@@ -22,6 +22,16 @@ at::Tensor Prepare4dCausalAttentionMask(const at::Tensor& attention_mask, int64_
                                         int64_t target_length, at::ScalarType dtype,
                                         const at::Tensor& cache_position, int64_t batch_size);
 
+// A sliding window W (Mistral's sliding_window) on top of a 4-D mask [B, 1, s, T]: key column j
+// is hidden from query i of row b (set to finfo.min, never added) when its position is W or more
+// before the query's, key_positions[b, j] <= query_positions[b, i] - W, so a query sees W keys,
+// itself included, as transformers' sliding window mask (kv_idx > q_idx - W) and llama.cpp's
+// LLAMA_SWA_TYPE_STANDARD (p1 - p0 >= n_swa is masked). Positions, not columns: in a padded row
+// the columns of padding between a cache and a chunk are not positions. key_positions [B or 1,
+// T], query_positions [B or 1, s], long.
+at::Tensor ApplySlidingWindow(const at::Tensor& causal_mask, const at::Tensor& key_positions,
+                              const at::Tensor& query_positions, int64_t window);
+
 // generate()'s position_ids: attention_mask.cumsum(-1) - 1, padding set to 1, the columns of the
 // new tokens: [B, S], row b's new token k at position P_b + k.
 at::Tensor PositionIdsFromAttentionMask(const at::Tensor& attention_mask, int64_t new_length);

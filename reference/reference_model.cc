@@ -284,6 +284,15 @@ struct ReferenceModel::Impl {
         attention_mask.defined() ? attention_mask.size(-1) : past_seen_tokens + s + 1;
     Tensor causal_mask = Prepare4dCausalAttentionMask(attention_mask, s, target_length, dtype,
                                                       cache_position, batch_size);
+    if (config.Windowed()) {
+      // Each key column's position: its count among the row's real columns (padding counts
+      // none), or its column when nothing is padded.
+      const Tensor key_positions = attention_mask.defined()
+                                       ? attention_mask.cumsum(-1) - 1
+                                       : at::arange(target_length, at::kLong).unsqueeze(0);
+      causal_mask =
+          ApplySlidingWindow(causal_mask, key_positions, position_ids, config.sliding_window);
+    }
     Tensor hidden_states = inputs_embeds;
     const std::pair<Tensor, Tensor> position_embeddings = RotaryEmbedding(position_ids);
     for (size_t l = 0; l < layers.size(); ++l) {
@@ -472,6 +481,10 @@ void ReferenceModel::Shift(DynamicCache& cache, int64_t keep, int64_t discard) c
                "ReferenceModel::Shift: keep {} and discard {} must be >= 0 with keep + discard <= "
                "{} (the cache length)",
                keep, discard, length);
+  KVDIFF_CHECK(!impl_->config.Windowed(),
+               "ReferenceModel::Shift: this model has a sliding window ({} positions): a "
+               "sliding-window conversation cannot shift its context",
+               impl_->config.sliding_window);
   if (discard == 0) return;  // nothing moves
   c10::InferenceMode guard;
   try {
