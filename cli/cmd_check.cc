@@ -145,7 +145,9 @@ BackendSet ProbeBackends(const std::vector<std::string>& names,
   for (size_t i = 0;; ++i) {
     const int64_t k = i < cases.size() ? cases[i] : static_cast<int64_t>(i);
     try {
-      return MakeBackends(names, harness::LoadModelFor(harness::ShapeModel(options.seed, k)),
+      return MakeBackends(names,
+                          harness::LoadModelFor(harness::ShapeModel(
+                              options.seed, k, harness::CampaignWindows(names))),
                           backend_options);
     } catch (const InputError&) {
       if (i + 1 >= kProbeShapes) throw;

@@ -53,7 +53,7 @@ format::RopeScaling DrawRopeScaling(CaseRng& rng) {
 
 }  // namespace
 
-format::LlamaConfig DrawShape(uint64_t seed, int64_t k) {
+format::LlamaConfig DrawShape(uint64_t seed, int64_t k, bool windows) {
   CaseRng rng(ShapeStream(seed, k));
   format::LlamaConfig c;
   c.num_hidden_layers = rng.Between(1, 3);
@@ -76,13 +76,18 @@ format::LlamaConfig DrawShape(uint64_t seed, int64_t k) {
   c.bos_token_id = 1;
   c.eos_token_id = 2;
   c.torch_dtype = "float32";
+  if (windows) {
+    CaseRng window_rng(ShapeStream(seed, k) ^ 0x57494E444F570000ull);
+    if (window_rng.Chance(kWindowPercent))
+      c.sliding_window = window_rng.Between(1, std::min(kMaxWindow, c.max_position_embeddings));
+  }
   c.Validate();
   return c;
 }
 
-ModelSpec ShapeModel(uint64_t seed, int64_t k) {
+ModelSpec ShapeModel(uint64_t seed, int64_t k, bool windows) {
   ModelSpec spec;
-  spec.config = DrawShape(seed, k);
+  spec.config = DrawShape(seed, k, windows);
   // Drawn from the shape's own stream after the config: the seed does not move the shape.
   CaseRng rng(ShapeStream(seed, k) ^ 0x5745494748545300ull);
   spec.seed = static_cast<uint64_t>(rng.Below(int64_t{1} << 31));

@@ -31,9 +31,15 @@ inline constexpr int64_t kMinShapeWidth = 32;
 inline constexpr int64_t kMaxShapeWidth = 256;
 
 // The config of case k of the campaign seeded `seed` (valid: LlamaConfig::Validate passes).
-format::LlamaConfig DrawShape(uint64_t seed, int64_t k);
+// windows: whether every backend applies a sliding window (BackendInfo::sliding_windows); then
+// some shapes (kWindowPercent) have one, of 1 to kMaxWindow positions (within the context),
+// drawn from a stream of its own, so every other field of every shape is the same either way.
+format::LlamaConfig DrawShape(uint64_t seed, int64_t k, bool windows = false);
 // Case k's model: DrawShape's config with random weights of a seed drawn alongside it, as the
 // inline-config ModelSpec a failing case's replay file records.
-ModelSpec ShapeModel(uint64_t seed, int64_t k);
+ModelSpec ShapeModel(uint64_t seed, int64_t k, bool windows = false);
+inline constexpr int kWindowPercent = 30;
+// Small, so that a short case (48 positions at most) crosses and wraps it.
+inline constexpr int64_t kMaxWindow = 40;
 
 }  // namespace kvdiff::harness
