@@ -238,9 +238,12 @@ struct Model::State {
     const int64_t first = std::max({int64_t{0}, p.past - (window - 1), ring.Oldest()});
     const int64_t held = p.past - first;
     const int64_t n = held + p.size;
-    if (static_cast<int64_t>(ws.window_keys.size()) < n * kv_dim) {
-      ws.window_keys.resize(n * kv_dim);
-      ws.window_values.resize(n * kv_dim);
+    // Sized for a whole window (and the fault's one more) at once, not for the keys in view
+    // now: those grow by one at every decode until the ring is full, which would allocate.
+    const int64_t most = (config.sliding_window + 1 + p.size) * kv_dim;
+    if (static_cast<int64_t>(ws.window_keys.size()) < most) {
+      ws.window_keys.resize(most);
+      ws.window_values.resize(most);
     }
     float* keys = ws.window_keys.data();  // (n, kv_dim): positions first..P+c-1
     float* values = ws.window_values.data();
