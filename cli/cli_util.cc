@@ -119,7 +119,7 @@ void AddModelFlags(CLI::App* cmd, const ModelFlagsSpelling& spelling, ModelFlags
 
 ModelFlagsSpelling PresetUnlessModelSpelling() {
   return {ModelFlagRules::kPresetUnlessModel, "Model directory (default: the tiny preset, seed 7)",
-          "Random model preset (tiny, smollm2-135m)", "--model-seed", 7};
+          "Random model preset (tiny, tiny-swa, smollm2-135m)", "--model-seed", 7};
 }
 
 bool ModelFlags::SeedGiven() const { return seed_option && seed_option->count() > 0; }

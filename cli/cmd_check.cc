@@ -158,7 +158,9 @@ BackendSet ProbeBackends(const std::vector<std::string>& names,
     const int64_t k = i < cases.size() ? cases[i] : static_cast<int64_t>(i);
     try {
       return MakeBackends(
-          names, harness::LoadModelFor(harness::ShapeModel(options.seed, k, options.shape_tier)),
+          names,
+          harness::LoadModelFor(harness::ShapeModel(options.seed, k, options.shape_tier,
+                                                    harness::CampaignWindows(names))),
           backend_options);
     } catch (const InputError&) {
       if (i + 1 >= kProbeShapes) throw;

@@ -22,6 +22,8 @@ struct MakeModelOptions {
   bool tied = false;
   bool untied = false;
   std::string scale = "default";
+  int64_t sliding_window = 0;  // 0: as the preset or config says
+  bool sliding_window_given = false;
 };
 
 format::DType DTypeFromFlag(const std::string& flag) {
@@ -53,6 +55,13 @@ void RunMakeModel(const MakeModelOptions& o) {
       o.preset.empty() ? format::LoadConfig(o.config_path) : format::PresetConfig(o.preset);
   if (o.tied) config.tie_word_embeddings = true;
   if (o.untied) config.tie_word_embeddings = false;
+  if (o.sliding_window_given) {
+    KVDIFF_CHECK(o.sliding_window >= 1,
+                 "--sliding-window: expected a window of at least 1 position, found {}",
+                 o.sliding_window);
+    config.sliding_window = o.sliding_window;
+    config.Validate();  // a window larger than the context is refused, naming both numbers
+  }
   const format::DType dtype = DTypeFromFlag(o.dtype);
 
   const format::RandomModelScale scale = format::ParseRandomModelScale(o.scale, "--scale");
@@ -79,8 +88,9 @@ void AddMakeModelCommand(CLI::App& app, int& exit_code) {
       "make-model",
       "Write a random Llama model (config.json + model.safetensors), the same bytes for the same "
       "arguments on every machine");
-  auto* preset = cmd->add_option("--preset", options->preset, "Model shape: tiny or smollm2-135m")
-                     ->check(CLI::IsMember(format::PresetNames()));
+  auto* preset =
+      cmd->add_option("--preset", options->preset, "Model shape: tiny, tiny-swa or smollm2-135m")
+          ->check(CLI::IsMember(format::PresetNames()));
   auto* config = cmd->add_option("--config", options->config_path,
                                  "Model shape from a HuggingFace config.json instead of a preset")
                      ->check(CLI::ExistingFile);
@@ -98,6 +108,10 @@ void AddMakeModelCommand(CLI::App& app, int& exit_code) {
   auto* tied = cmd->add_flag("--tied", options->tied, "Tie lm_head to the embedding");
   auto* untied = cmd->add_flag("--untied", options->untied, "Store a separate lm_head.weight");
   tied->excludes(untied);
+  cmd->add_option("--sliding-window", options->sliding_window,
+                  "Sliding-window attention in every layer: each query sees the last N positions "
+                  "(config.json's sliding_window, written as a Mistral model)")
+      ->each([options](const std::string&) { options->sliding_window_given = true; });
   cmd->callback([options, &exit_code] {
     RunMakeModel(*options);
     exit_code = 0;

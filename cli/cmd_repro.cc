@@ -123,7 +123,7 @@ void AddReproCommand(CLI::App& app, int& exit_code) {
       ->required();
   AddModelFlags(cmd,
                 {ModelFlagRules::kOneSource, "Model directory",
-                 "Random model preset: tiny, smollm2-135m", "--seed", 0},
+                 "Random model preset: tiny, tiny-swa, smollm2-135m", "--seed", 0},
                 args->model);
   auto* prompt = cmd->add_option(
       "--prompt", args->prompt,

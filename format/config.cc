@@ -110,8 +110,10 @@ RopeScaling ParseRopeScaling(const json& value) {
 // a config that turns one on is refused rather than run as a plain Llama.
 void RefuseUnsupportedFeatures(const json& root) {
   if (const json* v = Find(root, "model_type"); v && v->is_string()) {
-    KVDIFF_CHECK(v->get<std::string>() == "llama",
-                 "config.json field \"model_type\": expected \"llama\", found \"{}\"",
+    // Mistral is Llama with a sliding window: the same tensors, the same forward otherwise.
+    KVDIFF_CHECK(v->get<std::string>() == "llama" || v->get<std::string>() == "mistral",
+                 "config.json field \"model_type\": expected \"llama\" or \"mistral\", found "
+                 "\"{}\"",
                  v->get<std::string>());
   }
   if (const json* v = Find(root, "hidden_act"); v && !v->is_null()) {
@@ -128,6 +130,25 @@ void RefuseUnsupportedFeatures(const json& root) {
                    key);
     }
   }
+}
+
+// sliding_window: an integer W >= 1, or null/absent (0: none). Qwen2 configs carry a window with
+// "use_sliding_window": false, which transformers reads as no window at all.
+int64_t SlidingWindow(const json& root) {
+  if (const json* use = Find(root, "use_sliding_window"); use != nullptr && !use->is_null()) {
+    KVDIFF_CHECK(use->is_boolean(),
+                 "config.json field \"use_sliding_window\": expected a boolean, found {}",
+                 Describe(*use));
+    if (!use->get<bool>()) return 0;
+  }
+  const json* w = Find(root, "sliding_window");
+  if (w == nullptr || w->is_null()) return 0;
+  const int64_t window = IntegerValue(*w, "sliding_window");
+  KVDIFF_CHECK(window >= 1,
+               "config.json field \"sliding_window\": expected a positive integer (or null for "
+               "none), found {}",
+               window);
+  return window;
 }
 
 void CheckPositive(int64_t value, const char* field) {
@@ -183,6 +204,14 @@ void LlamaConfig::Validate() const {
                "config.json field \"torch_dtype\": expected \"float32\", \"bfloat16\", \"float16\" "
                "or \"float64\", found \"{}\"",
                torch_dtype);
+  KVDIFF_CHECK(sliding_window >= 0,
+               "config.json field \"sliding_window\": expected a positive integer (or null for "
+               "none), found {}",
+               sliding_window);
+  KVDIFF_CHECK(sliding_window <= max_position_embeddings,
+               "config.json field \"sliding_window\": {} is larger than max_position_embeddings "
+               "{} (a window larger than the context)",
+               sliding_window, max_position_embeddings);
   if (rope_scaling) {
     const RopeScaling& s = *rope_scaling;
     KVDIFF_CHECK(s.type == "llama3",
@@ -262,6 +291,7 @@ LlamaConfig ParseConfig(const std::string& json_text) {
   }
   c.bos_token_id = TokenId(root, "bos_token_id", 1);
   c.eos_token_id = TokenId(root, "eos_token_id", 2);
+  c.sliding_window = SlidingWindow(root);
 
   // transformers >= 4.56 writes "dtype"; older versions "torch_dtype".
   const json* dtype = Find(root, "torch_dtype");
@@ -314,7 +344,9 @@ const char* const kConfigFields[] = {"architectures",
                                      "bos_token_id",
                                      "eos_token_id",
                                      "torch_dtype",
-                                     "dtype"};
+                                     "dtype",
+                                     "sliding_window",
+                                     "use_sliding_window"};
 const char* const kRopeScalingFields[] = {"rope_type",        "type",
                                           "factor",           "low_freq_factor",
                                           "high_freq_factor", "original_max_position_embeddings"};
@@ -356,8 +388,12 @@ std::string ConfigToJson(const LlamaConfig& config) {
   // byte-identical files. The extra HF keys (architectures, model_type, hidden_act, biases) make
   // the directory loadable by transformers as it is.
   json j;
-  j["architectures"] = json::array({"LlamaForCausalLM"});
-  j["model_type"] = "llama";
+  // A windowed model is written as Mistral (Llama with a sliding window), so that transformers
+  // applies the window: its LlamaConfig ignores sliding_window. Only then is the key written, so
+  // a full-attention model's file stays byte-identical.
+  j["architectures"] = json::array({config.Windowed() ? "MistralForCausalLM" : "LlamaForCausalLM"});
+  j["model_type"] = config.Windowed() ? "mistral" : "llama";
+  if (config.Windowed()) j["sliding_window"] = config.sliding_window;
   j["hidden_act"] = "silu";
   j["attention_bias"] = false;
   j["mlp_bias"] = false;

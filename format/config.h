@@ -38,10 +38,15 @@ struct LlamaConfig {
   int64_t bos_token_id = 1;             // -1 when config.json has null
   int64_t eos_token_id = 2;             // the first id when config.json lists several; -1 when null
   std::string torch_dtype = "float32";  // "float32", "bfloat16", "float16" or "float64"
+  // Sliding-window attention in every layer (HF Mistral's key): the query at position p sees the
+  // keys at positions j with p - W < j <= p (W keys, itself included), as transformers' sliding
+  // window mask and llama.cpp's LLAMA_SWA_TYPE_STANDARD. 0: none (full causal attention).
+  int64_t sliding_window = 0;
 
   int64_t QDim() const { return num_attention_heads * head_dim; }
   int64_t KvDim() const { return num_key_value_heads * head_dim; }
   int64_t NumRep() const { return num_attention_heads / num_key_value_heads; }
+  bool Windowed() const { return sliding_window > 0; }
 
   // Throws InputError naming the field when the shape is impossible.
   void Validate() const;
@@ -51,8 +56,11 @@ struct LlamaConfig {
 // defaults (num_key_value_heads = num_attention_heads, rope_theta 10000, rms_norm_eps 1e-6,
 // tie_word_embeddings false, bos 1, eos 2, torch_dtype float32); unknown keys are ignored, since
 // real configs carry many (architectures, attention_bias, ...). rope_scaling of type "default" is
-// the unscaled rotary embedding, same as null. Throws InputError (naming the field) on bad JSON, a
-// missing or ill-typed field, an unsupported rope_scaling, or a config that fails Validate().
+// the unscaled rotary embedding, same as null. sliding_window: an integer, or null/absent for
+// none; Qwen2's "use_sliding_window": false means none whatever sliding_window says; model_type
+// "mistral" (Llama with a window) is accepted besides "llama". Throws InputError (naming the field)
+// on bad JSON, a missing or ill-typed field, an unsupported rope_scaling, or a config that fails
+// Validate().
 LlamaConfig ParseConfig(const std::string& json_text);
 LlamaConfig LoadConfig(const std::filesystem::path& config_json);
 // ParseConfig for a config written by hand, such as a scenario's inline "model": {"config": ...}:

@@ -422,6 +422,12 @@ void ConvertHfToGguf(const std::filesystem::path& model_dir, const std::filesyst
                "convert gguf: dtype {} is not supported (F32, F16 or BF16)", DTypeName(dtype));
   const ModelWeights model = LoadModel(model_dir);
   const LlamaConfig& c = model.config;
+  // The llama architecture of llama.cpp has no sliding window (its converter drops the key), so
+  // a windowed model converted to it would be a different model: refused, not approximated.
+  KVDIFF_CHECK(!c.Windowed(),
+               "convert gguf: {} has a sliding window of {} positions, and llama.cpp's llama "
+               "architecture (the one kvdiff writes) has no sliding-window attention",
+               model_dir.string(), c.sliding_window);
   const std::vector<GgufKv> metadata =
       LlamaGgufMetadata(model, model_dir.filename().string(), model_dir, dtype);
 

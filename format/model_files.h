@@ -61,7 +61,8 @@ ModelFileInfo InspectModel(const std::filesystem::path& dir);
 // torch_dtype is set to match `dtype`; the tensors must match ExpectedTensors(model.config).
 void SaveModel(const std::filesystem::path& dir, const ModelWeights& model, DType dtype);
 
-// Presets: "tiny" and "smollm2-135m". Throws InputError listing the known names.
+// Presets: "tiny", "tiny-swa" (tiny with a sliding window of 32) and "smollm2-135m". Throws
+// InputError listing the known names.
 LlamaConfig PresetConfig(const std::string& preset);
 std::vector<std::string> PresetNames();
 // How far a random model's numbers are pushed beyond the well-conditioned defaults, so that

@@ -111,11 +111,11 @@ void FillRandom(Tensor& t, const std::string& name, uint64_t seed, double scale,
 
 }  // namespace
 
-std::vector<std::string> PresetNames() { return {"tiny", "smollm2-135m"}; }
+std::vector<std::string> PresetNames() { return {"tiny", "tiny-swa", "smollm2-135m"}; }
 
 LlamaConfig PresetConfig(const std::string& preset) {
   LlamaConfig c;
-  if (preset == "tiny") {
+  if (preset == "tiny" || preset == "tiny-swa") {
     // Small enough for thousands of forwards per test run; 2 KV heads for 4 query heads exercise
     // GQA, head_dim 16 exercises RoPE pairs, and the head is untied so lm_head is read.
     c.hidden_size = 64;
@@ -132,6 +132,10 @@ LlamaConfig PresetConfig(const std::string& preset) {
     c.bos_token_id = 1;
     c.eos_token_id = 2;
     c.torch_dtype = "float32";
+    // tiny-swa: tiny with a sliding window of 32 positions, so that cases of a few hundred
+    // positions fill, wrap and rewrite the ring many times (prompts of a few tokens to the 512
+    // of the context).
+    if (preset == "tiny-swa") c.sliding_window = 32;
   } else if (preset == "smollm2-135m") {
     // HuggingFaceTB/SmolLM2-135M-Instruct's config.json, built in (the file is not needed at run
     // time; tests/format compares the two when the shared data is present).

@@ -14,7 +14,10 @@ constexpr BatchFault kFaults[] = {BatchFault::kNone,
                                   BatchFault::kSeesOtherSequence,
                                   BatchFault::kShiftNotRerotated,
                                   BatchFault::kShiftDeltaOverwritten,
-                                  BatchFault::kShiftSkippedWhenEmpty};
+                                  BatchFault::kShiftSkippedWhenEmpty,
+                                  BatchFault::kWindowPlusOne,
+                                  BatchFault::kWindowMinusOne,
+                                  BatchFault::kRingSlicedByLogicalLength};
 
 }  // namespace
 
@@ -36,6 +39,12 @@ const char* BatchFaultName(BatchFault fault) {
       return "shift-delta-overwritten";
     case BatchFault::kShiftSkippedWhenEmpty:
       return "shift-skipped-when-empty";
+    case BatchFault::kWindowPlusOne:
+      return "window-plus-one";
+    case BatchFault::kWindowMinusOne:
+      return "window-minus-one";
+    case BatchFault::kRingSlicedByLogicalLength:
+      return "ring-sliced-by-logical-length";
   }
   return "?";
 }
@@ -46,9 +55,10 @@ BatchFault ParseBatchFault(const std::string& name) {
     if (name == BatchFaultName(f)) return f;
     names += fmt::format("{}{}", names.empty() ? "" : ", ", BatchFaultName(f));
   }
-  throw InputError(fmt::format(
-      "fault={}: expected one of {} (test-only faults of impl's batched forward and context shift)",
-      name, names));
+  throw InputError(
+      fmt::format("fault={}: expected one of {} (test-only faults of impl's batched forward, "
+                  "context shift and sliding-window ring)",
+                  name, names));
 }
 
 }  // namespace kvdiff::impl

@@ -4,7 +4,8 @@
 // shift (Session::Shift, the re-rotation at the next append), which shift steps must catch.
 // Switched on by the backend option impl?fault=NAME (harness/backend/impl_backend.cc); off by
 // default, and a call of one part (every single append, ForwardFull, a batch of one item) is never
-// faulty. Each is a bug class from serving engines' trackers (docs/scenarios.md, "Batch steps").
+// faulty for the batch faults; the window faults act on every cached call of a windowed model. Each
+// is a bug class from serving engines' trackers (docs/scenarios.md, "Batch steps").
 #pragma once
 
 #include <string>
@@ -32,6 +33,15 @@ enum class BatchFault {
                            // clears the pending flag an earlier shift set, so that shift's
                            // re-rotation is never applied (cf. llama.cpp#3835: "the KV shift was
                            // applied only if there was at least one token leaving the cache")
+  // Three of a sliding-window model's rotating cache (KvCache's ring), in every cached call
+  // (the uncached forward, the oracle, has no ring and stays right):
+  kWindowPlusOne,              // the cached queries see W + 1 keys (an off-by-one window,
+                               // transformers#39408)
+  kWindowMinusOne,             // the cached queries see W - 1 keys (a ring holding W - 1 positions,
+                               // mlx-examples#1093)
+  kRingSlicedByLogicalLength,  // the ring's rows read in row order as if row i held the i-th
+                               // position in view: right until the window drops a position, wrong
+                               // after (mlx-vlm#1715: a rotated buffer sliced as a linear one)
 };
 
 // "batch-mask-of-part0" and so on; "none" is kNone. InputError naming the accepted names.

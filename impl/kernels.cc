@@ -313,7 +313,7 @@ void AttendOneRow(const float* q, const float* keys, const float* values, int64_
 // row (masked entries set to exactly 0, as exp(-inf) gives), then out = weights · V by GEMM.
 void AttendBlock(const float* q, int64_t q_dim, int64_t i0, int64_t rows, int64_t past,
                  const float* keys, const float* values, int64_t kv_dim, int64_t d, float scale,
-                 float* scores, float* out) {
+                 int64_t window, float* scores, float* out) {
   const int64_t kv_len = past + i0 + rows;  // keys the last row of the block can see
   ConstStridedMap q_block(q + i0 * q_dim, rows, d, Eigen::OuterStride<>(q_dim));  // (rows, d)
   ConstStridedMap k(keys, kv_len, d, Eigen::OuterStride<>(kv_dim));               // (kv_len, d)
@@ -323,8 +323,11 @@ void AttendBlock(const float* q, int64_t q_dim, int64_t i0, int64_t rows, int64_
   for (int64_t r = 0; r < rows; ++r) {
     float* row = scores + r * kv_len;
     const int64_t visible = past + i0 + r + 1;  // the causal mask: key j visible iff j <= past + i
-    for (int64_t j = 0; j < visible; ++j) row[j] *= scale;
-    Softmax(row, visible);
+    // The window hides the keys before `first` (none without a window).
+    const int64_t first = window > 0 ? std::max<int64_t>(0, visible - window) : 0;
+    for (int64_t j = first; j < visible; ++j) row[j] *= scale;
+    Softmax(row + first, visible - first);
+    std::fill(row, row + first, 0.0f);
     std::fill(row + visible, row + kv_len, 0.0f);
   }
   StridedMap o(out + i0 * q_dim, rows, d, Eigen::OuterStride<>(q_dim));  // (rows, d)
@@ -335,17 +338,21 @@ void AttendBlock(const float* q, int64_t q_dim, int64_t i0, int64_t rows, int64_
 
 void Attention(ThreadPool& pool, const float* q, int64_t s, int64_t past, const float* keys,
                const float* values, int64_t nh, int64_t nkv, int64_t d, float* out,
-               AttentionScratch& scratch) {
+               AttentionScratch& scratch, int64_t window) {
   const int64_t n_rep = nh / nkv;
   const int64_t q_dim = nh * d;
   const int64_t kv_dim = nkv * d;
   // transformers multiplies the scores by head_dim**-0.5 (a float32 multiply).
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   if (s == 1) {
+    // A window starts the row's keys at `first` (0 without one).
+    const int64_t first = window > 0 ? std::max<int64_t>(0, past + 1 - window) : 0;
+    const float* k0 = keys + first * kv_dim;
+    const float* v0 = values + first * kv_dim;
     pool.ParallelFor(nh, 1, [&](int64_t begin, int64_t end, int thread) {
       for (int64_t h = begin; h < end; ++h) {
         const int64_t kv_head = h / n_rep;
-        AttendOneRow(q + h * d, keys + kv_head * d, values + kv_head * d, past + 1, kv_dim, d,
+        AttendOneRow(q + h * d, k0 + kv_head * d, v0 + kv_head * d, past + 1 - first, kv_dim, d,
                      scale, scratch.per_thread[thread].data(), out + h * d);
       }
     });
@@ -360,7 +367,7 @@ void Attention(ThreadPool& pool, const float* q, int64_t s, int64_t past, const 
       const int64_t rows = std::min(kAttentionQueryTile, s - i0);
       const int64_t kv_head = h / n_rep;
       AttendBlock(q + h * d, q_dim, i0, rows, past, keys + kv_head * d, values + kv_head * d,
-                  kv_dim, d, scale, scratch.per_thread[thread].data(), out + h * d);
+                  kv_dim, d, scale, window, scratch.per_thread[thread].data(), out + h * d);
     }
   });
 }

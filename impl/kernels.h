@@ -132,10 +132,12 @@ constexpr int64_t kAttentionQueryTile = 128;
 //   q:      (s, nh * d) post-RoPE queries      out: (s, nh * d)
 //   keys:   (past + s, nkv * d) post-RoPE, row-major, one row per position (the KvCache layout)
 //   values: (past + s, nkv * d)
-// Query head h reads KV head h / (nh / nkv). Key j is visible to row i iff j <= past + i.
+// Query head h reads KV head h / (nh / nkv). Key j is visible to row i iff j <= past + i and,
+// with a sliding window W > 0, j > past + i - W (W keys, the row's own included; window 0: none).
+// A row's softmax runs over its visible keys only, in key order.
 // scratch must hold min(s, kAttentionQueryTile) * (past + s) floats per thread.
 void Attention(ThreadPool& pool, const float* q, int64_t s, int64_t past, const float* keys,
                const float* values, int64_t nh, int64_t nkv, int64_t d, float* out,
-               AttentionScratch& scratch);
+               AttentionScratch& scratch, int64_t window = 0);
 
 }  // namespace kvdiff::impl

@@ -51,8 +51,10 @@ struct Workspace {
   std::vector<float> up;    // (s, inter)
   std::vector<float> act;   // (s, inter): silu(gate) * up
   AttentionScratch scores;  // per thread: (min(s, query tile), keys)
-  std::vector<PartRows> parts;  // the call's parts
-  Tokens tokens;                // every part's tokens, in order
+  std::vector<float> window_keys;    // (held + p.size, kv_dim): a ring part's keys, in position
+  std::vector<float> window_values;  // order (AttendThroughRing); grown, never shrunk
+  std::vector<PartRows> parts;       // the call's parts
+  Tokens tokens;                     // every part's tokens, in order
 
   void Reserve(const format::LlamaConfig& c, int64_t s, int threads, int64_t max_keys) {
     auto grow = [](std::vector<float>& v, int64_t n) {
@@ -188,6 +190,10 @@ struct Model::State {
       const BatchFault f = i > 0 ? fault : BatchFault::kNone;
       KvCache& cache = *p.part.cache;
       float* q = ws.q.data() + p.first_row * q_dim;
+      if (cache.Ring()) {
+        AttendThroughRing(l, p, q, ws.attn.data() + p.first_row * q_dim);
+        continue;
+      }
       float* new_keys = cache.KeyRow(l, p.past);  // (p.size, kv_dim): the cache rows of this call
       float* new_values = cache.ValueRow(l, p.past);
       std::copy_n(ws.k.data() + p.first_row * kv_dim, p.size * kv_dim, new_keys);
@@ -211,9 +217,59 @@ struct Model::State {
       const int64_t past =
           f == BatchFault::kMaskOfPartZero ? std::min(parts[0].past, p.past) : p.past;
       Attention(pool, q, p.size, past, cache.KeyRow(l, 0), cache.ValueRow(l, 0), nh, nkv,
-                config.head_dim, out, ws.scores);
+                config.head_dim, out, ws.scores, config.sliding_window);
     }
     Linear(pool, ws.attn.data(), s, w.o, ws.proj.data());
+  }
+
+  // 4, with a sliding window W and a ring (KvCache): the part's queries at P..P+c-1 see the keys
+  // of P-W+1.. on, so the held positions from max(0, P-W+1) and the chunk's own keys are
+  // gathered, in position order, into ws.window_keys and attended with the window mask (the
+  // mask then counts positions, whatever row of the ring a key came from); only then are the
+  // chunk's last min(c, W) keys written into the ring, so a chunk longer than the window
+  // overwrites rows only after every query has read them.
+  void AttendThroughRing(int64_t l, const PartRows& p, float* q, float* out) {
+    KvCache& ring = *p.part.cache;
+    const int64_t kv_dim = config.KvDim();
+    const int64_t window = config.sliding_window + (fault == BatchFault::kWindowPlusOne    ? 1
+                                                    : fault == BatchFault::kWindowMinusOne ? -1
+                                                                                           : 0);
+    // (Under kWindowPlusOne the ring's extra row holds the key one position further back.)
+    const int64_t first = std::max({int64_t{0}, p.past - (window - 1), ring.Oldest()});
+    const int64_t held = p.past - first;
+    const int64_t n = held + p.size;
+    // Sized for a whole window (and the fault's one more) at once, not for the keys in view
+    // now: those grow by one at every decode until the ring is full, which would allocate.
+    const int64_t most = (config.sliding_window + 1 + p.size) * kv_dim;
+    if (static_cast<int64_t>(ws.window_keys.size()) < most) {
+      ws.window_keys.resize(most);
+      ws.window_values.resize(most);
+    }
+    float* keys = ws.window_keys.data();  // (n, kv_dim): positions first..P+c-1
+    float* values = ws.window_values.data();
+    for (int64_t i = 0; i < held; ++i) {
+      // (Under the test fault the ring's rows are read in row order, as if linear.)
+      const int64_t row =
+          fault == BatchFault::kRingSlicedByLogicalLength ? i : ring.SlotOf(first + i);
+      std::copy_n(ring.KeyRow(l, row), kv_dim, keys + i * kv_dim);
+      std::copy_n(ring.ValueRow(l, row), kv_dim, values + i * kv_dim);
+    }
+    float* new_keys = keys + held * kv_dim;
+    std::copy_n(ws.k.data() + p.first_row * kv_dim, p.size * kv_dim, new_keys);
+    std::copy_n(ws.v.data() + p.first_row * kv_dim, p.size * kv_dim, values + held * kv_dim);
+    for (int64_t r = 0; r < p.size; ++r) {
+      const float* cos = rope.Cos(p.part.index_pos + r);
+      const float* sin = rope.Sin(p.part.index_pos + r);
+      ApplyRope(q + r * config.QDim(), config.num_attention_heads, rope.half, cos, sin);
+      ApplyRope(new_keys + r * kv_dim, config.num_key_value_heads, rope.half, cos, sin);
+    }
+    Attention(pool, q, p.size, held, keys, values, config.num_attention_heads,
+              config.num_key_value_heads, config.head_dim, out, ws.scores, window);
+    for (int64_t pos = std::max(p.past, p.past + p.size - ring.Rows()); pos < p.past + p.size;
+         ++pos) {
+      std::copy_n(keys + (pos - first) * kv_dim, kv_dim, ring.KeyRow(l, ring.SlotOf(pos)));
+      std::copy_n(values + (pos - first) * kv_dim, kv_dim, ring.ValueRow(l, ring.SlotOf(pos)));
+    }
   }
 
   // TEST-ONLY (BatchFault::kSeesOtherSequence): the part's attention with `other`'s first cached
@@ -371,7 +427,9 @@ Logits Model::ForwardFull(const Tokens& tokens, ForwardTrace* trace) const {
                max_pos);
   // The oracle keeps no cache: the keys and values of this call live in a scratch cache sized to
   // the call and dropped at the end, so every position attends within the call only.
-  KvCache scratch(state_->config, n);
+  // With a sliding window the scratch is linear all the same (every position its own row): the
+  // oracle applies the window by its mask alone, with no ring.
+  KvCache scratch = KvCache::Linear(state_->config, n);
   const ForwardPart part{&tokens, 0, &scratch};
   return state_->Forward(&part, 1, {}, trace);
 }

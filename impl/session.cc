@@ -50,8 +50,7 @@ Logits Session::AppendBatch(const std::vector<BatchAppend>& items,
 }
 
 void Session::Truncate(int64_t length) {
-  KVDIFF_CHECK(length >= 0 && length <= Length(),
-               "Truncate: length {} is outside 0..{} (the session length)", length, Length());
+  cache_.CheckTruncate(length);  // the range, and what a sliding window has dropped
   cache_.SetLength(length);
 }
 
@@ -60,6 +59,12 @@ void Session::Shift(int64_t keep, int64_t discard) {
                "Shift: keep {} and discard {} must be >= 0 with keep + discard <= {} (the session "
                "length)",
                keep, discard, Length());
+  // A shift moves positions under a window that counts them: no engine defines it (llama.cpp
+  // refuses to shift an SWA cache), so neither does kvdiff.
+  KVDIFF_CHECK(!model_->config().Windowed(),
+               "Shift: this model has a sliding window ({} positions): a sliding-window "
+               "conversation cannot shift its context",
+               model_->config().sliding_window);
   using Bookkeeping = KvCache::ShiftBookkeeping;
   switch (model_->InjectedFault()) {
     case BatchFault::kShiftDeltaOverwritten:

@@ -23,14 +23,18 @@ class Session {
   Logits Append(const Tokens& tokens, ForwardTrace* trace = nullptr);
   int64_t Length() const { return cache_.Length(); }
   int64_t Capacity() const { return cache_.Capacity(); }
-  // Forgets positions >= length. Throws InputError when length > Length() or length < 0.
+  // Forgets positions >= length. Throws InputError when length > Length() or length < 0, or,
+  // with a sliding window W, when the window has dropped positions the next query would see:
+  // then only a truncate to the furthest length reached minus one (or more) is possible
+  // (KvCache::CheckTruncate). The session is unchanged when it throws.
   void Truncate(int64_t length);
   // A context shift (llama.cpp's n_keep/n_discard): forgets positions [keep, keep + discard) and
   // moves the later ones down by `discard`; Length() drops by `discard`. As in llama.cpp, the
   // moved keys are re-rotated by the next append (ApplyPendingShift), each once by the sum of the
   // deltas of the shifts since (the angles computed as the RoPE table's: in double, rounded
   // once). Throws InputError unless 0 <= keep, 0 <= discard and keep + discard <= Length(); the
-  // session is unchanged when it throws. Allocates (the pending deltas; the next append, the
+  // session is unchanged when it throws; also on a sliding-window model, which does not shift.
+  // Allocates (the pending deltas; the next append, the
   // delta's cos/sin); a decode with no shift pending does not.
   void Shift(int64_t keep, int64_t discard);
   Session Fork() const;  // explicit deep copy: the fork evolves independently

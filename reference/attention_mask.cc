@@ -36,9 +36,23 @@ Tensor Prepare4dCausalAttentionMask(const Tensor& attention_mask, int64_t sequen
   return causal_mask;
 }
 
+Tensor ApplySlidingWindow(const Tensor& causal_mask, const Tensor& key_positions,
+                          const Tensor& query_positions, int64_t window) {
+  using at::indexing::None;
+  using at::indexing::Slice;
+  const Tensor keys = key_positions.index({Slice(), None, None, Slice()});       // [B, 1, 1, T]
+  const Tensor queries = query_positions.index({Slice(), None, Slice(), None});  // [B, 1, s, 1]
+  const Tensor out_of_window = keys <= queries - window;                         // [B, 1, s, T]
+  return causal_mask.masked_fill(out_of_window, MinOf(causal_mask.scalar_type()));
+}
+
 Tensor CausalMask::Rows(int64_t start, int64_t n, int64_t batch_size) const {
-  return Prepare4dCausalAttentionMask(Tensor(), n, target_length, dtype,
-                                      cache_position.narrow(0, start, n), batch_size);
+  const Tensor positions = cache_position.narrow(0, start, n);
+  Tensor rows =
+      Prepare4dCausalAttentionMask(Tensor(), n, target_length, dtype, positions, batch_size);
+  if (window == 0) return rows;
+  return ApplySlidingWindow(rows, at::arange(target_length, at::kLong).unsqueeze(0),
+                            positions.unsqueeze(0), window);
 }
 
 Tensor PositionIdsFromAttentionMask(const Tensor& attention_mask, int64_t new_length) {

@@ -22,6 +22,16 @@ at::Tensor Prepare4dCausalAttentionMask(const at::Tensor& attention_mask, int64_
                                         int64_t target_length, at::ScalarType dtype,
                                         const at::Tensor& cache_position, int64_t batch_size);
 
+// A sliding window W (Mistral's sliding_window) on top of a 4-D mask [B, 1, s, T]: key column j
+// is hidden from query i of row b (set to finfo.min, never added) when its position is W or more
+// before the query's, key_positions[b, j] <= query_positions[b, i] - W, so a query sees W keys,
+// itself included, as transformers' sliding window mask (kv_idx > q_idx - W) and llama.cpp's
+// LLAMA_SWA_TYPE_STANDARD (p1 - p0 >= n_swa is masked). Positions, not columns: in a padded row
+// the columns of padding between a cache and a chunk are not positions. key_positions [B or 1,
+// T], query_positions [B or 1, s], long.
+at::Tensor ApplySlidingWindow(const at::Tensor& causal_mask, const at::Tensor& key_positions,
+                              const at::Tensor& query_positions, int64_t window);
+
 // A forward of one conversation whose mask would have more entries than this (s queries x
 // P + s + 1 columns) attends its queries a block at a time (reference_model.cc, EagerAttention),
 // each block of at most this many entries. Up to it (every forward of up to 4096 positions, and
@@ -40,6 +50,7 @@ struct CausalMask {
   at::Tensor cache_position;  // [s] long: the column of each query
   int64_t target_length = 0;
   at::ScalarType dtype = at::kFloat;
+  int64_t window = 0;  // the model's sliding window (0: none), applied to each block's rows
 
   // Rows [start, start + n) of the mask, [batch_size, 1, n, target_length].
   at::Tensor Rows(int64_t start, int64_t n, int64_t batch_size) const;

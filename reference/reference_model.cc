@@ -304,10 +304,20 @@ struct ReferenceModel::Impl {
     // attention narrows it to the keys.
     const int64_t target_length =
         attention_mask.defined() ? attention_mask.size(-1) : past_seen_tokens + s + 1;
-    CausalMask causal_mask{Tensor(), cache_position, target_length, dtype};
+    CausalMask causal_mask{Tensor(), cache_position, target_length, dtype,
+                           config.Windowed() ? config.sliding_window : 0};
     if (attention_mask.defined() || s * target_length <= kWholeMaskEntries) {
       causal_mask.whole = Prepare4dCausalAttentionMask(attention_mask, s, target_length, dtype,
                                                        cache_position, batch_size);
+      if (config.Windowed()) {
+        // Each key column's position: its count among the row's real columns (padding counts
+        // none), or its column when nothing is padded.
+        const Tensor key_positions = attention_mask.defined()
+                                         ? attention_mask.cumsum(-1) - 1
+                                         : at::arange(target_length, at::kLong).unsqueeze(0);
+        causal_mask.whole = ApplySlidingWindow(causal_mask.whole, key_positions, position_ids,
+                                               config.sliding_window);
+      }
     }
     Tensor hidden_states = inputs_embeds;
     const std::pair<Tensor, Tensor> position_embeddings = RotaryEmbedding(position_ids);
@@ -497,6 +507,10 @@ void ReferenceModel::Shift(DynamicCache& cache, int64_t keep, int64_t discard) c
                "ReferenceModel::Shift: keep {} and discard {} must be >= 0 with keep + discard <= "
                "{} (the cache length)",
                keep, discard, length);
+  KVDIFF_CHECK(!impl_->config.Windowed(),
+               "ReferenceModel::Shift: this model has a sliding window ({} positions): a "
+               "sliding-window conversation cannot shift its context",
+               impl_->config.sliding_window);
   if (discard == 0) return;  // nothing moves
   c10::InferenceMode guard;
   try {

@@ -122,6 +122,10 @@ struct BackendInfo {
   // program when the engine says it shifts (engine.h ABI 3's shift, the protocol's info), known
   // once the engine is open.
   bool shifts = false;
+  // It applies config.json's sliding_window (impl with its ring, ref and ref64 by the mask): a
+  // model with a window is refused on any other (BackendRegistry::Make), since it would run a
+  // different model there (llama.cpp's llama architecture has no window; a plugin says nothing).
+  bool sliding_windows = false;
 };
 
 class Backend {

@@ -129,6 +129,7 @@ std::pair<BackendInfo, BackendFactory> ImplEntry(const std::string& name) {
   info.dtype = "float32";
   info.raw_call = RawCall::kTakesPosition;
   info.shifts = true;
+  info.sliding_windows = true;
   info.in_default_set = name == "impl";
   // Where impl's kernels change path: LinearRows up to kLinearRowsMax rows, then the GEMM;
   // attention in query tiles of kAttentionQueryTile rows.

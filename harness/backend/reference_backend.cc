@@ -107,6 +107,7 @@ std::pair<BackendInfo, BackendFactory> ReferenceEntry(const Variant& v, const st
   info.dtype = v.dtype;
   info.raw_call = RawCall::kPositionFromCache;
   info.shifts = true;
+  info.sliding_windows = true;
   info.in_default_set = v.in_default_set && name == v.name;
   info.rope_angles = v.rope_angles;
   info.gemms_in_blas = true;

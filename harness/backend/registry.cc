@@ -120,6 +120,11 @@ std::unique_ptr<Backend> BackendRegistry::Make(const std::string& name,
   KVDIFF_CHECK(options.threads >= 0 && options.threads <= impl::kMaxThreads,
                "threads: expected 0 (every core) to {}, got {}", impl::kMaxThreads,
                options.threads);
+  KVDIFF_CHECK(weights == nullptr || !weights->config.Windowed() || info.sliding_windows,
+               "backend '{}' does not apply a sliding window, and this model has one "
+               "(sliding_window {}): it would run a different model (sliding-window models run on "
+               "impl, ref and ref64)",
+               name, weights ? weights->config.sliding_window : 0);
   return Resolve(name)->make(info, std::move(weights), options);
 }
 

@@ -453,7 +453,8 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model, PartBackends ordinary,
   }
   for (size_t i = 0; i < results.size(); ++i) {
     report.coverage.Add(scenarios[i], report.model_description,
-                        IsLongCase(options.seed, indices[i], generation.long_fraction, context));
+                        IsLongCase(options.seed, indices[i], generation.long_fraction, context), 0,
+                        config.sliding_window);
     campaign_detail::AddResult(report, std::move(results[i]));
   }
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

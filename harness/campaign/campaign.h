@@ -146,6 +146,10 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model,
 CampaignReport RunCampaignOnJobs(const ModelSpec& model, PartBackends ordinary,
                                  const CampaignOptions& options);
 
+// Whether every named backend applies a sliding window (BackendInfo::sliding_windows): only
+// then do random shapes have windows (ShapeModel's `windows`).
+bool CampaignWindows(const std::vector<std::string>& backend_names);
+
 // --shapes random: case k runs on a model of its own, ShapeModel(options.seed, k)
 // (harness/campaign/shape_generator.h), with backends built for it by the registry from
 // `backend_names` (every one for every case, on whichever of the `jobs` threads runs it). Its

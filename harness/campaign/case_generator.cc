@@ -70,6 +70,22 @@ void FitBatch(std::vector<BatchEntry>& items, int64_t cap) {
   }
 }
 
+// On a sliding-window model (window W), a size that takes a conversation at `length` to where
+// a ring goes wrong: to W-1, W, W+1 (the ring filling, full, wrapped), 2W and 2W+1 (wrapped
+// whole, once more), or a chunk of W+1 (more than the ring holds, in one call); 0 when none fits
+// in [1, room] or the draw says not this time. Drawn from the window's own stream, so a model
+// without a window draws nothing from it and its cases stay as they were.
+int64_t WindowSize(Rng& rng, int64_t window, int64_t length, int64_t room) {
+  if (window <= 0 || !rng.Chance(40)) return 0;
+  std::vector<int64_t> fits;
+  for (int64_t target : {window - 1, window, window + 1, 2 * window, 2 * window + 1}) {
+    if (target - length >= 1 && target - length <= room) fits.push_back(target - length);
+  }
+  if (window + 1 <= room) fits.push_back(window + 1);
+  if (fits.empty()) return 0;
+  return fits[rng.Below(static_cast<int64_t>(fits.size()))];
+}
+
 }  // namespace
 
 int64_t CampaignMaxLength(const format::LlamaConfig& config, int64_t max_length) {
@@ -246,11 +262,21 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
       for (; c > 0; c -= call_cap) out.push_back(std::min(c, call_cap));
     return out.size() > 1 ? out : std::vector<int64_t>{};
   };
+  // A sliding window's draws (WindowSize), from a stream of their own.
+  Rng window_rng(CaseStream(seed, k) ^ 0x57494E444F57ull);
+  const int64_t window = config.sliding_window;
+  auto window_size = [&](const std::string& name) {
+    const int64_t length = convs.At(name).length;
+    return WindowSize(window_rng, window, length, max_len - length);
+  };
   auto prefill = [&](const std::string& name, int64_t tokens = 0) {
     Step s;
     s.op = Op::kPrefill;
     s.conversation = name;
-    const int64_t n = tokens > 0 ? tokens : sizes.Pick(max_len - convs.At(name).length, 12);
+    const int64_t toward_window = tokens > 0 ? 0 : window_size(name);
+    const int64_t n = tokens > 0          ? tokens
+                      : toward_window > 0 ? toward_window
+                                          : sizes.Pick(max_len - convs.At(name).length, 12);
     s.tokens = random_tokens(n);
     s.chunks = fit_calls(split(n), n);
     emit(s);
@@ -351,7 +377,8 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
       if (!c.empty()) {
         s.op = Op::kDecode;
         s.conversation = c;
-        s.n = sizes.Pick(max_len - convs.At(c).length, 8);
+        const int64_t toward_window = window_size(c);
+        s.n = toward_window > 0 ? toward_window : sizes.Pick(max_len - convs.At(c).length, 8);
         if (options.max_decode > 0) s.n = std::min(s.n, options.max_decode);
         emit(s);
       }
@@ -366,6 +393,10 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
         } else {
           s.length = sizes.Long() ? sizes.Pick(length, length) - 1 : rng.Below(length);
         }
+        // Once a window has dropped positions, only a truncate back to its furthest length minus
+        // one is possible (ShortestTruncate): a drawn length below is moved to one that is.
+        const int64_t shortest = ShortestTruncate(convs.At(c), window);
+        if (s.length < shortest) s.length = window_rng.Between(shortest, length);
         emit(s);
       }
     } else if (roll < 84) {  // fork
@@ -389,7 +420,9 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
       prefill(s.conversation);
     }
     // Now and then a context shift (harness/campaign/shift_episode.h), from a stream of its own.
-    if (options.shifts && shift_rng.Chance(static_cast<int>(options.shift_percent))) {
+    // (None on a sliding-window model: its conversations do not shift.)
+    if (options.shifts && !config.Windowed() &&
+        shift_rng.Chance(static_cast<int>(options.shift_percent))) {
       const std::string fork_name = fmt::format("c{}", next_name);
       const ShiftEpisodeLimits limits{max_len, config.vocab_size, call_cap,
                                       live() < max_conversations ? fork_name : std::string()};

@@ -97,6 +97,8 @@ Coverage Coverage::FromJson(const nlohmann::json& j, const std::string& where) {
     c.batches = CountsFromJson<std::string>(j, "batches", where, as_text);
   if (j.contains("shifts"))  // nor of shift steps before the campaign drew them
     c.shifts = CountsFromJson<std::string>(j, "shifts", where, as_text);
+  if (j.contains("windows"))  // nor of windows before sliding-window models
+    c.windows = CountsFromJson<std::string>(j, "windows", where, as_text);
   if (j.contains("deep"))  // nor of deep ops before deep cases
     c.deep = CountsFromJson<std::string>(j, "deep", where, as_text);
   KVDIFF_CHECK(j.contains("boundaries") && j.at("boundaries").is_array(),
@@ -121,7 +123,7 @@ Coverage NewCoverage(const std::vector<Boundary>& boundaries, int64_t context) {
 }
 
 void Coverage::Add(const Scenario& sc, const std::string& shape, bool long_case,
-                   int64_t case_context) {
+                   int64_t case_context, int64_t window) {
   ++cases;
   long_cases += long_case ? 1 : 0;
   ++shapes[shape];
@@ -156,6 +158,16 @@ void Coverage::Add(const Scenario& sc, const std::string& shape, bool long_case,
         if (from + n - 1 >= b.size) b.rows_over += from + n - std::max(from, b.size);
       }
       case_longest = std::max(case_longest, from + n);
+      if (window > 0) {
+        if (from + n >= window - 1 && from + n <= window + 1) ++windows["ends at W-1..W+1"];
+        if (n > window) ++windows["over W"];
+        if (from >= window) ++windows["after a drop"];
+      }
+    }
+    if (window > 0 && (s.op == Op::kTruncate || s.op == Op::kFork)) {
+      const std::string& name = s.op == Op::kFork ? s.from : s.conversation;
+      if (convs.At(name).furthest > window)
+        ++windows[s.op == Op::kFork ? "fork after a drop" : "truncate after a drop"];
     }
     if (s.op == Op::kBatch) {
       count_call(batch_tokens);
@@ -167,6 +179,11 @@ void Coverage::Add(const Scenario& sc, const std::string& shape, bool long_case,
     if (s.op == Op::kNewConversation || s.op == Op::kReset) forked.erase(s.conversation);
     convs.Apply(s);
     last = &s;
+  }
+  if (window > 0) {
+    ++windows["cases"];
+    if (case_longest > window) ++windows["crossed"];
+    if (case_longest > 2 * window) ++windows["twice"];
   }
   ++lengths[Bucket(case_longest)];
   ++conversations[static_cast<int64_t>(convs.Names().size())];
@@ -239,6 +256,7 @@ void Coverage::Merge(const Coverage& o) {
   AddAll(shapes, o.shapes);
   AddAll(batches, o.batches);
   AddAll(shifts, o.shifts);
+  AddAll(windows, o.windows);
   AddAll(deep, o.deep);
   for (const BoundaryCoverage& ob : o.boundaries) {
     auto it = std::find_if(boundaries.begin(), boundaries.end(),
@@ -307,6 +325,7 @@ std::string Coverage::Text() const {
     out += ShiftText();
   else if (!shift_limit.empty())
     out += fmt::format("  shifts:        {}\n", shift_limit);
+  if (!windows.empty()) out += WindowText();
   if (!deep.empty()) out += DeepText();
   // Every shape while there are few (a fixed campaign has one); with a shape per case
   // (--shapes random) the commonest kShapeLines and a count, the rest being in --json.
@@ -369,6 +388,21 @@ std::string Coverage::ShiftText() const {
       get("then truncate to keep"));
 }
 
+// "  windows:       200 cases, 150 crossed the window, 90 twice; calls ending at W-1..W+1 80,
+//  over W 40, after a drop 900; truncates after a drop 12, forks after a drop 30"
+std::string Coverage::WindowText() const {
+  auto get = [&](const std::string& key) {
+    auto it = windows.find(key);
+    return it == windows.end() ? int64_t{0} : it->second;
+  };
+  return fmt::format(
+      "  windows:       {} cases, {} crossed the window, {} twice; calls ending at W-1..W+1 {}, "
+      "over W {}, after a drop {}; truncates after a drop {}, forks after a drop {}; no shift "
+      "steps (a sliding-window conversation does not shift)\n",
+      get("cases"), get("crossed"), get("twice"), get("ends at W-1..W+1"), get("over W"),
+      get("after a drop"), get("truncate after a drop"), get("fork after a drop"));
+}
+
 // "  deep ops:      on conversations past 64 positions: fork 40 of 427, truncate 15 of 98, ..."
 std::string Coverage::DeepText() const {
   std::string out;
@@ -395,24 +429,26 @@ nlohmann::json Coverage::ToJson() const {
   }
   nlohmann::json convs = nlohmann::json::object();
   for (const auto& [n, count] : conversations) convs[std::to_string(n)] = count;
-  return {{"cases", cases},
-          {"long_cases", long_cases},
-          {"context", context},
-          {"longest", longest},
-          {"cases_at_context", cases_at_context},
-          {"lengths", HistogramJson(lengths)},
-          {"call_sizes", HistogramJson(call_sizes)},
-          {"conversations", convs},
-          {"ops", ops},
-          {"bigrams", bigrams},
-          {"shapes", shapes},
-          {"batches", batches},
-          {"shifts", shifts},
-          {"deep", deep},
-          {"boundaries", bounds},
-          {"reach_limit", reach_limit},
-          {"shift_limit", shift_limit},
-          {"warnings", Warnings()}};
+  nlohmann::json out = {{"cases", cases},
+                        {"long_cases", long_cases},
+                        {"context", context},
+                        {"longest", longest},
+                        {"cases_at_context", cases_at_context},
+                        {"lengths", HistogramJson(lengths)},
+                        {"call_sizes", HistogramJson(call_sizes)},
+                        {"conversations", convs},
+                        {"ops", ops},
+                        {"bigrams", bigrams},
+                        {"shapes", shapes},
+                        {"batches", batches},
+                        {"shifts", shifts},
+                        {"deep", deep},
+                        {"boundaries", bounds},
+                        {"reach_limit", reach_limit},
+                        {"shift_limit", shift_limit},
+                        {"warnings", Warnings()}};
+  if (!windows.empty()) out["windows"] = windows;  // only a windowed model's reports have them
+  return out;
 }
 
 }  // namespace kvdiff::harness

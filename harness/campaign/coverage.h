@@ -59,12 +59,20 @@ struct Coverage {
   // Forks, truncations, batch items and ends, each counted under "fork" and so on, and also under
   // "fork deep" and so on when its conversation held more than kDeepPosition positions.
   std::map<std::string, int64_t> deep;
+  // A sliding-window model's cases (window W): "cases"; "crossed" per case that wrote a position
+  // at W or beyond (its ring wrapped, its window dropped positions); "twice" per case that wrote
+  // one at 2W or beyond; per call, "ends at W-1..W+1" (its last position W-2..W), "over W" (a
+  // chunk of more than W tokens), "after a drop" (starting at W or beyond: appending to a wrapped
+  // ring); per truncate or fork of a conversation past W, "truncate after a drop", "fork after a
+  // drop".
+  std::map<std::string, int64_t> windows;
   std::vector<BoundaryCoverage> boundaries;  // ascending by size
 
   // Counts the scenario's steps (it must be valid for its model). case_context: the longest
   // history this case may reach, when it has a context of its own (--shapes random); 0: `context`.
+  // window: the model's sliding window (0: none; then nothing is counted under `windows`).
   void Add(const Scenario& scenario, const std::string& shape, bool long_case,
-           int64_t case_context = 0);
+           int64_t case_context = 0, int64_t window = 0);
   void Merge(const Coverage& other);
   // Declared boundaries the campaign never crossed, one line each ("" when all were).
   std::vector<std::string> Warnings() const;
@@ -82,6 +90,7 @@ struct Coverage {
                 const std::set<std::string>& forked);
   std::string BatchText() const;
   std::string ShiftText() const;
+  std::string WindowText() const;
   std::string DeepText() const;
 };
 

@@ -27,18 +27,30 @@ struct ShapeCase {
   std::string shape;  // DescribeModel, the coverage's key
   int64_t context = 0;
   bool long_case = false;
+  int64_t window = 0;  // the shape's sliding window (0: none)
   std::vector<Boundary> boundaries;
   std::string shift_limit;  // CampaignShiftLimit of this case's backends
 };
+
+}  // namespace
+
+bool CampaignWindows(const std::vector<std::string>& backend_names) {
+  return std::all_of(backend_names.begin(), backend_names.end(), [](const std::string& name) {
+    return BackendRegistry::Global().Info(name).sliding_windows;
+  });
+}
+
+namespace {
 
 // Case k: its model, its backends (each of `names`, built by the registry), then the case as the
 // fixed campaign runs one.
 ShapeCase RunShapeCase(const std::vector<std::string>& names, const BackendOptions& backend_options,
                        const CampaignOptions& options, int64_t k) {
-  const ModelSpec model = ShapeModel(options.seed, k, options.shape_tier);
+  const ModelSpec model = ShapeModel(options.seed, k, options.shape_tier, CampaignWindows(names));
   const format::LlamaConfig& config = *model.config;
   ShapeCase out;
   out.shape = DescribeModel(config);
+  out.window = config.sliding_window;
   out.context = CampaignMaxLength(config, options.generation.max_length);
   out.long_case = IsLongCase(options.seed, k, options.generation.long_fraction, out.context);
   out.result.index = k;
@@ -106,7 +118,7 @@ Coverage FoldCoverage(const std::vector<ShapeCase>& cases) {
   for (const auto& [size, who] : by_size) boundaries.push_back({size, who});
   Coverage coverage = NewCoverage(boundaries, context);
   for (const ShapeCase& c : cases) {
-    if (c.ran) coverage.Add(c.scenario, c.shape, c.long_case, c.context);
+    if (c.ran) coverage.Add(c.scenario, c.shape, c.long_case, c.context, c.window);
     if (c.ran && coverage.shift_limit.empty()) coverage.shift_limit = c.shift_limit;
   }
   return coverage;

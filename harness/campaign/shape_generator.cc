@@ -84,7 +84,7 @@ format::LlamaConfig DrawLongShape(CaseRng& rng) {
 
 }  // namespace
 
-format::LlamaConfig DrawShape(uint64_t seed, int64_t k, ShapeTier tier) {
+format::LlamaConfig DrawShape(uint64_t seed, int64_t k, ShapeTier tier, bool windows) {
   if (tier == ShapeTier::kLong) {
     CaseRng rng(ShapeStream(seed, k) ^ 0x4C4F4E4754494552ull);  // "LONGTIER"
     format::LlamaConfig c = DrawLongShape(rng);
@@ -116,13 +116,18 @@ format::LlamaConfig DrawShape(uint64_t seed, int64_t k, ShapeTier tier) {
   c.bos_token_id = 1;
   c.eos_token_id = 2;
   c.torch_dtype = "float32";
+  if (windows) {
+    CaseRng window_rng(ShapeStream(seed, k) ^ 0x57494E444F570000ull);
+    if (window_rng.Chance(kWindowPercent))
+      c.sliding_window = window_rng.Between(1, std::min(kMaxWindow, c.max_position_embeddings));
+  }
   c.Validate();
   return c;
 }
 
-ModelSpec ShapeModel(uint64_t seed, int64_t k, ShapeTier tier) {
+ModelSpec ShapeModel(uint64_t seed, int64_t k, ShapeTier tier, bool windows) {
   ModelSpec spec;
-  spec.config = DrawShape(seed, k, tier);
+  spec.config = DrawShape(seed, k, tier, windows);
   // Drawn from the shape's own stream after the config: the seed does not move the shape.
   CaseRng rng(ShapeStream(seed, k) ^ 0x5745494748545300ull);
   spec.seed = static_cast<uint64_t>(rng.Below(int64_t{1} << 31));

@@ -42,9 +42,19 @@ inline constexpr int64_t kLongTierMaxContext = 32768;
 
 // The config of case k of the campaign seeded `seed` (valid: LlamaConfig::Validate passes). Each
 // tier draws from a stream of its own.
-format::LlamaConfig DrawShape(uint64_t seed, int64_t k, ShapeTier tier = ShapeTier::kSmall);
+// windows: whether every backend applies a sliding window (BackendInfo::sliding_windows); then
+// some small-tier shapes (kWindowPercent) have one, of 1 to kMaxWindow positions (within the
+// context), drawn from a stream of its own, so every other field of every shape is the same
+// either way. The long tier draws none (a window of a few positions would make its long
+// positions attend a handful of keys).
+format::LlamaConfig DrawShape(uint64_t seed, int64_t k, ShapeTier tier = ShapeTier::kSmall,
+                              bool windows = false);
 // Case k's model: DrawShape's config with random weights of a seed drawn alongside it, as the
 // inline-config ModelSpec a failing case's replay file records.
-ModelSpec ShapeModel(uint64_t seed, int64_t k, ShapeTier tier = ShapeTier::kSmall);
+ModelSpec ShapeModel(uint64_t seed, int64_t k, ShapeTier tier = ShapeTier::kSmall,
+                     bool windows = false);
+inline constexpr int kWindowPercent = 30;
+// Small, so that a short case (48 positions at most) crosses and wraps it.
+inline constexpr int64_t kMaxWindow = 40;
 
 }  // namespace kvdiff::harness

@@ -94,11 +94,12 @@ std::vector<std::filesystem::path> ModelDataFiles(const ModelSpec& spec) {
 std::string DescribeModel(const format::LlamaConfig& c) {
   return fmt::format(
       "{} layers, hidden {}, {}/{} heads (head_dim {}), intermediate {}, vocab {}, {} "
-      "positions{}{}",
+      "positions{}{}{}",
       c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
       c.intermediate_size, c.vocab_size, c.max_position_embeddings,
       c.tie_word_embeddings ? ", tied head" : "",
-      c.rope_scaling ? fmt::format(", llama3 rope scaling x{}", c.rope_scaling->factor) : "");
+      c.rope_scaling ? fmt::format(", llama3 rope scaling x{}", c.rope_scaling->factor) : "",
+      c.Windowed() ? fmt::format(", sliding window {}", c.sliding_window) : "");
 }
 
 }  // namespace kvdiff::harness

@@ -5,6 +5,11 @@
 
 namespace kvdiff::harness {
 
+int64_t ShortestTruncate(const ConversationState& c, int64_t window) {
+  if (window <= 0 || c.furthest <= window) return 0;
+  return c.furthest - 1;
+}
+
 Conversations::Conversations() { Get("main"); }
 
 bool Conversations::Exists(const std::string& name) const { return states_.count(name) > 0; }
@@ -47,12 +52,14 @@ void Conversations::Apply(const Step& step) {
     case Op::kPrefill: {
       ConversationState& c = Get(step.conversation);
       c.length += static_cast<int64_t>(step.tokens.size());
+      c.furthest = std::max(c.furthest, c.length);
       c.has_last_row = true;
       break;
     }
     case Op::kDecode: {
       ConversationState& c = Get(step.conversation);
       c.length += step.n;
+      c.furthest = std::max(c.furthest, c.length);
       c.has_last_row = c.has_last_row || step.n > 0;
       break;
     }
@@ -85,6 +92,7 @@ void Conversations::Apply(const Step& step) {
       for (const BatchEntry& item : step.items) {
         ConversationState& c = Get(item.conversation);
         c.length += item.Size();
+        c.furthest = std::max(c.furthest, c.length);
         c.has_last_row = item.logits != BatchLogits::kNone;
       }
       break;

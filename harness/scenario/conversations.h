@@ -16,7 +16,14 @@ namespace kvdiff::harness {
 struct ConversationState {
   int64_t length = 0;         // positions 0..length-1 have been fed
   bool has_last_row = false;  // position length-1 has logits: a decode chooses from them
+  int64_t furthest = 0;       // the longest it has been since it started (a fork's: its source's)
 };
+
+// The shortest length a truncate of `c` may go to under a sliding window of `window` positions
+// (0: none): 0 while its window has dropped nothing (it never held more than `window`
+// positions), else its furthest length minus one. A ring of W positions (impl's KvCache) holds
+// furthest-W..; the query at L needs L-W+1..L-1, held only for L >= furthest - 1.
+int64_t ShortestTruncate(const ConversationState& c, int64_t window);
 
 // One forward call of a step: `size` tokens fed to `conversation` from `first_position` on.
 struct ForwardCall {

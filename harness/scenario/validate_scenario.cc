@@ -116,6 +116,17 @@ void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& confi
                      "steps[{}].length: cannot truncate conversation \"{}\" to {}: it has {} "
                      "positions",
                      i, s.conversation, s.length, c.length);
+        const int64_t shortest = ShortestTruncate(c, config.sliding_window);
+        KVDIFF_CHECK(s.length >= shortest,
+                     "steps[{}].length: cannot truncate conversation \"{}\" to {}: the model has "
+                     "a sliding window of {} positions and the conversation has reached {}, so "
+                     "positions 0..{} have left its window, and the query at {} would need "
+                     "positions {}..{}; once the window has dropped positions, a truncate goes "
+                     "back at most to {} (the furthest length reached minus one)",
+                     i, s.conversation, s.length, config.sliding_window, c.furthest,
+                     c.furthest - config.sliding_window - 1, s.length,
+                     std::max<int64_t>(0, s.length - config.sliding_window + 1), s.length - 1,
+                     shortest);
         break;
       }
       case Op::kFork:
@@ -143,6 +154,11 @@ void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& confi
                      "steps[{}].discard: keep + discard = {} is beyond conversation {}'s length {}",
                      i, static_cast<uint64_t>(s.keep) + static_cast<uint64_t>(s.discard),
                      s.conversation, c.length);
+        KVDIFF_CHECK(!config.Windowed(),
+                     "steps[{}]: a shift on a model with a sliding window ({} positions): a "
+                     "sliding-window conversation cannot shift its context (its window counts "
+                     "positions that a shift would move)",
+                     i, config.sliding_window);
         KVDIFF_CHECK(scenario.driver == DriverKind::kSession,
                      "steps[{}]: a shift needs the session driver (driver \"{}\" has no way to "
                      "move cached positions)",

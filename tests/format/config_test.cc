@@ -2,6 +2,7 @@
 // refusal with the field named in the message.
 #include "format/config.h"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -295,8 +296,57 @@ TEST(Config, RefusesOtherArchitectures) {
   EXPECT_THAT(ErrorWith("attention_bias", true), HasSubstr("\"attention_bias\": true is not"));
   EXPECT_THAT(ErrorWith("mlp_bias", true), HasSubstr("\"mlp_bias\""));
   EXPECT_THAT(ErrorWith("hidden_act", "gelu"), HasSubstr("\"hidden_act\""));
-  EXPECT_THAT(ErrorWith("model_type", "mistral"),
-              AllOf(HasSubstr("\"model_type\""), HasSubstr("\"mistral\"")));
+  EXPECT_THAT(ErrorWith("model_type", "gemma"),
+              AllOf(HasSubstr("\"model_type\""), HasSubstr("\"gemma\"")));
+}
+
+// sliding_window (issue 34): Mistral's key, null or absent for none, Qwen2's use_sliding_window
+// false for none; a window < 1 or larger than the context refused naming the field and numbers.
+TEST(Config, SlidingWindow) {
+  nlohmann::json j = Minimal();
+  EXPECT_EQ(ParseConfig(j.dump()).sliding_window, 0);
+  j["sliding_window"] = nullptr;
+  EXPECT_EQ(ParseConfig(j.dump()).sliding_window, 0);
+  j["sliding_window"] = 32;
+  j["model_type"] = "mistral";
+  const LlamaConfig c = ParseConfig(j.dump());
+  EXPECT_EQ(c.sliding_window, 32);
+  EXPECT_TRUE(c.Windowed());
+  j["use_sliding_window"] = false;
+  EXPECT_EQ(ParseConfig(j.dump()).sliding_window, 0);
+  j["use_sliding_window"] = true;
+  EXPECT_EQ(ParseConfig(j.dump()).sliding_window, 32);
+  EXPECT_THAT(ErrorWith("sliding_window", 0),
+              HasSubstr("\"sliding_window\": expected a positive integer (or null for none), "
+                        "found 0"));
+  EXPECT_THAT(ErrorWith("sliding_window", "x"), HasSubstr("\"sliding_window\""));
+  const int64_t context = ParseConfig(Minimal().dump()).max_position_embeddings;
+  EXPECT_THAT(ErrorWith("sliding_window", context + 1),
+              HasSubstr(fmt::format("\"sliding_window\": {} is larger than "
+                                    "max_position_embeddings {} (a window larger than the "
+                                    "context)",
+                                    context + 1, context)));
+  EXPECT_NO_THROW(ParseConfig([&] {
+    nlohmann::json k = Minimal();
+    k["sliding_window"] = context;
+    return k.dump();
+  }()));
+}
+
+// Written only when set, as a Mistral model (transformers' LlamaConfig would ignore the key), so a
+// full-attention model's config.json is byte-identical to what it was; read back the same.
+TEST(Config, SlidingWindowIsWrittenOnlyWhenSet) {
+  LlamaConfig c = PresetConfig("tiny");
+  const std::string plain = ConfigToJson(c);
+  EXPECT_THAT(plain, ::testing::Not(HasSubstr("sliding_window")));
+  EXPECT_THAT(plain, HasSubstr("\"model_type\": \"llama\""));
+  c.sliding_window = 32;
+  const std::string windowed = ConfigToJson(c);
+  EXPECT_THAT(windowed, HasSubstr("\"sliding_window\": 32"));
+  EXPECT_THAT(windowed, HasSubstr("\"model_type\": \"mistral\""));
+  EXPECT_THAT(windowed, HasSubstr("MistralForCausalLM"));
+  EXPECT_EQ(ParseConfigStrict(windowed, "inline").sliding_window, 32);
+  EXPECT_EQ(PresetConfig("tiny-swa").sliding_window, 32);
 }
 
 TEST(Config, UnknownKeysIgnored) {

@@ -77,6 +77,18 @@ TEST(RunCli, ShippedScenariosBehaveAsTheirDescriptionsSay) {
   // shift.json names ref and ref64; without LibTorch it is refused (exit 2) for them.
   const auto shift = RunKvdiff("run " + s + "shift.json --threads 1", dir.path());
   EXPECT_EQ(shift.exit_code, harness::BackendRegistry::Global().Has("ref64") ? 0 : 2) << shift.out;
+  // window.json (a ring wrapped by chunks longer than the window, a fork, a truncate back one)
+  // names ref and ref64 too; impl alone passes it, and a window fault of impl fails it.
+  const auto window = RunKvdiff("run " + s + "window.json --threads 1", dir.path());
+  EXPECT_EQ(window.exit_code, harness::BackendRegistry::Global().Has("ref64") ? 0 : 2)
+      << window.out;
+  EXPECT_EQ(RunKvdiff("run " + s + "window.json --backends impl --threads 1", dir.path()).exit_code,
+            0);
+  EXPECT_EQ(
+      RunKvdiff("run " + s + "window.json --backends 'impl?fault=window-minus-one' --threads 1",
+                dir.path())
+          .exit_code,
+      1);
 }
 
 TEST(RunCli, SessionDriverOnThePos0StepsExitsZero) {

@@ -136,8 +136,8 @@ TEST(LongTier, PassesOnImplAndRef64AndOnlyTheReferenceComparisonSeesFloat32Angle
 
   const auto alone = RunKvdiff(tier + "--backends ref --tolerance 1e-4", dir.path());
   EXPECT_EQ(alone.exit_code, 0) << "cached and uncached share the float32 angles\n" << alone.out;
-  const auto against = RunKvdiff(tier + "--backends ref,ref64 --tolerance 1e-4 --json f.json",
-                                 dir.path());
+  const auto against =
+      RunKvdiff(tier + "--backends ref,ref64 --tolerance 1e-4 --json f.json", dir.path());
   EXPECT_EQ(against.exit_code, 1) << against.out << against.err;
   const auto f = nlohmann::json::parse(ReadFile(dir / "f.json"));
   EXPECT_GT(f.at("worst_diff").get<double>(), 1e-4);

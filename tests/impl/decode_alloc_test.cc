@@ -127,6 +127,21 @@ TEST_P(DecodeAllocationTest, AppendAfterTruncateAllocatesOnlyTheLogits) {
   EXPECT_EQ(counted.allocations, 1);
 }
 
+// A sliding-window model's decode through its ring (tiny-swa, W = 32): the gather buffer of the
+// window's keys is grown once, so decoding across the ring's wraps allocates only the logits too.
+TEST_P(DecodeAllocationTest, WindowedDecodeAcrossTheRingsWrapsAllocatesOnlyTheLogits) {
+  Model model(testing::PresetModel("tiny-swa", 3), GetParam());
+  const int64_t vocab = model.config().vocab_size;
+  Session session = model.NewSession();
+  session.Append({5});  // one token: the window's keys in view grow by one at every step to W
+  session.Append({1});  // warm-up
+  for (int step = 0; step < 80; ++step) {
+    const Tokens next = {static_cast<Token>((step * 37 + 11) % vocab)};
+    const Counted counted = CountAllocations([&] { session.Append(next); });
+    ASSERT_EQ(counted.allocations, 1) << "step " << step << " at length " << session.Length();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Threads, DecodeAllocationTest, ::testing::Values(1, 2, 3),
                          [](const auto& info) { return std::to_string(info.param) + "_threads"; });
 
