@@ -14,7 +14,8 @@
 // gguf_cache.cc converts and caches.
 //
 // Options (key=value, ',' or newline separated):
-//   kv=f32|f16|q8_0     KV cache type (default f32: the only one held to the 1e-4 gate)
+//   kv=f32|f16|q8_0|q4_0  KV cache type (default f32: the only one held to the 1e-4 gate); the
+//                       quantized ones need flash_attn=on and a head_dim that is a multiple of 32
 //   flash_attn=on|off   default off: llama.cpp's flash attention casts K/V to F16 even with an f32
 //                       cache, which moves logits by ~1e-3
 //   threads=N           default 1
@@ -139,9 +140,9 @@ void Open(kvdiff_engine* e, const char* model_dir) {
   }
   const int64_t ubatch = o.ubatch ? o.ubatch : std::min<int64_t>(e->max_length, 512);
 
-  if (o.kv == "q8_0") {
-    // q8_0 packs rows in blocks of 32: llama.cpp refuses a cache whose head_dim it does not
-    // divide. A bad option for this model is the caller's to fix, so it is bad input here.
+  if (IsQuantized(o.kv)) {
+    // q8_0 and q4_0 pack rows in blocks of 32: llama.cpp refuses a cache whose head_dim it does
+    // not divide. A bad option for this model is the caller's to fix, so it is bad input here.
     char text[32] = {};
     const int64_t head_dim =
         llama_model_meta_val_str(e->model, "llama.attention.key_length", text, sizeof text) > 0
@@ -149,8 +150,8 @@ void Open(kvdiff_engine* e, const char* model_dir) {
             : llama_model_n_embd(e->model) / llama_model_n_head(e->model);
     if (head_dim % 32 != 0) {
       throw kvdiff::InputError(fmt::format(
-          "option kv=q8_0: the model's head_dim {} is not a multiple of q8_0's block of 32",
-          head_dim));
+          "option kv={}: the model's head_dim {} is not a multiple of {}'s block of 32", o.kv,
+          head_dim, o.kv));
     }
   }
 
@@ -163,9 +164,10 @@ void Open(kvdiff_engine* e, const char* model_dir) {
   cp.n_threads = cp.n_threads_batch = o.threads;
   cp.flash_attn_type =
       o.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
-  const ggml_type kv = o.kv == "f32"   ? GGML_TYPE_F32
-                       : o.kv == "f16" ? GGML_TYPE_F16
-                                       : GGML_TYPE_Q8_0;
+  const ggml_type kv = o.kv == "f32"    ? GGML_TYPE_F32
+                       : o.kv == "f16"  ? GGML_TYPE_F16
+                       : o.kv == "q8_0" ? GGML_TYPE_Q8_0
+                                        : GGML_TYPE_Q4_0;
   cp.type_k = cp.type_v = kv;
   cp.kv_unified = true;  // one pool of cells, so a fork shares its prefix's cells
   cp.no_perf = true;
