@@ -143,5 +143,24 @@ TEST(CompareRows, RelativeToleranceScalesWithTheOracleRow) {
   EXPECT_EQ(Tolerance(1e-4, 1e-3).ToString(), "abs 1.0e-04 or rel 1.0e-03 of max |logit|");
 }
 
+// A tolerance profile's KL gate (a quantized cache's): a row within the max-abs bound still fails
+// when its next-token distribution moved further than kl_max; without a KL gate it passes.
+TEST(CompareRows, AKlGateFailsARowWithinTheMaxAbsBoundWhoseDistributionMoved) {
+  const std::vector<float> b = {4.0f, 3.0f, 0.0f, -1.0f};
+  const std::vector<float> a = {3.0f, 4.0f, 0.0f, -1.0f};  // the top two swapped: 1.0 apart
+  const RowComparison plain = CompareRows(a.data(), b.data(), 4, Tolerance(1.5));
+  EXPECT_TRUE(plain.within_tolerance);
+  EXPECT_FALSE(plain.beyond_kl_gate());
+  const double kl = plain.kl_divergence;
+  EXPECT_GT(kl, 0.2);  // p_b = (.71, .26, ...): KL = (.71 - .26) * 1.0 = 0.45 nats
+  const RowComparison gated = CompareRows(a.data(), b.data(), 4, Tolerance(1.5, 0, 0.1));
+  EXPECT_FALSE(gated.within_tolerance);
+  EXPECT_TRUE(gated.beyond_kl_gate());
+  EXPECT_DOUBLE_EQ(gated.kl_gate, 0.1);
+  EXPECT_TRUE(CompareRows(a.data(), b.data(), 4, Tolerance(1.5, 0, 2 * kl)).within_tolerance);
+  EXPECT_TRUE(CompareRows(b.data(), b.data(), 4, Tolerance(1e-4, 0, 1e-9)).within_tolerance);
+  EXPECT_EQ(Tolerance(1.5, 0, 0.1).ToString(), "abs 1.5e+00, KL <= 1.0e-01");
+}
+
 }  // namespace
 }  // namespace kvdiff::harness
