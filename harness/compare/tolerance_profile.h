@@ -3,7 +3,8 @@
 // an engine whose cache (or attention) rounds K/V to a narrower type cannot meet it, and is held
 // instead to a bound measured against ref64 across models and lengths, written down with its
 // numbers (docs/engines.md, "Tolerance profiles"). A profile is chosen by what the backend says it
-// attends in (BackendInfo::cache_dtype), never by its name, and every report prints it. A
+// attends in (BackendInfo::cache_dtype) or computes in (BackendInfo::compute_dtype), never by its
+// name, and every report prints it. A
 // --tolerance flag wins over any profile.
 #pragma once
 
@@ -25,16 +26,23 @@ namespace kvdiff::harness {
 //     cache and differ only by kernel order (chunk sizes), so own_max_abs stays small, and a cache
 //     bug (a stale or missing position) moves that path by whole units however coarse the type.
 struct ToleranceProfile {
-  std::string cache_dtype;  // "f16", "q8_0", "q4_0": what the backend attends in
+  // What selects it: a cache dtype ("f16", "q8_0", "q4_0": what the backend attends in), or a
+  // compute dtype ("bf16": what its matrix products round their inputs to).
+  std::string dtype;
+  bool compute = false;     // dtype is a compute dtype (BackendInfo::compute_dtype)
   double max_abs = 0;       // the gate on max |a-b| of logits
   double kl_max = 0;        // the gate on each row's KL divergence, in nats; 0: none
   double own_max_abs = 0;   // the gate of the engine against its own forward; 0: max_abs
   std::string basis;        // one line: what the bounds were derived from
 };
 
-// The measured profile for a cache dtype; nullptr for float32 ("f32", "") and for dtypes without
-// a measured profile (those are held to the default gate, and fail it honestly).
-const ToleranceProfile* ProfileFor(const std::string& cache_dtype);
+// The measured profile a backend is held to: its cache dtype's or its compute dtype's, the looser
+// when both have one; nullptr for float32 ("f32", "") and for dtypes without a measured profile
+// (those are held to the default gate, and fail it honestly).
+const ToleranceProfile* ProfileFor(const BackendInfo& info);
+
+// "q8_0", "compute bf16": how reports name a profile.
+std::string ProfileName(const ToleranceProfile& profile);
 
 // The rope-f32 profile. An engine that computes its RoPE angles in float32 (transformers, and so
 // ref; llama.cpp) rounds pos · inv_freq to float: at position p the angle is off by up to about

@@ -4,7 +4,8 @@
 // profile, which the report names with its KL gate, and fails the flat 1e-4 gate; the profile
 // still catches cache bugs (the broken wrapper over llama.cpp, and the example's q8_0 row scale
 // misapplied, fault=q8-scale, shrunk to a replay file that fails again). Quantized blocks are 32
-// values, so these run on a head_dim-32 variant of the tiny preset (tiny's head_dim is 16).
+// values, so these run on a head_dim-32 variant of the tiny preset (tiny's head_dim is 16). Last,
+// the compute-dtype profile of llama.cpp over bf16 weights.
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -196,6 +197,36 @@ TEST(QuantizedKv, LlamaCppCrashesShiftingAQuantizedCacheAndTheCampaignSaysSo) {
   ASSERT_NE(replay, std::string::npos) << r.out;
   const std::string file = r.out.substr(replay + 19, r.out.find('\n', replay) - replay - 19);
   EXPECT_THAT(ReadFile(dir.path() / file), HasSubstr("\"op\":\"shift\"")) << file;
+}
+
+// Compute bf16: llama.cpp over bf16 weights rounds every matrix product's inputs to bf16, which
+// the registered llama.cpp backend declares from its option weights=bf16 (KnownArithmetic). The
+// flat gate flags that correct engine; the measured profile passes it, names itself, and still
+// catches a bug (a batched call that swaps two items' rows). weights=f32 given after it declares
+// float32 again.
+TEST(ComputeProfile, LlamaCppOverBf16WeightsIsHeldToTheBf16ProfileWhichStillCatchesBugs) {
+  TempDir dir;
+  const CommandResult pass =
+      RunKvdiff("check --cases 100 --backends 'impl,llama.cpp?weights=bf16'", dir.path());
+  EXPECT_EQ(pass.exit_code, 0) << pass.out << pass.err;
+  EXPECT_THAT(pass.out, HasSubstr("tolerance profile compute bf16 (max |a-b| <= 8.0e-01, KL <= "
+                                  "2.5e-02 per row; against its own uncached forward max |a-b| "
+                                  "<= 1.2e-01) for llama.cpp?weights=bf16"));
+  const size_t d = pass.out.find("distribution impl~llama.cpp?weights=bf16: argmax agrees on ");
+  ASSERT_NE(d, std::string::npos) << pass.out;
+  std::cout << "figure: " << pass.out.substr(d, pass.out.find('\n', d) - d) << "\n";
+  const CommandResult flat = RunKvdiff(
+      "check --cases 20 --backends 'impl,llama.cpp?weights=bf16' --tolerance 1e-4", dir.path());
+  EXPECT_EQ(flat.exit_code, 1) << "bf16 products meet the flat gate: the profile is not needed";
+  const CommandResult bug = RunKvdiff(
+      "check --cases 100 --backends 'impl,llama.cpp?weights=bf16&fault=batch-rows-swapped'",
+      dir.path());
+  EXPECT_EQ(bug.exit_code, 1) << bug.out << bug.err;
+  EXPECT_THAT(bug.out, HasSubstr("tolerance profile compute bf16"));
+  const CommandResult f32 = RunKvdiff(
+      "check --cases 5 --backends 'impl,llama.cpp?weights=bf16&weights=f32'", dir.path());
+  EXPECT_EQ(f32.exit_code, 0) << f32.out << f32.err;
+  EXPECT_THAT(f32.out, Not(HasSubstr("tolerance profile compute")));
 }
 #endif
 

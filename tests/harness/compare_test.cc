@@ -1,5 +1,6 @@
 // The comparison arithmetic on hand-made rows.
 #include "harness/compare/compare.h"
+#include "harness/compare/tolerance_profile.h"
 
 #include <gtest/gtest.h>
 
@@ -160,6 +161,27 @@ TEST(CompareRows, AKlGateFailsARowWithinTheMaxAbsBoundWhoseDistributionMoved) {
   EXPECT_TRUE(CompareRows(a.data(), b.data(), 4, Tolerance(1.5, 0, 2 * kl)).within_tolerance);
   EXPECT_TRUE(CompareRows(b.data(), b.data(), 4, Tolerance(1e-4, 0, 1e-9)).within_tolerance);
   EXPECT_EQ(Tolerance(1.5, 0, 0.1).ToString(), "abs 1.5e+00, KL <= 1.0e-01");
+}
+
+// A profile is chosen by what a backend declares: its cache dtype, its compute dtype, the looser
+// of the two when both have one; nothing for float32 or an unmeasured dtype.
+TEST(ToleranceProfile, IsChosenByTheDeclaredCacheOrComputeDtype) {
+  BackendInfo info;
+  EXPECT_EQ(ProfileFor(info), nullptr);
+  info.cache_dtype = "q5_1";
+  EXPECT_EQ(ProfileFor(info), nullptr);
+  info.cache_dtype = "q8_0";
+  ASSERT_NE(ProfileFor(info), nullptr);
+  EXPECT_EQ(ProfileName(*ProfileFor(info)), "q8_0");
+  EXPECT_GT(ProfileFor(info)->kl_max, 0);
+  EXPECT_LT(ProfileFor(info)->own_max_abs, ProfileFor(info)->max_abs);
+  info.cache_dtype = "f16";
+  info.compute_dtype = "bf16";
+  ASSERT_NE(ProfileFor(info), nullptr);
+  EXPECT_EQ(ProfileName(*ProfileFor(info)), "compute bf16");  // looser than f16's
+  info.cache_dtype = "";
+  info.compute_dtype = "f16";  // a cache profile's dtype, not a compute one's
+  EXPECT_EQ(ProfileFor(info), nullptr);
 }
 
 }  // namespace
