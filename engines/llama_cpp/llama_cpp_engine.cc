@@ -20,7 +20,8 @@
 //                       cache, which moves logits by ~1e-3
 //   threads=N           default 1
 //   weights=f32|bf16|f16  the dtype of the weights in the GGUF converted from an HF directory
-//                       (default f32); llama.cpp computes in float32 either way
+//                       (default f32); with bf16 weights ggml's CPU matmul rounds each
+//                       activation to bf16 too (kvdiff's registry declares compute dtype bf16)
 //   max_length=N        positions one session may hold (default min(context_length, 2048))
 //   sessions=N          sequences alive at once, forks included (default 8, 1 to 64); the context
 //                       has max_length x sessions cells
