@@ -39,7 +39,6 @@ typedef enum { FAULT_NONE, FAULT_SHIFT_NOT_REROTATED, FAULT_Q8_SCALE } Fault;
 /* The cache's element type, chosen with kv=. */
 typedef enum { KV_F32, KV_Q8_0 } KvType;
 
-
 struct kvdiff_engine {
   Config config;
   Weights weights;
@@ -223,8 +222,7 @@ static kvdiff_status parse_options(kvdiff_engine* e, const char* options) {
         e->fault = FAULT_Q8_SCALE;
       } else {
         return set_error(e->error, KVDIFF_INVALID_INPUT,
-                         "option fault=%s: expected none, shift-not-rerotated or q8-scale",
-                         eq + 1);
+                         "option fault=%s: expected none, shift-not-rerotated or q8-scale", eq + 1);
       }
     } else if (strcmp(item, "kv") == 0) {
       if (strcmp(eq + 1, "f32") == 0) {

@@ -150,9 +150,9 @@ void Open(kvdiff_engine* e, const char* model_dir) {
             ? std::atoll(text)
             : llama_model_n_embd(e->model) / llama_model_n_head(e->model);
     if (head_dim % 32 != 0) {
-      throw kvdiff::InputError(fmt::format(
-          "option kv={}: the model's head_dim {} is not a multiple of {}'s block of 32", o.kv,
-          head_dim, o.kv));
+      throw kvdiff::InputError(
+          fmt::format("option kv={}: the model's head_dim {} is not a multiple of {}'s block of 32",
+                      o.kv, head_dim, o.kv));
     }
   }
 

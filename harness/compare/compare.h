@@ -28,7 +28,7 @@ double ResolveTolerance(const std::optional<double>& flag, std::optional<double>
 struct Tolerance {
   double abs = kDefaultTolerance;
   double rel = 0;
-  double kl_max = 0;  // 0: no gate on the KL
+  double kl_max = 0;                                                   // 0: no gate on the KL
   Tolerance(double abs_gate = kDefaultTolerance, double rel_gate = 0,  // NOLINT: a double is abs
             double kl_gate = 0)
       : abs(abs_gate), rel(rel_gate), kl_max(kl_gate) {}
@@ -51,8 +51,8 @@ struct RowComparison {
   // KL(softmax(b) || softmax(a)) in nats, in double: how far a's next-token distribution is from
   // the oracle's, as llama.cpp's perplexity tool reports it (0 for NaN/inf rows).
   double kl_divergence = 0;
-  double scale = 0;  // max |b_i| (b finite): what a relative tolerance is relative to
-  double gate = 0;   // the row's gate: tolerance.GateFor(scale)
+  double scale = 0;    // max |b_i| (b finite): what a relative tolerance is relative to
+  double gate = 0;     // the row's gate: tolerance.GateFor(scale)
   double kl_gate = 0;  // the row's gate on kl_divergence (Tolerance::kl_max; 0: none)
   bool within_tolerance = false;
 

@@ -38,8 +38,10 @@ struct Gate {
 
 // The gate of a run over `backends`, resolved once: abs is the --tolerance flag, else from_file's
 // abs raised to the loosest tolerance profile among the backends (ResolveRunTolerance), kl_max
-// the loosest of their KL gates (ResolveKlGate); rel is from_file's; the rope-f32 allowance is ResolveRopeAllowance's. The lines every report prints
-// (the tolerance profile's, then the rope-f32 profile's, when they apply) are appended to *notes.
+// the loosest of their KL gates (ResolveKlGate), own_abs the loosest of their bounds against
+// their own forward (ResolveOwnGate); rel is from_file's; the rope-f32 allowance is
+// ResolveRopeAllowance's. The lines every report prints (the tolerance profile's, then the rope-f32
+// profile's, when they apply) are appended to *notes.
 Gate ResolveGate(const std::optional<double>& flag, const Gate& from_file,
                  const std::vector<const Backend*>& backends, std::vector<std::string>* notes);
 

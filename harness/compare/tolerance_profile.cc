@@ -44,10 +44,11 @@ constexpr double kRopeF32PerPosition = 2e-6;
 //         The example engine's q8_0 with shifts (check, seeds 3 and 7): 6.1e-1, KL max 3.2e-2.
 //   q4_0: max |a-b| 6.5, 6.1 (check), 4.3..6.0 (long), 1.8 (smollm2-135m shape); KL max 3.9;
 //         argmax agreement 63-75%; against its own forward 7.8e-2 (tiny), 1.3e-1 (smollm2-135m
-//         shape, at position 1: one-token and batched flash attention quantize differently). On random weights 4 bits move the logits almost as far
-//         as a cache bug does (a truncate that keeps the cache: 14, KL 13), so the cross bounds
-//         say little there and the own bound carries the profile: a cache bug moves the engine's
-//         cached rows away from its own uncached forward by whole units.
+//         shape, at position 1: one-token and batched flash attention quantize differently). On
+//         random weights 4 bits move the logits almost as far as a cache bug does (a truncate that
+//         keeps the cache: 14, KL 13), so the cross bounds say little there and the own bound
+//         carries the profile: a cache bug moves the engine's cached rows away from its own
+//         uncached forward by whole units.
 // Compute bf16, measured with llama.cpp weights=bf16 (its CPU matmul rounds every activation to
 // bf16 for a bf16 weight; with the same bf16-valued weights, weights=f32 stays within 1.2e-4 of
 // ref64): kvdiff check --backends ref64,llama.cpp?weights=bf16 --tolerance 100, 100 cases (with

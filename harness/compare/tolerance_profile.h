@@ -29,11 +29,11 @@ struct ToleranceProfile {
   // What selects it: a cache dtype ("f16", "q8_0", "q4_0": what the backend attends in), or a
   // compute dtype ("bf16": what its matrix products round their inputs to).
   std::string dtype;
-  bool compute = false;     // dtype is a compute dtype (BackendInfo::compute_dtype)
-  double max_abs = 0;       // the gate on max |a-b| of logits
-  double kl_max = 0;        // the gate on each row's KL divergence, in nats; 0: none
-  double own_max_abs = 0;   // the gate of the engine against its own forward; 0: max_abs
-  std::string basis;        // one line: what the bounds were derived from
+  bool compute = false;    // dtype is a compute dtype (BackendInfo::compute_dtype)
+  double max_abs = 0;      // the gate on max |a-b| of logits
+  double kl_max = 0;       // the gate on each row's KL divergence, in nats; 0: none
+  double own_max_abs = 0;  // the gate of the engine against its own forward; 0: max_abs
+  std::string basis;       // one line: what the bounds were derived from
 };
 
 // The measured profile a backend is held to: its cache dtype's or its compute dtype's, the looser

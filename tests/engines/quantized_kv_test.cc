@@ -58,8 +58,9 @@ TEST(QuantizedKv, AKvTypeTheExampleRefusesIsBadInputThroughRunCheckAndConform) {
   WriteTinyScenario(dir);
   const std::pair<std::string, std::string> refused[] = {
       {Example("kv=q4_0"), "option kv=q4_0: expected f32 or q8_0"},
-      {Example("kv=q8_0"), "option kv=q8_0: the model's head_dim 16 is not a multiple of q8_0's "
-                           "block of 32"},
+      {Example("kv=q8_0"),
+       "option kv=q8_0: the model's head_dim 16 is not a multiple of q8_0's "
+       "block of 32"},
       {Example("fault=q8-scale"), "option fault=q8-scale needs kv=q8_0"},
   };
   for (const auto& [backend, message] : refused) {
@@ -162,12 +163,11 @@ TEST(QuantizedKv, LlamaCppsQuantizedCachesAreHeldToTheirProfilesWhichStillCatchC
     EXPECT_THAT(pass.out, HasSubstr(fmt::format("tolerance profile {} (max |a-b| <= ", kv)));
     const size_t d = pass.out.find("distribution impl~" + backend);
     ASSERT_NE(d, std::string::npos) << pass.out;
-    std::cout << "figure: " << kv << ": " << pass.out.substr(d, pass.out.find('\n', d) - d)
-              << "\n";
-    const CommandResult flat = RunKvdiff(
-        fmt::format("check --cases 20 --model '{}' --backends 'impl,{}' --tolerance 1e-4", model,
-                    backend),
-        dir.path());
+    std::cout << "figure: " << kv << ": " << pass.out.substr(d, pass.out.find('\n', d) - d) << "\n";
+    const CommandResult flat =
+        RunKvdiff(fmt::format("check --cases 20 --model '{}' --backends 'impl,{}' --tolerance 1e-4",
+                              model, backend),
+                  dir.path());
     EXPECT_EQ(flat.exit_code, 1) << flat.out;
     const std::string truncate_bug =
         LlamaCppWithoutShift(fmt::format("kv={}&flash_attn=on&bug=truncate", kv));
@@ -223,8 +223,8 @@ TEST(ComputeProfile, LlamaCppOverBf16WeightsIsHeldToTheBf16ProfileWhichStillCatc
       dir.path());
   EXPECT_EQ(bug.exit_code, 1) << bug.out << bug.err;
   EXPECT_THAT(bug.out, HasSubstr("tolerance profile compute bf16"));
-  const CommandResult f32 = RunKvdiff(
-      "check --cases 5 --backends 'impl,llama.cpp?weights=bf16&weights=f32'", dir.path());
+  const CommandResult f32 =
+      RunKvdiff("check --cases 5 --backends 'impl,llama.cpp?weights=bf16&weights=f32'", dir.path());
   EXPECT_EQ(f32.exit_code, 0) << f32.out << f32.err;
   EXPECT_THAT(f32.out, Not(HasSubstr("tolerance profile compute")));
 }

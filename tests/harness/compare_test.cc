@@ -1,6 +1,5 @@
 // The comparison arithmetic on hand-made rows.
 #include "harness/compare/compare.h"
-#include "harness/compare/tolerance_profile.h"
 
 #include <gtest/gtest.h>
 
@@ -9,6 +8,7 @@
 #include <vector>
 
 #include "format/error.h"
+#include "harness/compare/tolerance_profile.h"
 
 namespace kvdiff::harness {
 namespace {
