@@ -17,15 +17,16 @@ namespace kvdiff::testing {
 // The default campaign (200 cases, the first failure shrunk) on `backends` fails; its shrunk file
 // holds at most `max_steps` steps, one of them an `op` step, and fails again on `kvdiff run`
 // (exit 1). `failing_step` not empty: the shrunk case's first failure is at such a step (e.g.
-// "batch(": the batch itself diverged, not a later step). `model_args` (e.g. "--preset tiny-swa")
-// picks the campaign's model; empty: check's default. Prints the figures (the campaign's summary,
-// the shrunk line and file) for the docs.
+// "batch(": the batch itself diverged, not a later step). `check_flags` go to `kvdiff check` too:
+// the campaign's model (e.g. "--preset tiny-swa", or "--model DIR" for an engine the default
+// preset's shape does not fit); empty: check's default. Prints the figures (the campaign's
+// summary, the shrunk line and file) for the docs.
 inline void ExpectCaughtAndShrunkTo(const std::string& op, const std::string& backends,
                                     size_t max_steps, const std::string& failing_step = "",
-                                    const std::string& model_args = "") {
+                                    const std::string& check_flags = "") {
   TempDir dir;
   const CommandResult r = RunKvdiff(
-      "check --cases 200 --shrink 1 " + model_args + " --backends '" + backends + "'", dir.path());
+      "check --cases 200 --shrink 1 --backends '" + backends + "' " + check_flags, dir.path());
   EXPECT_EQ(r.exit_code, 1) << backends << "\n" << r.out << r.err;
   const size_t first = r.out.find("FAIL case ");
   ASSERT_NE(first, std::string::npos) << backends << "\n" << r.out;

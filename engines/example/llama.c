@@ -3,9 +3,14 @@
  * to start a plugin for your own engine: the ABI glue is at the bottom, the model above it.
  *
  * Options: max_length=N (positions a session may hold; default and upper bound:
- * max_position_embeddings); fault=shift-not-rerotated (TEST-ONLY: shift moves the cached rows
- * and leaves the keys rotated for their old positions, to prove kvdiff's shift check catches it;
- * default none). */
+ * max_position_embeddings); kv=f32|q8_0 (the cache's element type, default f32; q8_0 as
+ * llama.cpp's, in blocks of 32 values, so the model's head_dim must be a multiple of 32);
+ * fault=NAME (TEST-ONLY, default none, to prove kvdiff catches each bug):
+ *   shift-not-rerotated  shift moves the cached rows and leaves the keys rotated for their old
+ *                        positions;
+ *   q8-scale             (kv=q8_0) every block of a cached row is read back with the scale of
+ *                        the row's first block, as a dequantizer that indexes its scales by row
+ *                        instead of by block. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -14,6 +19,7 @@
 
 #include "hf_model.h"
 #include "kvdiff/engine.h"
+#include "q8_0.h"
 
 /* Scratch buffers of one token's forward pass, shared by the engine's sessions (one thread). */
 typedef struct {
@@ -28,13 +34,17 @@ typedef struct {
 } RunState;
 
 /* Test-only bugs, chosen with fault=NAME. */
-typedef enum { FAULT_NONE, FAULT_SHIFT_NOT_REROTATED } Fault;
+typedef enum { FAULT_NONE, FAULT_SHIFT_NOT_REROTATED, FAULT_Q8_SCALE } Fault;
+
+/* The cache's element type, chosen with kv=. */
+typedef enum { KV_F32, KV_Q8_0 } KvType;
 
 struct kvdiff_engine {
   Config config;
   Weights weights;
   int loaded;
   int64_t max_length;
+  KvType kv;
   Fault fault;
   double* inv_freq; /* (head_dim / 2): 1 / rope_theta^(2i / head_dim) */
   RunState run;
@@ -95,6 +105,11 @@ static void rope(float* v, int64_t heads, int64_t head_dim, int64_t pos, const d
   }
 }
 
+/* What the cache keeps of a freshly written (or re-rotated) row of kv_dim values. */
+static void store_row(const kvdiff_engine* e, float* row, int64_t kv_dim) {
+  if (e->kv == KV_Q8_0) q8_0_round_trip(row, kv_dim, e->fault == FAULT_Q8_SCALE);
+}
+
 /* 4. Attention of the token at `pos` in layer l: q, k, v, RoPE, append k and v to the cache at
  *    row pos, softmax(q.K^T / sqrt(d)) over keys 0..pos, times V, then o_proj into run.proj. */
 static void attention(kvdiff_engine* e, kvdiff_session* s, int64_t l, int64_t pos) {
@@ -109,6 +124,8 @@ static void attention(kvdiff_engine* e, kvdiff_session* s, int64_t l, int64_t po
   matmul(v, r->xn, w->wv, kv_dim, c->hidden);
   rope(r->q, c->heads, d, pos, e->inv_freq);
   rope(k, c->kv_heads, d, pos, e->inv_freq);
+  store_row(e, k, kv_dim); /* the cache holds what its element type keeps */
+  store_row(e, v, kv_dim);
   const float scale = 1.0f / sqrtf((float)d);
   for (int64_t h = 0; h < c->heads; h++) {
     const float* q = r->q + h * d;
@@ -201,15 +218,37 @@ static kvdiff_status parse_options(kvdiff_engine* e, const char* options) {
         e->fault = FAULT_NONE;
       } else if (strcmp(eq + 1, "shift-not-rerotated") == 0) {
         e->fault = FAULT_SHIFT_NOT_REROTATED;
+      } else if (strcmp(eq + 1, "q8-scale") == 0) {
+        e->fault = FAULT_Q8_SCALE;
       } else {
         return set_error(e->error, KVDIFF_INVALID_INPUT,
-                         "option fault=%s: expected none or shift-not-rerotated", eq + 1);
+                         "option fault=%s: expected none, shift-not-rerotated or q8-scale", eq + 1);
+      }
+    } else if (strcmp(item, "kv") == 0) {
+      if (strcmp(eq + 1, "f32") == 0) {
+        e->kv = KV_F32;
+      } else if (strcmp(eq + 1, "q8_0") == 0) {
+        e->kv = KV_Q8_0;
+      } else {
+        return set_error(e->error, KVDIFF_INVALID_INPUT, "option kv=%s: expected f32 or q8_0",
+                         eq + 1);
       }
     } else {
       return set_error(e->error, KVDIFF_INVALID_INPUT,
-                       "unknown option '%s' (the example engine knows: max_length, fault)", item);
+                       "unknown option '%s' (the example engine knows: max_length, kv, fault)",
+                       item);
     }
   }
+  if (e->fault == FAULT_Q8_SCALE && e->kv != KV_Q8_0)
+    return set_error(e->error, KVDIFF_INVALID_INPUT,
+                     "option fault=q8-scale needs kv=q8_0 (it is a bug of the q8_0 cache)");
+  /* q8_0's blocks must not straddle two heads, so they divide head_dim (llama.cpp refuses the
+   * same caches). */
+  if (e->kv == KV_Q8_0 && e->config.head_dim % kQ8Block != 0)
+    return set_error(e->error, KVDIFF_INVALID_INPUT,
+                     "option kv=q8_0: the model's head_dim %lld is not a multiple of q8_0's block "
+                     "of %d",
+                     (long long)e->config.head_dim, kQ8Block);
   return KVDIFF_OK;
 }
 
@@ -259,7 +298,7 @@ static const char* engine_error(const kvdiff_engine* e) { return e ? e->error : 
 static kvdiff_status engine_info(kvdiff_engine* e, kvdiff_engine_info* out) {
   out->vocab_size = e->config.vocab;
   out->max_length = e->max_length;
-  out->cache_dtype = "f32";
+  out->cache_dtype = e->kv == KV_Q8_0 ? "q8_0" : "f32"; /* selects kvdiff's tolerance profile */
   out->sizes = NULL; /* one token at a time: no tiles, pages or thresholds */
   out->num_sizes = 0;
   return KVDIFF_OK;
@@ -394,8 +433,10 @@ static kvdiff_status shift(kvdiff_session* s, int64_t keep, int64_t discard) {
     memmove(k, k + discard * kv_dim, (size_t)(moved * kv_dim) * sizeof(float));
     memmove(v, v + discard * kv_dim, (size_t)(moved * kv_dim) * sizeof(float));
     if (s->engine->fault == FAULT_SHIFT_NOT_REROTATED) continue; /* THE BUG (test-only) */
-    for (int64_t t = 0; t < moved; t++)
+    for (int64_t t = 0; t < moved; t++) {
       rope(k + t * kv_dim, c->kv_heads, c->head_dim, -discard, s->engine->inv_freq);
+      store_row(s->engine, k + t * kv_dim, kv_dim); /* re-quantized, as llama.cpp's K-shift */
+    }
   }
   s->length -= discard;
   return KVDIFF_OK;

@@ -14,12 +14,14 @@
 // gguf_cache.cc converts and caches.
 //
 // Options (key=value, ',' or newline separated):
-//   kv=f32|f16|q8_0     KV cache type (default f32: the only one held to the 1e-4 gate)
+//   kv=f32|f16|q8_0|q4_0  KV cache type (default f32: the only one held to the 1e-4 gate); the
+//                       quantized ones need flash_attn=on and a head_dim that is a multiple of 32
 //   flash_attn=on|off   default off: llama.cpp's flash attention casts K/V to F16 even with an f32
 //                       cache, which moves logits by ~1e-3
 //   threads=N           default 1
 //   weights=f32|bf16|f16  the dtype of the weights in the GGUF converted from an HF directory
-//                       (default f32); llama.cpp computes in float32 either way
+//                       (default f32); with bf16 weights ggml's CPU matmul rounds each
+//                       activation to bf16 too (kvdiff's registry declares compute dtype bf16)
 //   max_length=N        positions one session may hold (default min(context_length, 2048))
 //   sessions=N          sequences alive at once, forks included (default 8, 1 to 64); the context
 //                       has max_length x sessions cells
@@ -139,18 +141,18 @@ void Open(kvdiff_engine* e, const char* model_dir) {
   }
   const int64_t ubatch = o.ubatch ? o.ubatch : std::min<int64_t>(e->max_length, 512);
 
-  if (o.kv == "q8_0") {
-    // q8_0 packs rows in blocks of 32: llama.cpp refuses a cache whose head_dim it does not
-    // divide. A bad option for this model is the caller's to fix, so it is bad input here.
+  if (IsQuantized(o.kv)) {
+    // q8_0 and q4_0 pack rows in blocks of 32: llama.cpp refuses a cache whose head_dim it does
+    // not divide. A bad option for this model is the caller's to fix, so it is bad input here.
     char text[32] = {};
     const int64_t head_dim =
         llama_model_meta_val_str(e->model, "llama.attention.key_length", text, sizeof text) > 0
             ? std::atoll(text)
             : llama_model_n_embd(e->model) / llama_model_n_head(e->model);
     if (head_dim % 32 != 0) {
-      throw kvdiff::InputError(fmt::format(
-          "option kv=q8_0: the model's head_dim {} is not a multiple of q8_0's block of 32",
-          head_dim));
+      throw kvdiff::InputError(
+          fmt::format("option kv={}: the model's head_dim {} is not a multiple of {}'s block of 32",
+                      o.kv, head_dim, o.kv));
     }
   }
 
@@ -163,9 +165,10 @@ void Open(kvdiff_engine* e, const char* model_dir) {
   cp.n_threads = cp.n_threads_batch = o.threads;
   cp.flash_attn_type =
       o.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
-  const ggml_type kv = o.kv == "f32"   ? GGML_TYPE_F32
-                       : o.kv == "f16" ? GGML_TYPE_F16
-                                       : GGML_TYPE_Q8_0;
+  const ggml_type kv = o.kv == "f32"    ? GGML_TYPE_F32
+                       : o.kv == "f16"  ? GGML_TYPE_F16
+                       : o.kv == "q8_0" ? GGML_TYPE_Q8_0
+                                        : GGML_TYPE_Q4_0;
   cp.type_k = cp.type_v = kv;
   cp.kv_unified = true;  // one pool of cells, so a fork shares its prefix's cells
   cp.no_perf = true;

@@ -35,6 +35,8 @@ BatchFault ParseFault(const std::string& value) {
 
 }  // namespace
 
+bool IsQuantized(const std::string& kv) { return kv == "q8_0" || kv == "q4_0"; }
+
 Options ParseOptions(const char* text) {
   Options o;
   std::string all = text ? text : "";
@@ -52,8 +54,9 @@ Options ParseOptions(const char* text) {
       throw kvdiff::InputError(fmt::format("option '{}': expected key=value", item));
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
     if (key == "kv") {
-      if (value != "f32" && value != "f16" && value != "q8_0") {
-        throw kvdiff::InputError(fmt::format("option kv={}: expected f32, f16 or q8_0", value));
+      if (value != "f32" && value != "f16" && value != "q8_0" && value != "q4_0") {
+        throw kvdiff::InputError(
+            fmt::format("option kv={}: expected f32, f16, q8_0 or q4_0", value));
       }
       o.kv = value;
     } else if (key == "flash_attn") {
@@ -91,10 +94,11 @@ Options ParseOptions(const char* text) {
                       key));
     }
   }
-  if (o.kv == "q8_0" && !o.flash_attn) {
-    throw kvdiff::InputError(
-        "option kv=q8_0 needs flash_attn=on (llama.cpp quantizes the V cache only inside flash "
-        "attention)");
+  if (IsQuantized(o.kv) && !o.flash_attn) {
+    throw kvdiff::InputError(fmt::format(
+        "option kv={} needs flash_attn=on (llama.cpp quantizes the V cache only inside flash "
+        "attention)",
+        o.kv));
   }
   return o;
 }

@@ -30,6 +30,10 @@ struct Options {
   format::DType weights = format::DType::kF32;
 };
 
+// Whether a kv= type packs rows in quantized blocks of 32 (q8_0, q4_0): llama.cpp then needs
+// flash attention and a head_dim the block divides.
+bool IsQuantized(const std::string& kv);
+
 // Options from engine.h's text (NULL or "" for defaults); InputError naming a bad key or value.
 Options ParseOptions(const char* text);
 

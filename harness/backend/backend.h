@@ -99,6 +99,10 @@ struct BackendInfo {
   // What K/V are attended in, when narrower than the compute dtype ("f16"): selects a tolerance
   // profile (harness/compare/tolerance_profile.h). Empty for float32 and float64 caches.
   std::string cache_dtype;
+  // What the backend's matrix products round their inputs to, when narrower than float32
+  // ("bf16": llama.cpp over bf16 weights converts each activation to bf16 for the dot product):
+  // selects a compute tolerance profile. Empty: float32 or float64 throughout.
+  std::string compute_dtype;
   // "f32" when RoPE angles are computed in float32 (pos · inv_freq rounded to float, as
   // transformers and llama.cpp do): they drift from the exact angles as the position grows, so
   // comparisons with another backend are held to the rope-f32 profile (tolerance_profile.h).

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -252,6 +253,31 @@ std::pair<BackendInfo, BackendFactory> ResolvePluginBackend(const std::string& s
   return {info, PluginFactory(std::filesystem::absolute(path), options)};
 }
 
+namespace {
+
+// The compute dtype `options` ("k=v,k=v", in the order given) declare through
+// KnownArithmetic::compute_dtype_by_option; "" for float32.
+std::string ComputeDtypeOf(const std::string& options, const KnownArithmetic& known) {
+  std::string dtype;
+  for (size_t start = 0; start < options.size();) {
+    const size_t comma = std::min(options.find(',', start), options.size());
+    const std::string item = options.substr(start, comma - start);
+    start = comma + 1;
+    const std::string key = item.substr(0, item.find('='));
+    bool key_known = false;
+    std::string declared;
+    for (const auto& [option, type] : known.compute_dtype_by_option) {
+      if (option.substr(0, option.find('=')) != key) continue;
+      key_known = true;
+      if (option == item) declared = type;
+    }
+    if (key_known) dtype = declared;
+  }
+  return dtype;
+}
+
+}  // namespace
+
 void RegisterNamedPlugin(BackendRegistry& registry, const std::string& name,
                          const std::string& description, const std::filesystem::path& path,
                          const std::string& options, const KnownArithmetic& known) {
@@ -270,6 +296,7 @@ void RegisterNamedPlugin(BackendRegistry& registry, const std::string& name,
     const size_t q = spec.find('?');
     std::string all = options;
     if (q != std::string::npos) all += "," + EngineOptions(spec.substr(q + 1));
+    info.compute_dtype = ComputeDtypeOf(all, known);
     BackendFactory make = [path, all](const BackendInfo& info,
                                       std::shared_ptr<const format::ModelWeights> weights,
                                       const BackendOptions& backend_options) {

@@ -99,6 +99,11 @@ struct KnownArithmetic {
   // BackendInfo::shifts before the engine is opened (what lists the backends that shift reads);
   // once opened, the engine's own answer replaces it.
   bool shifts = false;
+  // Options of the engine that make it compute in a narrower type, and that type
+  // (BackendInfo::compute_dtype), e.g. {"weights=bf16", "bf16"}: the engine's own options are the
+  // declaration (engine_info has no field for it, and adding one is an ABI version). Another
+  // value of the same key (weights=f32) declares float32 again; the last one given wins.
+  std::vector<std::pair<std::string, std::string>> compute_dtype_by_option;
 };
 void RegisterNamedPlugin(BackendRegistry& registry, const std::string& name,
                          const std::string& description, const std::filesystem::path& path,

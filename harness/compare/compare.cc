@@ -159,8 +159,9 @@ std::string DistributionStats::Text() const {
 }
 
 std::string Tolerance::ToString() const {
-  if (rel <= 0) return fmt::format("abs {:.1e}", abs);
-  return fmt::format("abs {:.1e} or rel {:.1e} of max |logit|", abs, rel);
+  const std::string kl = kl_max > 0 ? fmt::format(", KL <= {:.1e}", kl_max) : "";
+  if (rel <= 0) return fmt::format("abs {:.1e}{}", abs, kl);
+  return fmt::format("abs {:.1e} or rel {:.1e} of max |logit|{}", abs, rel, kl);
 }
 
 double RowComparison::relative_diff() const {
@@ -178,6 +179,7 @@ RowComparison CompareRows(const float* a, const float* b, int64_t n, const Toler
   if (bad >= 0) {
     RowComparison c = CompareNonFinite(a, b, n, bad);
     c.gate = tolerance.GateFor(c.scale);
+    c.kl_gate = tolerance.kl_max;
     return c;
   }
   RowComparison c;
@@ -218,7 +220,8 @@ RowComparison CompareRows(const float* a, const float* b, int64_t n, const Toler
   }
   c.kl_divergence = std::max(kl, 0.0);  // rounding can leave -1e-17 for equal rows
   c.gate = tolerance.GateFor(c.scale);
-  c.within_tolerance = c.max_abs_diff <= c.gate;
+  c.kl_gate = tolerance.kl_max;
+  c.within_tolerance = c.max_abs_diff <= c.gate && !c.beyond_kl_gate();
   return c;
 }
 

@@ -21,11 +21,17 @@ double ResolveTolerance(const std::optional<double>& flag, std::optional<double>
 // is for models whose logits are in the thousands (make-model --scale demanding), where float32
 // rounding alone is ~1e-7 of the logits' size and an absolute 1e-4 means nothing
 // (docs/campaigns.md, "The demanding part"); rel = 0 is the plain absolute gate.
+//
+// kl_max > 0 gates the next-token distribution too: KL(softmax(oracle) || softmax(row)) <= kl_max.
+// A tolerance profile of a quantized cache sets it (tolerance_profile.h): there max |a-b| grows
+// with the logits' spread, while the KL says how far the distribution a user samples from moved.
 struct Tolerance {
   double abs = kDefaultTolerance;
   double rel = 0;
-  Tolerance(double abs_gate = kDefaultTolerance, double rel_gate = 0)  // NOLINT: a double is abs
-      : abs(abs_gate), rel(rel_gate) {}
+  double kl_max = 0;                                                   // 0: no gate on the KL
+  Tolerance(double abs_gate = kDefaultTolerance, double rel_gate = 0,  // NOLINT: a double is abs
+            double kl_gate = 0)
+      : abs(abs_gate), rel(rel_gate), kl_max(kl_gate) {}
   // The gate of a row whose oracle's largest |logit| is `scale`: max(abs, rel * scale).
   double GateFor(double scale) const { return std::max(abs, rel * scale); }
   // "abs 1.0e-04" or "abs 1.0e-04 or rel 2.0e-06 of max |logit|"
@@ -45,9 +51,13 @@ struct RowComparison {
   // KL(softmax(b) || softmax(a)) in nats, in double: how far a's next-token distribution is from
   // the oracle's, as llama.cpp's perplexity tool reports it (0 for NaN/inf rows).
   double kl_divergence = 0;
-  double scale = 0;  // max |b_i| (b finite): what a relative tolerance is relative to
-  double gate = 0;   // the row's gate: tolerance.GateFor(scale)
+  double scale = 0;    // max |b_i| (b finite): what a relative tolerance is relative to
+  double gate = 0;     // the row's gate: tolerance.GateFor(scale)
+  double kl_gate = 0;  // the row's gate on kl_divergence (Tolerance::kl_max; 0: none)
   bool within_tolerance = false;
+
+  // Whether the row fails on its KL gate (it may also fail on max |a-b|).
+  bool beyond_kl_gate() const { return kl_gate > 0 && !(kl_divergence <= kl_gate); }
 
   // max |a - b| / max |b_i|: the difference relative to the row's scale (inf when not finite).
   double relative_diff() const;
@@ -73,7 +83,8 @@ struct DistributionStats {
 };
 
 // a: the row under test; b: its oracle (the margin is read from b). Rows of n >= 1 values.
-// within_tolerance: every value finite and max |a - b| <= the row's gate (Tolerance).
+// within_tolerance: every value finite, max |a - b| <= the row's gate and, when the tolerance has a
+// KL gate, the KL within it (Tolerance).
 RowComparison CompareRows(const float* a, const float* b, int64_t n, const Tolerance& tolerance);
 
 // Index of the largest value (the first one on ties, like torch.argmax); NaN never wins.

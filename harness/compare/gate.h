@@ -22,18 +22,26 @@ struct Gate {
   // the rope-f32 profile's allowance (tolerance_profile.h): added per position to a row compared
   // between two backends, either of which computes its RoPE angles in float32
   double rope_f32_per_position = 0;
+  // the tolerance profile's gate on each row's KL divergence (Tolerance::kl_max); 0: none
+  double kl_max = 0;
+  // the tolerance profile's gate of a backend against its own uncached forward, where a quantized
+  // cache rounds alike on both paths (tolerance_profile.h); 0: abs
+  double own_abs = 0;
 
-  // A backend's row against its own uncached forward: the same angles on both paths.
-  Tolerance Own() const { return {abs, rel}; }
+  // A backend's row against its own uncached forward: the same angles and the same cache rounding
+  // on both paths, so no KL gate (own_abs already holds it tighter than the cross bounds).
+  Tolerance Own() const { return {own_abs > 0 ? own_abs : abs, rel}; }
   // A row at `position` compared between backends a and b: abs, plus the rope-f32 allowance
   // times the position when either computes its angles in float32.
   Tolerance Across(const BackendInfo& a, const BackendInfo& b, int64_t position) const;
 };
 
 // The gate of a run over `backends`, resolved once: abs is the --tolerance flag, else from_file's
-// abs raised to the loosest tolerance profile among the backends (ResolveRunTolerance); rel is
-// from_file's; the rope-f32 allowance is ResolveRopeAllowance's. The lines every report prints
-// (the tolerance profile's, then the rope-f32 profile's, when they apply) are appended to *notes.
+// abs raised to the loosest tolerance profile among the backends (ResolveRunTolerance), kl_max
+// the loosest of their KL gates (ResolveKlGate), own_abs the loosest of their bounds against
+// their own forward (ResolveOwnGate); rel is from_file's; the rope-f32 allowance is
+// ResolveRopeAllowance's. The lines every report prints (the tolerance profile's, then the rope-f32
+// profile's, when they apply) are appended to *notes.
 Gate ResolveGate(const std::optional<double>& flag, const Gate& from_file,
                  const std::vector<const Backend*>& backends, std::vector<std::string>* notes);
 

@@ -66,6 +66,11 @@ std::string DivergenceText(const Divergence& d) {
                      c.argmax_b, c.argmax_agrees() ? "agree" : "differ", c.top5_overlap);
   out += fmt::format("  max |a-b| = {} at logit {}; margin of {}'s top two logits {}\n",
                      FormatDiff(c.max_abs_diff), c.max_diff_index, d.b, FormatDiff(c.margin));
+  if (c.kl_gate > 0) {
+    out += fmt::format("  KL({} || {}) = {} nats, {} the profile's KL gate {}\n", d.b, d.a,
+                       FormatDiff(c.kl_divergence), c.beyond_kl_gate() ? "beyond" : "within",
+                       FormatDiff(c.kl_gate));
+  }
   return out;
 }
 
@@ -146,6 +151,10 @@ std::string FailureText(const StepReport& s) {
         out += fmt::format(" (first at conversation {}, position {}, token {}: argmax {} vs {})",
                            first->conversation, first->position, first->token, first->cmp.argmax_a,
                            first->cmp.argmax_b);
+        if (first->cmp.beyond_kl_gate()) {
+          out += fmt::format(", KL {} beyond the profile's gate {}",
+                             FormatDiff(first->cmp.kl_divergence), FormatDiff(first->cmp.kl_gate));
+        }
       }
       out += "\n";
     }
@@ -361,6 +370,7 @@ namespace {
 json GateToJson(const Gate& gate) {
   json t = {{"abs", gate.abs}, {"rope_f32_per_position", gate.rope_f32_per_position}};
   if (gate.rel > 0) t["rel"] = gate.rel;
+  if (gate.kl_max > 0) t["kl_max"] = gate.kl_max;
   return t;
 }
 

@@ -272,8 +272,7 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
   for (const Backend* b : backends) report.backends.push_back(b->Name());
 
   std::vector<bool> profiled;  // held to a tolerance profile: its paths' distributions are reported
-  for (const Backend* b : backends)
-    profiled.push_back(ProfileFor(b->Info().cache_dtype) != nullptr);
+  for (const Backend* b : backends) profiled.push_back(ProfileFor(b->Info()) != nullptr);
   std::vector<Recording> recs;
   std::vector<OracleCheck> oracles;  // each backend's rows against its own ForwardFull
   for (const Backend* b : backends) {

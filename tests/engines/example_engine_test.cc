@@ -229,8 +229,14 @@ TEST_F(ExampleEngineTest, BadOptionsAreInputErrors) {
     plugin.Open(ModelDir(), "kv=f16");
     FAIL() << "expected InputError";
   } catch (const InputError& e) {
-    EXPECT_THAT(e.what(),
-                HasSubstr("unknown option 'kv' (the example engine knows: max_length, fault)"));
+    EXPECT_THAT(e.what(), HasSubstr("option kv=f16: expected f32 or q8_0"));
+  }
+  try {
+    plugin.Open(ModelDir(), "cache=f16");
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("unknown option 'cache' (the example engine knows: "
+                                    "max_length, kv, fault)"));
   }
   EXPECT_THROW(plugin.Open(ModelDir(), "max_length=513"), InputError);
   EXPECT_THROW(plugin.Open(ModelDir(), "max_length=0"), InputError);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "format/error.h"
+#include "harness/compare/tolerance_profile.h"
 
 namespace kvdiff::harness {
 namespace {
@@ -141,6 +142,46 @@ TEST(CompareRows, RelativeToleranceScalesWithTheOracleRow) {
   EXPECT_FALSE(n.within_tolerance);
   EXPECT_TRUE(std::isinf(n.relative_diff()));
   EXPECT_EQ(Tolerance(1e-4, 1e-3).ToString(), "abs 1.0e-04 or rel 1.0e-03 of max |logit|");
+}
+
+// A tolerance profile's KL gate (a quantized cache's): a row within the max-abs bound still fails
+// when its next-token distribution moved further than kl_max; without a KL gate it passes.
+TEST(CompareRows, AKlGateFailsARowWithinTheMaxAbsBoundWhoseDistributionMoved) {
+  const std::vector<float> b = {4.0f, 3.0f, 0.0f, -1.0f};
+  const std::vector<float> a = {3.0f, 4.0f, 0.0f, -1.0f};  // the top two swapped: 1.0 apart
+  const RowComparison plain = CompareRows(a.data(), b.data(), 4, Tolerance(1.5));
+  EXPECT_TRUE(plain.within_tolerance);
+  EXPECT_FALSE(plain.beyond_kl_gate());
+  const double kl = plain.kl_divergence;
+  EXPECT_GT(kl, 0.2);  // p_b = (.71, .26, ...): KL = (.71 - .26) * 1.0 = 0.45 nats
+  const RowComparison gated = CompareRows(a.data(), b.data(), 4, Tolerance(1.5, 0, 0.1));
+  EXPECT_FALSE(gated.within_tolerance);
+  EXPECT_TRUE(gated.beyond_kl_gate());
+  EXPECT_DOUBLE_EQ(gated.kl_gate, 0.1);
+  EXPECT_TRUE(CompareRows(a.data(), b.data(), 4, Tolerance(1.5, 0, 2 * kl)).within_tolerance);
+  EXPECT_TRUE(CompareRows(b.data(), b.data(), 4, Tolerance(1e-4, 0, 1e-9)).within_tolerance);
+  EXPECT_EQ(Tolerance(1.5, 0, 0.1).ToString(), "abs 1.5e+00, KL <= 1.0e-01");
+}
+
+// A profile is chosen by what a backend declares: its cache dtype, its compute dtype, the looser
+// of the two when both have one; nothing for float32 or an unmeasured dtype.
+TEST(ToleranceProfile, IsChosenByTheDeclaredCacheOrComputeDtype) {
+  BackendInfo info;
+  EXPECT_EQ(ProfileFor(info), nullptr);
+  info.cache_dtype = "q5_1";
+  EXPECT_EQ(ProfileFor(info), nullptr);
+  info.cache_dtype = "q8_0";
+  ASSERT_NE(ProfileFor(info), nullptr);
+  EXPECT_EQ(ProfileName(*ProfileFor(info)), "q8_0");
+  EXPECT_GT(ProfileFor(info)->kl_max, 0);
+  EXPECT_LT(ProfileFor(info)->own_max_abs, ProfileFor(info)->max_abs);
+  info.cache_dtype = "f16";
+  info.compute_dtype = "bf16";
+  ASSERT_NE(ProfileFor(info), nullptr);
+  EXPECT_EQ(ProfileName(*ProfileFor(info)), "compute bf16");  // looser than f16's
+  info.cache_dtype = "";
+  info.compute_dtype = "f16";  // a cache profile's dtype, not a compute one's
+  EXPECT_EQ(ProfileFor(info), nullptr);
 }
 
 }  // namespace

@@ -96,9 +96,13 @@ TEST(LongTier, DecodesAreCappedAndLongCasesReachTheirTargetWithAPrompt) {
 #ifdef KVDIFF_LONG_TIER_WITH_TORCH
 // A forward whose whole mask would pass kWholeMaskEntries attends a block of queries at a time;
 // its rows are those the whole mask gives (up to the BLAS's rounding of other matrix shapes).
-TEST(LongTier, TheReferenceAttendsBlockByBlockPastItsWholeMaskAndGivesTheSameRows) {
+// With a sliding window too: each block's rows get the window, as the whole mask does.
+class BlockByBlock : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(BlockByBlock, TheReferenceAttendsBlockByBlockPastItsWholeMaskAndGivesTheSameRows) {
   format::LlamaConfig config = DrawShape(2, 0, ShapeTier::kLong);
   config.max_position_embeddings = 8192;
+  config.sliding_window = GetParam();
   ModelSpec spec;
   spec.config = config;
   spec.seed = 3;
@@ -118,6 +122,7 @@ TEST(LongTier, TheReferenceAttendsBlockByBlockPastItsWholeMaskAndGivesTheSameRow
     EXPECT_LE(diff, std::string(name) == "ref64" ? 1e-12 : kDefaultTolerance) << name;
   }
 }
+INSTANTIATE_TEST_SUITE_P(LongTier, BlockByBlock, ::testing::Values(0, 300));
 
 // Through the binary. impl,ref64 passes the long tier. ref with --tolerance 1e-4 (no rope-f32
 // allowance: a port whose angles are float32 and who does not say so) agrees with its own
