@@ -51,6 +51,24 @@ std::string Example(const std::string& options) {
   return fmt::format("plugin:{}?{}", KVDIFF_EXAMPLE_ENGINE, options);
 }
 
+// `backend` is refused by run, check and conform alike: exit 2, `message` on stderr, and no report
+// or failures folder written.
+void ExpectRefusedByEveryCommand(const TempDir& dir, const std::string& backend,
+                                 const std::string& message) {
+  const std::string commands[] = {
+      fmt::format("run s.json --backends 'impl,{}' --json out.json", backend),
+      fmt::format("check --cases 5 --backends 'impl,{}' --json out.json", backend),
+      fmt::format("conform '{}' --cases 5 --json out.json", backend),
+  };
+  for (const std::string& command : commands) {
+    const CommandResult r = RunKvdiff(command, dir.path());
+    EXPECT_EQ(r.exit_code, 2) << command << "\n" << r.out << r.err;
+    EXPECT_THAT(r.err, HasSubstr(message)) << command;
+    EXPECT_FALSE(std::filesystem::exists(dir.path() / "out.json")) << command;
+    EXPECT_FALSE(std::filesystem::exists(dir.path() / "kvdiff-failures")) << command;
+  }
+}
+
 // A kv= type the example engine does not have, and a q8_0 cache on a head_dim its blocks do not
 // divide: refused through every command, exit 2, the option named, no report written.
 TEST(QuantizedKv, AKvTypeTheExampleRefusesIsBadInputThroughRunCheckAndConform) {
@@ -63,20 +81,7 @@ TEST(QuantizedKv, AKvTypeTheExampleRefusesIsBadInputThroughRunCheckAndConform) {
        "block of 32"},
       {Example("fault=q8-scale"), "option fault=q8-scale needs kv=q8_0"},
   };
-  for (const auto& [backend, message] : refused) {
-    const std::string commands[] = {
-        fmt::format("run s.json --backends 'impl,{}' --json out.json", backend),
-        fmt::format("check --cases 5 --backends 'impl,{}' --json out.json", backend),
-        fmt::format("conform '{}' --cases 5 --json out.json", backend),
-    };
-    for (const std::string& command : commands) {
-      const CommandResult r = RunKvdiff(command, dir.path());
-      EXPECT_EQ(r.exit_code, 2) << command << "\n" << r.out << r.err;
-      EXPECT_THAT(r.err, HasSubstr(message)) << command;
-      EXPECT_FALSE(std::filesystem::exists(dir.path() / "out.json")) << command;
-      EXPECT_FALSE(std::filesystem::exists(dir.path() / "kvdiff-failures")) << command;
-    }
-  }
+  for (const auto& [backend, message] : refused) ExpectRefusedByEveryCommand(dir, backend, message);
 }
 
 // The example's q8_0 cache passes the default campaign held to the q8_0 profile, and conform.
@@ -126,19 +131,7 @@ TEST(QuantizedKv, AKvTypeLlamaCppRefusesIsBadInputThroughRunCheckAndConform) {
       {"llama.cpp?kv=q4_0&flash_attn=on",
        "option kv=q4_0: the model's head_dim 16 is not a multiple of q4_0's block of 32"},
   };
-  for (const auto& [backend, message] : refused) {
-    const std::string commands[] = {
-        fmt::format("run s.json --backends 'impl,{}' --json out.json", backend),
-        fmt::format("check --cases 5 --backends 'impl,{}' --json out.json", backend),
-        fmt::format("conform '{}' --cases 5 --json out.json", backend),
-    };
-    for (const std::string& command : commands) {
-      const CommandResult r = RunKvdiff(command, dir.path());
-      EXPECT_EQ(r.exit_code, 2) << command << "\n" << r.out << r.err;
-      EXPECT_THAT(r.err, HasSubstr(message)) << command;
-      EXPECT_FALSE(std::filesystem::exists(dir.path() / "out.json")) << command;
-    }
-  }
+  for (const auto& [backend, message] : refused) ExpectRefusedByEveryCommand(dir, backend, message);
 }
 
 // llama.cpp behind the wrapper of ABI 2 (bug=none: no shift call, so the campaign draws no shift
