@@ -245,9 +245,12 @@ Scenario NewCase(const format::LlamaConfig& config, const ModelSpec& model,
 }
 
 CaseResult RunCase(const Scenario& sc, const std::vector<const Backend*>& backends,
-                   const CampaignOptions& options, int64_t k, bool demanding) {
+                   const CampaignOptions& options, int64_t k, bool demanding,
+                   const ForEachBackend& for_each_backend) {
   const auto start = std::chrono::steady_clock::now();
-  const RunReport run = RunScenario(sc, backends, options.run);
+  RunOptions run_options = options.run;
+  if (for_each_backend) run_options.for_each_backend = for_each_backend;
+  const RunReport run = RunScenario(sc, backends, run_options);
   CaseResult result;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.index = k;
@@ -423,6 +426,8 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model, PartBackends ordinary,
     KVDIFF_CHECK(part_jobs.size() == job_count,
                  "check: the demanding part needs one backend set per job ({} for {} jobs)",
                  part_jobs.size(), job_count);
+    // An idle job runs a busy job's backend replays with its own backends (the same model).
+    SharedWork shared;
     RunJobs(
         static_cast<int64_t>(part.size()), static_cast<int>(part_jobs.size()),
         [&](int job, int64_t p) {
@@ -430,8 +435,13 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model, PartBackends ordinary,
           scenarios[i] =
               campaign_detail::NewCase(config, part_model, names, options, generation, indices[i],
                                        demanding_part ? demanding.options.rtol : 0);
+          const ForEachBackend on_any_job = [&, job](size_t n, const auto& work) {
+            shared.Run(job, static_cast<int64_t>(n), [&](int64_t b, int runner) {
+              work(static_cast<size_t>(b), *part_jobs[runner][static_cast<size_t>(b)]);
+            });
+          };
           results[i] = campaign_detail::RunCase(scenarios[i], part_jobs[job], options, indices[i],
-                                                demanding_part);
+                                                demanding_part, on_any_job);
         },
         [&](int64_t p) {
           ++done;
@@ -439,7 +449,8 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model, PartBackends ordinary,
           if (options.progress) {
             options.progress(done, static_cast<int64_t>(indices.size()), failures);
           }
-        });
+        },
+        &shared);
     campaign_detail::ShrinkFirstFailures(config, scenarios, results, part, part_jobs[0], options,
                                          &shrinks_left);
   };

@@ -23,9 +23,11 @@ CampaignReport NewReport(const std::vector<std::string>& backend_names,
 Scenario NewCase(const format::LlamaConfig& config, const ModelSpec& model,
                  const std::vector<std::string>& backend_names, const CampaignOptions& options,
                  const GenerationOptions& generation, int64_t k, double tolerance_rel = 0);
-// Runs case k's scenario on one job's backends; writes its file when it fails.
+// Runs case k's scenario on one job's backends (or, through for_each_backend, some replays on an
+// idle job's equal ones); writes its file when it fails.
 CaseResult RunCase(const Scenario& sc, const std::vector<const Backend*>& backends,
-                   const CampaignOptions& options, int64_t k, bool demanding = false);
+                   const CampaignOptions& options, int64_t k, bool demanding = false,
+                   const ForEachBackend& for_each_backend = {});
 // Writes case k's scenario into options.out_dir as check-seedS-caseK<suffix>.json (safe from
 // several jobs); returns its path.
 std::string WriteFailingCase(const CampaignOptions& options, int64_t k, const Scenario& sc,

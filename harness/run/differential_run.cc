@@ -273,12 +273,17 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
 
   std::vector<bool> profiled;  // held to a tolerance profile: its paths' distributions are reported
   for (const Backend* b : backends) profiled.push_back(ProfileFor(b->Info()) != nullptr);
-  std::vector<Recording> recs;
-  std::vector<OracleCheck> oracles;  // each backend's rows against its own ForwardFull
-  for (const Backend* b : backends) {
-    recs.push_back(Replay(sc, *b));
-    oracles.push_back(CheckAgainstOracle(recs.back(), *b, sc.gate.Own()));
-  }
+  std::vector<Recording> recs(backends.size());
+  std::vector<OracleCheck> oracles(backends.size());  // each one's rows against its ForwardFull
+  const auto for_each_backend = [&](const std::function<void(size_t, const Backend&)>& work) {
+    if (options.for_each_backend) return options.for_each_backend(backends.size(), work);
+    for (size_t b = 0; b < backends.size(); ++b) work(b, *backends[b]);
+  };
+  // Two rounds, so that a campaign's idle job can take any one of them.
+  for_each_backend([&](size_t b, const Backend& backend) { recs[b] = Replay(sc, backend); });
+  for_each_backend([&](size_t b, const Backend& backend) {
+    oracles[b] = CheckAgainstOracle(recs[b], backend, sc.gate.Own());
+  });
   for (const Step& s : sc.steps) {
     if (s.op != Op::kShift || s.discard == 0) continue;
     report.notes.push_back(fmt::format(

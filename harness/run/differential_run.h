@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -129,8 +130,16 @@ struct RunReport {
   int ExitCode() const { return Passed() ? 0 : 1; }
 };
 
+// How RunScenario runs its backends' replays, each with the oracle pass on its own rows: called
+// with n and work, it must call work(b, backend) once for every b in [0, n), where backend is
+// backends[b] or an equal instance of it (the same model, kind and options). A campaign passes one
+// that lets its idle jobs take some (SharedWork); empty: in order, on the calling thread.
+using ForEachBackend = std::function<void(
+    size_t n, const std::function<void(size_t b, const Backend& backend)>& work)>;
+
 struct RunOptions {
   bool localize = false;
+  ForEachBackend for_each_backend;
 };
 
 // The backends to run: requested (e.g. --backends) if given, else the scenario's, else the

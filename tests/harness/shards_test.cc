@@ -163,6 +163,74 @@ TEST(RunJobs, RethrowsTheErrorOfTheSmallestFailingItem) {
   }
 }
 
+TEST(SharedWork, AnIdleJobTakesTheTasksABusyJobOffers) {
+  // Two items: item 0 offers 4 tasks; item 1 returns at once, so its job goes idle and helps.
+  // Task 0 holds on until some other task has started on another job (or 10 s pass), which
+  // happens only if the idle job took one while task 0 ran.
+  for (int round = 0; round < 20; ++round) {
+    SharedWork shared;
+    std::vector<std::atomic<int>> runs(4);
+    std::vector<std::atomic<int>> ran_on(4);
+    std::atomic<bool> helped{false};
+    RunJobs(
+        2, 2,
+        [&](int job, int64_t item) {
+          if (item == 1) return;
+          shared.Run(job, 4, [&](int64_t t, int runner) {
+            runs[t]++;
+            ran_on[t] = runner;
+            if (runner != job) helped = true;
+            const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+            while (t == 0 && !helped && std::chrono::steady_clock::now() < until) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            }
+          });
+        },
+        {}, &shared);
+    for (int t = 0; t < 4; ++t) EXPECT_EQ(runs[t].load(), 1) << "task " << t;
+    EXPECT_TRUE(helped.load()) << "round " << round << ": no task ran on the idle job";
+  }
+}
+
+TEST(SharedWork, WithNoOneIdleTheOffererRunsEveryTaskInOrder) {
+  SharedWork shared;
+  std::vector<int64_t> order;
+  RunJobs(
+      1, 1,
+      [&](int job, int64_t) {
+        shared.Run(job, 5, [&](int64_t t, int runner) {
+          EXPECT_EQ(runner, job);
+          order.push_back(t);
+        });
+      },
+      {}, &shared);
+  EXPECT_EQ(order, (std::vector<int64_t>{0, 1, 2, 3, 4}));
+}
+
+TEST(SharedWork, RethrowsTheSmallestFailingTaskOnTheOfferingJob) {
+  for (int jobs : {1, 2}) {
+    SharedWork shared;
+    try {
+      RunJobs(
+          jobs, jobs,
+          [&](int job, int64_t item) {
+            if (item != 0) return;
+            shared.Run(job, 6, [](int64_t t, int) {
+              if (t == 4) throw std::runtime_error("task 4");
+              if (t == 2) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                throw std::runtime_error("task 2");
+              }
+            });
+          },
+          {}, &shared);
+      ADD_FAILURE() << "no exception";
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "task 2") << jobs << " jobs";
+    }
+  }
+}
+
 TEST(ResolveJobs, ZeroIsEveryCoreAndNeverMoreThanTheItems) {
   EXPECT_GE(ResolveJobs(0, 1000), 1);
   EXPECT_EQ(ResolveJobs(8, 3), 3);
