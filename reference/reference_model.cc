@@ -204,6 +204,26 @@ struct ReferenceModel::Impl {
     return at::mv(weight, x.reshape({-1})).view(shape);
   }
 
+  // lm_head's logits of [1, s, hidden] states as a float32 (s, vocab) matrix, written in place by
+  // Linear's own products (at::linear is at::matmul with the weight transposed): a 1024-token
+  // ForwardFull's logits are 200 MB on smollm2-135m, and a tensor beside its copy was twice that.
+  // float64 logits are rounded into it as .to(kFloat) rounds them.
+  Logits LogitsOf(const Tensor& hidden_states) const {
+    const int64_t vocab = lm_head.size(0);
+    const int64_t s = hidden_states.numel() / hidden_states.size(-1);
+    Logits out(s, vocab);
+    Tensor target = at::from_blob(out.data(), {s, vocab}, at::kFloat);
+    if (lm_head.scalar_type() != at::kFloat) {
+      target.copy_(Linear(hidden_states, lm_head).reshape({s, vocab}));
+    } else if (s == 1) {
+      Tensor row = target.view({vocab});
+      at::mv_out(row, lm_head, hidden_states.reshape({-1}));
+    } else {
+      at::matmul_out(target, hidden_states.reshape({s, -1}), lm_head.t());
+    }
+    return out;
+  }
+
   // LlamaAttention.forward
   Tensor Attention(const Tensor& hidden_states, const LayerWeights& w,
                    const std::pair<Tensor, Tensor>& position_embeddings,
@@ -350,8 +370,7 @@ struct ReferenceModel::Impl {
       Tensor hidden_states =
           LlamaModel(input_ids, Tensor(), Tensor(), Tensor(), past_key_values, trace);
       // LlamaForCausalLM: logits for every position (logits_to_keep = 0).
-      Tensor logits = Linear(hidden_states, lm_head);  // [1, s, vocab]
-      return ToRowMatrix(logits);
+      return LogitsOf(hidden_states);  // (s, vocab)
     } catch (const c10::Error& e) {
       // Leave the cache as it was: a failed call must not half-append K/V to some layers.
       if (past_key_values != nullptr) RollBack(*past_key_values, past_seen_tokens);
@@ -404,8 +423,8 @@ struct ReferenceModel::Impl {
       if (!keep.empty()) {
         Tensor rows_kept = hidden_states.reshape({-1, config.hidden_size})
                                .index_select(0, at::tensor(keep, at::kLong))
-                               .unsqueeze(0);            // [1, kept, hidden]
-        kept = ToRowMatrix(Linear(rows_kept, lm_head));  // [kept, vocab]
+                               .unsqueeze(0);  // [1, kept, hidden]
+        kept = LogitsOf(rows_kept);            // (kept, vocab)
       }
       AppendNewKeyValues(batch.past, batch, rows);
 
