@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "impl/isa.h"
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -16,6 +18,8 @@ namespace kvdiff::impl {
 constexpr int kCacheLine = 64;  // bytes: the unit the weight kernels prefetch in
 
 float WidenF16(uint16_t bits);  // kernels.h: the software widening, where there is no _Float16
+
+inline namespace KVDIFF_ISA {
 
 struct LoadF32 {
   using T = float;
@@ -59,4 +63,5 @@ struct LoadF16 {
 #endif
 };
 
+}  // namespace KVDIFF_ISA
 }  // namespace kvdiff::impl
