@@ -184,7 +184,7 @@ void RowsOfOne(const float* x, int64_t s, const typename Load::T* wr, int64_t ro
 // harness): bf16 16.3 -> 13.2 ms a step at context 64, 17.2 -> 14.6 at 512 for three streams
 // against four adjacent rows (two and four streams did about as well); float32 2-4% faster, within
 // the noise. f16 rows go one at a time, where more measured slower with the compiler's widening,
-// and so do bf16 rows where the build has no AVX-512 (no split-lane kernel).
+// and so do bf16 rows on the paths without AVX-512 (no split-lane kernel).
 constexpr int kDecodeStreams = 3;
 #if defined(__AVX512F__)
 constexpr int kBF16DecodeStreams = kDecodeStreams;

@@ -1,7 +1,7 @@
 // Loads of weight values as float32: the identity for float32 storage, the exact widening for
-// 16-bit storage. Every kernel over weights (the decode products in kernels.cc, the GEMM's panel
-// packing in gemm.cc) is a template on one of these, so the float32 and the 16-bit instantiations
-// are the same code with the same operations in the same order.
+// 16-bit storage. Every kernel over weights (the decode and rows products in linear_kernels.cc,
+// the GEMM's panel packing in gemm.cc) is a template on one of these, so the float32 and the 16-bit
+// instantiations are the same code with the same operations in the same order.
 #pragma once
 
 #include <cstdint>
