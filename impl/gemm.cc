@@ -1,6 +1,6 @@
 // The GEMM micro-kernels of impl/gemm.h, compiled once per instruction set (impl/isa.h): the
 // AVX-512 compilation transposes and multiplies with intrinsics, the others are plain C++ with
-// std::fma that the compiler vectorizes as their flags allow. Each element is the same fma chain in
+// Fma (kernel_table.h) that the compiler vectorizes as their flags allow. Each element is the same fma chain in
 // input order in every one of them, so every variant gives the same bits.
 #include "impl/gemm.h"
 
@@ -91,11 +91,11 @@ void PackPanel(const typename Load::T* rows, int64_t k, int64_t lanes, float* pa
 void PackPanel(const WeightView& w, int64_t row, int64_t lanes, float* panel) {
   switch (w.dtype) {
     case WeightDtype::kF32:
-      return PackPanel<LoadF32>(w.Row(row), w.cols, lanes, panel);
+      return PackPanel<LoadF32>(WeightRow(w, row), w.cols, lanes, panel);
     case WeightDtype::kBF16:
-      return PackPanel<LoadBF16>(w.HalfRow(row), w.cols, lanes, panel);
+      return PackPanel<LoadBF16>(HalfWeightRow(w, row), w.cols, lanes, panel);
     case WeightDtype::kF16:
-      return PackPanel<LoadF16>(w.HalfRow(row), w.cols, lanes, panel);
+      return PackPanel<LoadF16>(HalfWeightRow(w, row), w.cols, lanes, panel);
   }
 }
 
@@ -114,8 +114,8 @@ Prefetch PanelAfter(const WeightView& w, int64_t row) {
   const int64_t rows = Max(0, Min(kGemmPanel, w.rows - row));
   if (rows == 0) return {};
   const bool f32 = w.dtype == WeightDtype::kF32;
-  const char* begin = f32 ? reinterpret_cast<const char*>(w.Row(row))
-                          : reinterpret_cast<const char*>(w.HalfRow(row));
+  const char* begin = f32 ? reinterpret_cast<const char*>(WeightRow(w, row))
+                          : reinterpret_cast<const char*>(HalfWeightRow(w, row));
   const int64_t bytes = rows * w.cols * (f32 ? 4 : 2);
   return {begin, (bytes + kCacheLine - 1) / kCacheLine};
 }
@@ -156,7 +156,7 @@ void MicroKernel(const float* x, int64_t x_stride, const float* panel, int64_t k
 }
 constexpr int kRowBlock = kGemmRowBlock;
 #else
-// The same sums in plain C++ (std::fma: fused, whatever the compiler does with the loop), which
+// The same sums in plain C++ (Fma: fused, whatever the compiler does with the loop), which
 // GCC vectorizes for AVX2/FMA; fewer rows per block, for 16 vector registers.
 template <int M>
 void MicroKernel(const float* x, int64_t x_stride, const float* panel, int64_t k, float* c,
@@ -168,7 +168,7 @@ void MicroKernel(const float* x, int64_t x_stride, const float* panel, int64_t k
     const float* b = panel + p * kGemmPanel;
     for (int m = 0; m < M; ++m) {
       const float a = x[m * x_stride + p];
-      for (int l = 0; l < kGemmPanel; ++l) acc[m][l] = std::fma(a, b[l], acc[m][l]);
+      for (int l = 0; l < kGemmPanel; ++l) acc[m][l] = Fma(a, b[l], acc[m][l]);
     }
   }
   for (; line < prefetch.lines; ++line) prefetch.Line(line);

@@ -5,7 +5,7 @@
 #include <atomic>
 #include <cstdlib>
 
-#if defined(__x86_64__) || defined(__i386__)
+#if KVDIFF_KERNELS_AVX2
 #include <cpuid.h>
 #endif
 
@@ -16,28 +16,22 @@ namespace kvdiff::impl {
 namespace {
 
 // What a variant needs besides being compiled in: the extensions its compilation was allowed to
-// use (impl/CMakeLists.txt gives the same list as compiler flags).
-#if defined(__x86_64__) || defined(__i386__)
+// use (impl/CMakeLists.txt gives the same list as compiler flags; only x86-64 builds compile them).
+#if KVDIFF_KERNELS_AVX2
 bool HasF16c() {  // clang 14 has no __builtin_cpu_supports("f16c"): CPUID leaf 1, ECX bit 29
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
 }
-#endif
 bool HasAvx2() {
-#if defined(__x86_64__) || defined(__i386__)
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && HasF16c();
-#else
-  return false;
-#endif
 }
+#endif
+#if KVDIFF_KERNELS_AVX512
 bool HasAvx512() {
-#if defined(__x86_64__) || defined(__i386__)
   return HasAvx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-#else
-  return false;
-#endif
 }
+#endif
 bool Always() { return true; }
 
 struct Variant {

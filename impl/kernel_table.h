@@ -24,6 +24,14 @@ struct KernelTable {
 
 // The kernels of the compilation including this header (gemm.cc, linear_kernels.cc).
 inline namespace KVDIFF_ISA {
+// What the kernel files would otherwise take from inline functions outside their namespace
+// (std::fma, WeightView::Row): an unoptimized build emits those as one symbol shared by every
+// compilation (impl/isa.h). Fma rounds once: vfmadd where the compilation has FMA, fmaf elsewhere.
+inline float Fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+inline const float* WeightRow(const WeightView& w, int64_t r) { return w.data + r * w.cols; }
+inline const uint16_t* HalfWeightRow(const WeightView& w, int64_t r) {
+  return w.half + r * w.cols;
+}
 void GemmTileKernel(const float* x, int64_t s, const WeightView& w, int64_t r0, int64_t n,
                     float* c, int64_t c_stride, float* panel);
 void DecodeRowsKernel(const float* x, const WeightView& w, int64_t r, int64_t n, float* y);

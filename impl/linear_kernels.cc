@@ -60,12 +60,12 @@ void DotRows(const typename Load::T* __restrict w, const float* __restrict x, in
     for (int j = 0; j < kLanes; ++j) wv[j] = Load::Get(w + i + j);
     for (int n = 0; n < N; ++n) {
       const float* xn = x + n * x_stride;
-      for (int j = 0; j < kLanes; ++j) acc[n][j] = std::fma(wv[j], xn[i + j], acc[n][j]);
+      for (int j = 0; j < kLanes; ++j) acc[n][j] = Fma(wv[j], xn[i + j], acc[n][j]);
     }
   }
   for (int j = 0; i < cols; ++i, ++j) {
     const float wi = Load::Get(w + i);
-    for (int n = 0; n < N; ++n) acc[n][j] = std::fma(wi, x[n * x_stride + i], acc[n][j]);
+    for (int n = 0; n < N; ++n) acc[n][j] = Fma(wi, x[n * x_stride + i], acc[n][j]);
   }
   for (int n = 0; n < N; ++n) out[n * out_stride] = FoldLanes<kLanes>(acc[n]);
 }
@@ -115,7 +115,7 @@ void DotWeightRowsBF16(const uint16_t* __restrict w, int64_t w_stride, const flo
     _mm512_storeu_ps(acc, _mm512_permutex2var_ps(even[r], interleave_lo, odd[r]));
     _mm512_storeu_ps(acc + 16, _mm512_permutex2var_ps(even[r], interleave_hi, odd[r]));
     const uint16_t* wr = w + r * w_stride;
-    for (int64_t t = i, j = 0; t < cols; ++t, ++j) acc[j] = std::fma(LoadBF16::Get(wr + t), x[t], acc[j]);
+    for (int64_t t = i, j = 0; t < cols; ++t, ++j) acc[j] = Fma(LoadBF16::Get(wr + t), x[t], acc[j]);
     out[r * out_stride] = FoldLanes<kLanes>(acc);
   }
 }
@@ -140,11 +140,11 @@ void DotWeightRows(const typename Load::T* __restrict w, int64_t w_stride,
     for (int r = 0; r < R; ++r) {
       const typename Load::T* wr = w + r * w_stride;
       PrefetchLanesAhead<typename Load::T, kLanes>(wr + i);
-      for (int j = 0; j < kLanes; ++j) acc[r][j] = std::fma(Load::Get(wr + i + j), x[i + j], acc[r][j]);
+      for (int j = 0; j < kLanes; ++j) acc[r][j] = Fma(Load::Get(wr + i + j), x[i + j], acc[r][j]);
     }
   }
   for (int j = 0; i < cols; ++i, ++j) {
-    for (int r = 0; r < R; ++r) acc[r][j] = std::fma(Load::Get(w + r * w_stride + i), x[i], acc[r][j]);
+    for (int r = 0; r < R; ++r) acc[r][j] = Fma(Load::Get(w + r * w_stride + i), x[i], acc[r][j]);
   }
   for (int r = 0; r < R; ++r) out[r * out_stride] = FoldLanes<kLanes>(acc[r]);
 }
@@ -219,11 +219,11 @@ void DecodeRowsKernel(const float* x, const WeightView& w, int64_t r, int64_t n,
 void RowsOfOneKernel(const float* x, int64_t s, const WeightView& w, int64_t r, float* y) {
   switch (w.dtype) {
     case WeightDtype::kF32:
-      return RowsOfOne<LoadF32>(x, s, w.Row(r), w.rows, w.cols, r, y);
+      return RowsOfOne<LoadF32>(x, s, WeightRow(w, r), w.rows, w.cols, r, y);
     case WeightDtype::kBF16:
-      return RowsOfOne<LoadBF16>(x, s, w.HalfRow(r), w.rows, w.cols, r, y);
+      return RowsOfOne<LoadBF16>(x, s, HalfWeightRow(w, r), w.rows, w.cols, r, y);
     case WeightDtype::kF16:
-      return RowsOfOne<LoadF16>(x, s, w.HalfRow(r), w.rows, w.cols, r, y);
+      return RowsOfOne<LoadF16>(x, s, HalfWeightRow(w, r), w.rows, w.cols, r, y);
   }
 }
 
