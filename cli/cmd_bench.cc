@@ -20,6 +20,7 @@
 #include "harness/backend/backend.h"
 #include "harness/backend/registry.h"
 #include "harness/run/model_for.h"
+#include "impl/kernel_path.h"
 
 namespace kvdiff::cli {
 namespace {
@@ -123,8 +124,9 @@ void RunFigures(const BenchArgs& args, const harness::ModelSpec& source,
   const double decode_mb = bench::DecodeWeightBytes(config) / 1e6;
   const double load_before = bench::LoadAverage1();
   const std::map<std::string, int64_t> dtypes = DiskDtypes(source);
-  fmt::print("kvdiff bench: {}, {}, {} threads, {} ({} cores)\n", source.Describe(), OnDisk(dtypes),
-             threads, CpuName(), std::thread::hardware_concurrency());
+  fmt::print("kvdiff bench: {}, {}, {} threads, {} ({} cores), impl kernels {}\n",
+             source.Describe(), OnDisk(dtypes), threads, CpuName(),
+             std::thread::hardware_concurrency(), impl::KernelPath());
   fmt::print("weights {:.1f} MB in memory; a decode step reads {:.1f} MB of them\n", weight_mb,
              decode_mb);
   fmt::print("1-minute load average before: {:.2f}\n", load_before);
@@ -226,6 +228,7 @@ void RunFigures(const BenchArgs& args, const harness::ModelSpec& source,
               {"load_1min_before", load_before},
               {"load_1min_after", load_after},
               {"cpu", CpuName()},
+              {"kernel_path", impl::KernelPath()},
               {"impl", nullptr},
               {"ref", nullptr}};
   for (const auto& [name, f] : figures) out[name] = f.ToJson();

@@ -16,6 +16,7 @@
 #include "format/error.h"
 #include "harness/backend/registry.h"
 #include "harness/campaign/jobs.h"
+#include "impl/kernel_path.h"
 #include "impl/thread_pool.h"
 
 namespace {
@@ -110,6 +111,8 @@ int Main(int argc, char** argv) {
     return 2;
   }
   try {
+    // A KVDIFF_KERNELS the CPU cannot run is bad input (exit 2) before any command starts.
+    kvdiff::impl::KernelPath();
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
     return app.exit(e);

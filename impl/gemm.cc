@@ -1,17 +1,27 @@
+// The GEMM micro-kernels of impl/gemm.h, compiled once per instruction set (impl/isa.h): the
+// AVX-512 compilation transposes and multiplies with intrinsics, the others are plain C++ with
+// Fma (kernel_table.h) that the compiler vectorizes as their flags allow. Each element is the same fma chain in
+// input order in every one of them, so every variant gives the same bits.
 #include "impl/gemm.h"
 
-#include <algorithm>
 #include <cmath>
-#include <vector>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
+#include "impl/isa.h"
+#include "impl/kernel_table.h"
 #include "impl/weight_load.h"
 
 namespace kvdiff::impl {
+inline namespace KVDIFF_ISA {
 namespace {
+
+// Not std::min: a standard template instantiated here would be a symbol shared with the
+// baseline's copy, and the linker may keep either (impl/isa.h).
+int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
+int64_t Max(int64_t a, int64_t b) { return a < b ? b : a; }
 
 #if defined(__AVX512F__)
 // GCC 12's headers implement unpack/shuffle through _mm512_undefined_ps() and then warn that it is
@@ -81,11 +91,11 @@ void PackPanel(const typename Load::T* rows, int64_t k, int64_t lanes, float* pa
 void PackPanel(const WeightView& w, int64_t row, int64_t lanes, float* panel) {
   switch (w.dtype) {
     case WeightDtype::kF32:
-      return PackPanel<LoadF32>(w.Row(row), w.cols, lanes, panel);
+      return PackPanel<LoadF32>(WeightRow(w, row), w.cols, lanes, panel);
     case WeightDtype::kBF16:
-      return PackPanel<LoadBF16>(w.HalfRow(row), w.cols, lanes, panel);
+      return PackPanel<LoadBF16>(HalfWeightRow(w, row), w.cols, lanes, panel);
     case WeightDtype::kF16:
-      return PackPanel<LoadF16>(w.HalfRow(row), w.cols, lanes, panel);
+      return PackPanel<LoadF16>(HalfWeightRow(w, row), w.cols, lanes, panel);
   }
 }
 
@@ -101,11 +111,11 @@ constexpr int64_t kPrefetchEvery = 4;
 // The bytes of the kGemmPanel rows of w from `row` on (fewer at the end of w): the panel packed
 // after the current one, in this tile or, past its end, the first of the next tile.
 Prefetch PanelAfter(const WeightView& w, int64_t row) {
-  const int64_t rows = std::max<int64_t>(0, std::min(kGemmPanel, w.rows - row));
+  const int64_t rows = Max(0, Min(kGemmPanel, w.rows - row));
   if (rows == 0) return {};
   const bool f32 = w.dtype == WeightDtype::kF32;
-  const char* begin = f32 ? reinterpret_cast<const char*>(w.Row(row))
-                          : reinterpret_cast<const char*>(w.HalfRow(row));
+  const char* begin = f32 ? reinterpret_cast<const char*>(WeightRow(w, row))
+                          : reinterpret_cast<const char*>(HalfWeightRow(w, row));
   const int64_t bytes = rows * w.cols * (f32 ? 4 : 2);
   return {begin, (bytes + kCacheLine - 1) / kCacheLine};
 }
@@ -146,7 +156,7 @@ void MicroKernel(const float* x, int64_t x_stride, const float* panel, int64_t k
 }
 constexpr int kRowBlock = kGemmRowBlock;
 #else
-// The same sums in plain C++ (std::fma: fused, whatever the compiler does with the loop), which
+// The same sums in plain C++ (Fma: fused, whatever the compiler does with the loop), which
 // GCC vectorizes for AVX2/FMA; fewer rows per block, for 16 vector registers.
 template <int M>
 void MicroKernel(const float* x, int64_t x_stride, const float* panel, int64_t k, float* c,
@@ -158,11 +168,13 @@ void MicroKernel(const float* x, int64_t x_stride, const float* panel, int64_t k
     const float* b = panel + p * kGemmPanel;
     for (int m = 0; m < M; ++m) {
       const float a = x[m * x_stride + p];
-      for (int l = 0; l < kGemmPanel; ++l) acc[m][l] = std::fma(a, b[l], acc[m][l]);
+      for (int l = 0; l < kGemmPanel; ++l) acc[m][l] = Fma(a, b[l], acc[m][l]);
     }
   }
   for (; line < prefetch.lines; ++line) prefetch.Line(line);
-  for (int m = 0; m < M; ++m) std::copy(acc[m], acc[m] + cols, c + m * c_stride);
+  for (int m = 0; m < M; ++m) {
+    for (int64_t l = 0; l < cols; ++l) c[m * c_stride + l] = acc[m][l];
+  }
 }
 constexpr int kRowBlock = 4;
 #endif
@@ -179,41 +191,30 @@ void TailKernel(int rows, const float* x, int64_t x_stride, const float* panel, 
 
 }  // namespace
 
-void GemmTile(const float* x, int64_t s, const WeightView& w, int64_t r0, int64_t n, float* c,
-              int64_t c_stride) {
-  thread_local std::vector<float> panel;
+void GemmTileKernel(const float* x, int64_t s, const WeightView& w, int64_t r0, int64_t n,
+                    float* c, int64_t c_stride, float* panel) {
   const int64_t k = w.cols;
-  panel.resize(k * kGemmPanel);
   const int64_t blocks = (s + kRowBlock - 1) / kRowBlock;
   for (int64_t q = 0; q * kGemmPanel < n; ++q) {
     const int64_t row = r0 + q * kGemmPanel;
-    const int64_t cols = std::min(kGemmPanel, n - q * kGemmPanel);
-    PackPanel(w, row, cols, panel.data());
+    const int64_t cols = Min(kGemmPanel, n - q * kGemmPanel);
+    PackPanel(w, row, cols, panel);
     // While the row blocks go through this panel, the next panel's weights come into L2: packing
     // reads them from there rather than waiting on DRAM.
     const Prefetch next = PanelAfter(w, row + kGemmPanel);
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t i = b * kRowBlock;
-      const int rows = static_cast<int>(std::min<int64_t>(kRowBlock, s - i));
+      const int rows = static_cast<int>(Min(kRowBlock, s - i));
       float* out = c + i * c_stride + q * kGemmPanel;
       const Prefetch share = Part(next, b, blocks);
       if (rows == kRowBlock) {
-        MicroKernel<kRowBlock>(x + i * k, k, panel.data(), k, out, c_stride, cols, share);
+        MicroKernel<kRowBlock>(x + i * k, k, panel, k, out, c_stride, cols, share);
       } else {
-        TailKernel(rows, x + i * k, k, panel.data(), k, out, c_stride, cols, share);
+        TailKernel(rows, x + i * k, k, panel, k, out, c_stride, cols, share);
       }
     }
   }
 }
 
-const char* GemmKernelName() {
-#if defined(__AVX512F__)
-  return "avx512";
-#elif defined(__AVX2__) && defined(__FMA__)
-  return "avx2 (compiler-vectorized)";
-#else
-  return "generic";
-#endif
-}
-
+}  // namespace KVDIFF_ISA
 }  // namespace kvdiff::impl

@@ -1,5 +1,5 @@
-// The prefill GEMM: a packed-panel micro-kernel (AVX-512 where the build targets it, AVX2 or plain
-// C++ elsewhere), every output element summed in one fixed order, so the bits depend on the
+// The prefill GEMM: a packed-panel micro-kernel (AVX-512, AVX2 or plain C++, as the CPU offers:
+// impl/kernel_path.h), every output element summed in one fixed order, so the bits depend on the
 // values only: not on the thread count, the tile a row falls in, or which of the kernels ran.
 #pragma once
 
@@ -24,10 +24,8 @@ namespace kvdiff::impl {
 // DRAM.
 constexpr int64_t kGemmPanel = 32;
 constexpr int64_t kGemmRowBlock = 12;
+// (The kernel in use: impl/kernel_path.h's, defined in gemm.cc; this entry is in linear.cc.)
 void GemmTile(const float* x, int64_t s, const WeightView& w, int64_t r0, int64_t n, float* c,
               int64_t c_stride);
-
-// Which micro-kernel this build runs: "avx512", "avx2" or "generic" (bench and info print it).
-const char* GemmKernelName();
 
 }  // namespace kvdiff::impl

@@ -7,10 +7,6 @@
 #include <limits>
 #include <type_traits>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 #include "format/error.h"
 #include "format/safetensors.h"
 #include "format/tensor.h"
@@ -87,9 +83,9 @@ float Dot(const float* __restrict a, const float* __restrict b, int64_t n) {
   float acc[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
+    for (int j = 0; j < kLanes; ++j) acc[j] = std::fma(a[i + j], b[i + j], acc[j]);
   }
-  for (int j = 0; i < n; ++i, ++j) acc[j] += a[i] * b[i];
+  for (int j = 0; i < n; ++i, ++j) acc[j] = std::fma(a[i], b[i], acc[j]);
   return FoldLanes<kLanes>(acc);
 }
 

@@ -38,8 +38,11 @@ void WidenRow(const WeightView& w, int64_t r, float* out);
 // Whether `value` is exactly representable in dtype, and its bits there (for the model's copy).
 bool NarrowExact(float value, WeightDtype dtype, uint16_t* bits);
 
-// sum_i a[i] * b[i] in float32, in a fixed order (32 interleaved partial sums, then a fixed tree):
-// vectorizes without -ffast-math and gives the same bits wherever it runs.
+// sum_i a[i] * b[i] in float32, in a fixed order: 32 interleaved partial sums, each a chain of
+// fused multiply-adds (acc[i % 32] = fma(a[i], b[i], acc[i % 32]), explicit: whether the compiler
+// would contract a * b + acc depends on its flags), then reduction.h's fixed tree. Every kernel
+// over weights (linear_kernels.cc, each instruction set) gives these bits. This one is the
+// tests' oracle, compiled for the baseline: where there is no FMA it calls fmaf, slowly.
 float Dot(const float* a, const float* b, int64_t n);
 
 // y (s, w.rows) = x (s, w.cols) · wᵀ, all row-major and contiguous. Up to kLinearRowsMax input rows

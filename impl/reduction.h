@@ -2,7 +2,10 @@
 // reduces (sums, maxima, dot products), so that a sum taken in two places gives the same bits.
 #pragma once
 
+#include "impl/isa.h"
+
 namespace kvdiff::impl {
+inline namespace KVDIFF_ISA {
 
 // The fixed tree every reduction ends with: acc[j] += acc[j + width] for width = kLanes / 2,
 // ..., 1; returns acc[0]. The same tree wherever a sum is taken gives the same bits.
@@ -14,4 +17,5 @@ float FoldLanes(float* acc) {
   return acc[0];
 }
 
+}  // namespace KVDIFF_ISA
 }  // namespace kvdiff::impl

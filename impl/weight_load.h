@@ -1,11 +1,13 @@
 // Loads of weight values as float32: the identity for float32 storage, the exact widening for
-// 16-bit storage. Every kernel over weights (the decode products in kernels.cc, the GEMM's panel
-// packing in gemm.cc) is a template on one of these, so the float32 and the 16-bit instantiations
-// are the same code with the same operations in the same order.
+// 16-bit storage. Every kernel over weights (the decode and rows products in linear_kernels.cc,
+// the GEMM's panel packing in gemm.cc) is a template on one of these, so the float32 and the 16-bit
+// instantiations are the same code with the same operations in the same order.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+
+#include "impl/isa.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -16,6 +18,8 @@ namespace kvdiff::impl {
 constexpr int kCacheLine = 64;  // bytes: the unit the weight kernels prefetch in
 
 float WidenF16(uint16_t bits);  // kernels.h: the software widening, where there is no _Float16
+
+inline namespace KVDIFF_ISA {
 
 struct LoadF32 {
   using T = float;
@@ -59,4 +63,5 @@ struct LoadF16 {
 #endif
 };
 
+}  // namespace KVDIFF_ISA
 }  // namespace kvdiff::impl

@@ -72,6 +72,21 @@ TEST_F(ForwardCliTest, CachedInChunksAgreesWithUncached) {
   }
 }
 
+// KVDIFF_KERNELS (impl/kernel_path.h) is checked before any command runs: a path this build or
+// CPU lacks is bad input, never a SIGILL; the scalar path runs anywhere.
+TEST_F(ForwardCliTest, KvdiffKernelsNamesAPathOrExitsWith2) {
+  const std::string args = "forward --model m --tokens 1,2,3 --out x.safetensors";
+  kvdiff::testing::CommandResult bad =
+      kvdiff::testing::RunKvdiff(args, dir_.path(), {{"KVDIFF_KERNELS", "sse9"}});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("KVDIFF_KERNELS=sse9: expected auto or one of this build's "
+                                 "kernel paths: "));
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "x.safetensors"));
+  kvdiff::testing::CommandResult scalar =
+      kvdiff::testing::RunKvdiff(args, dir_.path(), {{"KVDIFF_KERNELS", "scalar"}});
+  EXPECT_EQ(scalar.exit_code, 0) << scalar.err;
+}
+
 TEST_F(ForwardCliTest, BadInputExitsWith2AndSaysWhy) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--tokens 1,x,3", "item 1 is \"x\""},

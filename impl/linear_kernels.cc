@@ -1,0 +1,236 @@
+// The hot kernels of the linear layers (impl/linear.cc): the decode matrix-vector products and the
+// rows path's dot products, for weights in any storage (float32, bf16, f16). Compiled once per
+// instruction set (impl/isa.h, impl/CMakeLists.txt); each compilation sums every element in Dot's
+// order (kernels.h), with explicit fused multiply-adds, so every variant gives the same bits.
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "impl/isa.h"
+#include "impl/kernel_table.h"
+#include "impl/kernels.h"
+#include "impl/reduction.h"
+#include "impl/weight_load.h"
+
+namespace kvdiff::impl {
+inline namespace KVDIFF_ISA {
+namespace {
+
+// The matrix-vector products stream every weight from DRAM once per token, and the hardware
+// prefetcher alone keeps too few cache lines in flight for that: each weight line is asked for
+// kPrefetchAhead bytes before the kernel reads it (rows lie back to back, so the hint runs on into
+// the next rows). Measured on smollm2-135m shapes, one thread, weights from DRAM (kernels_bench
+// BM_MatVecCold, 1536 x 576): bf16 5.8 -> 10.2 GB/s, float32 7.8 -> 10.7 GB/s; distances from 4 to
+// 16 KiB do about as well, 32 KiB worse. With the decode rows taken from three streams (see
+// DecodeRows) 2 to 4 KiB ahead per stream did as well as 8 and better than 6 (bf16 at context 512:
+// 14.6-14.7 ms a step against 15.1), and 4 KiB is one page ahead. A hint only: it never faults,
+// and computing its address as an integer keeps pointer arithmetic inside the matrix.
+constexpr uintptr_t kPrefetchAhead = 4096;
+template <class T>
+inline void PrefetchAhead(const T* p) {
+  const uintptr_t ahead = reinterpret_cast<uintptr_t>(p) + kPrefetchAhead;
+  __builtin_prefetch(reinterpret_cast<const void*>(ahead));
+}
+// Every line of the kLanes values of T at p.
+template <class T, int kLanes>
+inline void PrefetchLanesAhead(const T* p) {
+  for (int b = 0; b < static_cast<int>(kLanes * sizeof(T)); b += kCacheLine) {
+    PrefetchAhead(reinterpret_cast<const char*>(p) + b);
+  }
+}
+
+// Dots of one weight row w with N input rows x, x + x_stride, ...: out[n] = Dot(w, x_n, cols),
+// summed in exactly Dot's order (same lanes, same tree), so the rows path gives the same bits as
+// the matrix-vector path. The N * 32 running sums are independent chains: the loop is bound by
+// loads from L1, not by the latency of the adds. With 16-bit storage each weight is widened as it
+// is loaded (Load::Get): the same products, the same sums, half the bytes read from memory.
+template <int N, class Load = LoadF32>
+void DotRows(const typename Load::T* __restrict w, const float* __restrict x, int64_t x_stride,
+             int64_t cols, float* out, int64_t out_stride) {
+  constexpr int kLanes = 32;
+  float acc[N][kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= cols; i += kLanes) {
+    PrefetchLanesAhead<typename Load::T, kLanes>(w + i);
+    float wv[kLanes];
+    for (int j = 0; j < kLanes; ++j) wv[j] = Load::Get(w + i + j);
+    for (int n = 0; n < N; ++n) {
+      const float* xn = x + n * x_stride;
+      for (int j = 0; j < kLanes; ++j) acc[n][j] = Fma(wv[j], xn[i + j], acc[n][j]);
+    }
+  }
+  for (int j = 0; i < cols; ++i, ++j) {
+    const float wi = Load::Get(w + i);
+    for (int n = 0; n < N; ++n) acc[n][j] = Fma(wi, x[n * x_stride + i], acc[n][j]);
+  }
+  for (int n = 0; n < N; ++n) out[n * out_stride] = FoldLanes<kLanes>(acc[n]);
+}
+
+#if defined(__AVX512F__)
+// DotWeightRows<R, LoadBF16> (which calls it), bit for bit, with the widening at one operation per
+// 16 weights.
+// A 64-byte load holds 32 bf16 weights: weight 2k in the low half of 32-bit lane k, weight 2k + 1
+// in its high half. Shifting every lane left by 16 gives weights 0, 2, ..., 30 as float32; masking
+// off the low halves gives weights 1, 3, ..., 31. The accumulators keep that split (Dot's even
+// lanes j in one register, its odd lanes in another), so each acc[j] receives the same fused
+// multiply-adds in the same order; x is split alike (two permutes per 32 inputs, shared by the R
+// rows), and the sums are interleaved back into Dot's lanes before its tail and its tree.
+template <int R>
+void DotWeightRowsBF16(const uint16_t* __restrict w, int64_t w_stride, const float* __restrict x,
+                       int64_t cols, float* out, int64_t out_stride) {
+  constexpr int kLanes = 32;
+  const __m512i even_lanes =
+      _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd_lanes =
+      _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  const __m512i high_halves = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  __m512 even[R], odd[R];
+  for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + kLanes <= cols; i += kLanes) {
+    const __m512 x_lo = _mm512_loadu_ps(x + i);
+    const __m512 x_hi = _mm512_loadu_ps(x + i + 16);
+    const __m512 x_even = _mm512_permutex2var_ps(x_lo, even_lanes, x_hi);
+    const __m512 x_odd = _mm512_permutex2var_ps(x_lo, odd_lanes, x_hi);
+    for (int r = 0; r < R; ++r) {
+      PrefetchAhead(w + r * w_stride + i);  // the 64 bytes of this row's next 32 weights
+      const __m512i v = _mm512_loadu_si512(w + r * w_stride + i);
+      const __m512 w_even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      const __m512 w_odd = _mm512_castsi512_ps(_mm512_and_si512(v, high_halves));
+      even[r] = _mm512_fmadd_ps(w_even, x_even, even[r]);
+      odd[r] = _mm512_fmadd_ps(w_odd, x_odd, odd[r]);
+    }
+  }
+  // Dot's lanes 0..15 are even[0], odd[0], even[1], odd[1], ...; lanes 16..31 the rest.
+  const __m512i interleave_lo =
+      _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i interleave_hi =
+      _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  for (int r = 0; r < R; ++r) {
+    float acc[kLanes];
+    _mm512_storeu_ps(acc, _mm512_permutex2var_ps(even[r], interleave_lo, odd[r]));
+    _mm512_storeu_ps(acc + 16, _mm512_permutex2var_ps(even[r], interleave_hi, odd[r]));
+    const uint16_t* wr = w + r * w_stride;
+    for (int64_t t = i, j = 0; t < cols; ++t, ++j) acc[j] = Fma(LoadBF16::Get(wr + t), x[t], acc[j]);
+    out[r * out_stride] = FoldLanes<kLanes>(acc);
+  }
+}
+#endif
+
+// Dots of R weight rows w, w + w_stride, ... with one input row x: out[r * out_stride] =
+// Dot(w_r, x, cols), each summed in exactly Dot's order. The decode matrix-vector product: one
+// row alone is 2 vector chains of adds, bound by their latency; R rows at once are 2R independent
+// chains, so the loop waits on memory, as a matrix-vector product should, not on the adder.
+template <int R, class Load>
+void DotWeightRows(const typename Load::T* __restrict w, int64_t w_stride,
+                   const float* __restrict x, int64_t cols, float* out, int64_t out_stride) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<Load, LoadBF16>) {
+    return DotWeightRowsBF16<R>(w, w_stride, x, cols, out, out_stride);
+  }
+#endif
+  constexpr int kLanes = 32;
+  float acc[R][kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= cols; i += kLanes) {
+    for (int r = 0; r < R; ++r) {
+      const typename Load::T* wr = w + r * w_stride;
+      PrefetchLanesAhead<typename Load::T, kLanes>(wr + i);
+      for (int j = 0; j < kLanes; ++j) acc[r][j] = Fma(Load::Get(wr + i + j), x[i + j], acc[r][j]);
+    }
+  }
+  for (int j = 0; i < cols; ++i, ++j) {
+    for (int r = 0; r < R; ++r) acc[r][j] = Fma(Load::Get(w + r * w_stride + i), x[i], acc[r][j]);
+  }
+  for (int r = 0; r < R; ++r) out[r * out_stride] = FoldLanes<kLanes>(acc[r]);
+}
+
+
+// y rows [r, r + 1) of one output, for every input row: the weight row is read from memory once,
+// then from L1 for each group of up to 4 input rows.
+template <class Load>
+void RowsOfOne(const float* x, int64_t s, const typename Load::T* wr, int64_t rows, int64_t cols,
+               int64_t r, float* y) {
+  int64_t i = 0;
+  for (; i + 4 <= s; i += 4) DotRows<4, Load>(wr, x + i * cols, cols, cols, y + i * rows + r, rows);
+  switch (s - i) {
+    case 3:
+      DotRows<3, Load>(wr, x + i * cols, cols, cols, y + i * rows + r, rows);
+      break;
+    case 2:
+      DotRows<2, Load>(wr, x + i * cols, cols, cols, y + i * rows + r, rows);
+      break;
+    case 1:
+      DotRows<1, Load>(wr, x + i * cols, cols, cols, y + i * rows + r, rows);
+      break;
+    default:
+      break;
+  }
+}
+
+// y[r .. r + n) of one output for a single input row (decode), R weight rows at a time taken from
+// R streams: the run is cut into R parts of q = n / R rows, and rows r + i, r + i + q, ... go
+// together (the n - R * q rows left over go one at a time). Each row's sum is Dot's whatever its
+// company, so the bits do not depend on the grouping. R rows at once keep 2R vector chains of adds
+// in flight, not 2 (hot float32 576 x 576 on one core, kernels_bench BM_MatVec: 50 us one row at
+// a time, 37 us four adjacent rows, 36 us three streams); taking them far apart rather than
+// adjacent keeps R separate runs of pages streaming from DRAM, where adjacent rows share their
+// pages and the hardware prefetcher follows one. Measured on the smollm2-135m
+// shape, 2 threads, decode steps interleaved in one process (11 rounds, medians; a throwaway A/B
+// harness): bf16 16.3 -> 13.2 ms a step at context 64, 17.2 -> 14.6 at 512 for three streams
+// against four adjacent rows (two and four streams did about as well); float32 2-4% faster, within
+// the noise. f16 rows go one at a time, where more measured slower with the compiler's widening,
+// and so do bf16 rows on the paths without AVX-512 (no split-lane kernel).
+constexpr int kDecodeStreams = 3;
+#if defined(__AVX512F__)
+constexpr int kBF16DecodeStreams = kDecodeStreams;
+#else
+constexpr int kBF16DecodeStreams = 1;
+#endif
+template <class Load, int R>
+void DecodeRows(const float* x, const typename Load::T* w, int64_t cols, int64_t r, int64_t n,
+                float* y) {
+  const int64_t q = n / R;
+  for (int64_t i = 0; i < q; ++i) {
+    DotWeightRows<R, Load>(w + (r + i) * cols, q * cols, x, cols, y + r + i, q);
+  }
+  for (int64_t i = R * q; i < n; ++i) {
+    DotWeightRows<1, Load>(w + (r + i) * cols, cols, x, cols, y + r + i, 1);
+  }
+}
+
+}  // namespace
+
+void DecodeRowsKernel(const float* x, const WeightView& w, int64_t r, int64_t n, float* y) {
+  switch (w.dtype) {
+    case WeightDtype::kF32:
+      return DecodeRows<LoadF32, kDecodeStreams>(x, w.data, w.cols, r, n, y);
+    case WeightDtype::kBF16:
+      return DecodeRows<LoadBF16, kBF16DecodeStreams>(x, w.half, w.cols, r, n, y);
+    case WeightDtype::kF16:
+      return DecodeRows<LoadF16, 1>(x, w.half, w.cols, r, n, y);
+  }
+}
+
+void RowsOfOneKernel(const float* x, int64_t s, const WeightView& w, int64_t r, float* y) {
+  switch (w.dtype) {
+    case WeightDtype::kF32:
+      return RowsOfOne<LoadF32>(x, s, WeightRow(w, r), w.rows, w.cols, r, y);
+    case WeightDtype::kBF16:
+      return RowsOfOne<LoadBF16>(x, s, HalfWeightRow(w, r), w.rows, w.cols, r, y);
+    case WeightDtype::kF16:
+      return RowsOfOne<LoadF16>(x, s, HalfWeightRow(w, r), w.rows, w.cols, r, y);
+  }
+}
+
+#define KVDIFF_NAME_OF(isa) #isa
+#define KVDIFF_NAME(isa) KVDIFF_NAME_OF(isa)
+extern const KernelTable kKernels = {KVDIFF_NAME(KVDIFF_ISA), GemmTileKernel, DecodeRowsKernel,
+                                     RowsOfOneKernel};
+
+}  // namespace KVDIFF_ISA
+}  // namespace kvdiff::impl
