@@ -1,7 +1,7 @@
 // The GEMM micro-kernels of impl/gemm.h, compiled once per instruction set (impl/isa.h): the
 // AVX-512 compilation transposes and multiplies with intrinsics, the others are plain C++ with
-// Fma (kernel_table.h) that the compiler vectorizes as their flags allow. Each element is the same fma chain in
-// input order in every one of them, so every variant gives the same bits.
+// Fma (kernel_table.h) that the compiler vectorizes as their flags allow. Each element is the same
+// fma chain in input order in every one of them, so every variant gives the same bits.
 #include "impl/gemm.h"
 
 #include <cmath>
@@ -191,8 +191,8 @@ void TailKernel(int rows, const float* x, int64_t x_stride, const float* panel, 
 
 }  // namespace
 
-void GemmTileKernel(const float* x, int64_t s, const WeightView& w, int64_t r0, int64_t n,
-                    float* c, int64_t c_stride, float* panel) {
+void GemmTileKernel(const float* x, int64_t s, const WeightView& w, int64_t r0, int64_t n, float* c,
+                    int64_t c_stride, float* panel) {
   const int64_t k = w.cols;
   const int64_t blocks = (s + kRowBlock - 1) / kRowBlock;
   for (int64_t q = 0; q * kGemmPanel < n; ++q) {

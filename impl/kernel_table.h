@@ -14,8 +14,8 @@ namespace kvdiff::impl {
 struct KernelTable {
   const char* name;  // "avx512", "avx2", "scalar": the KVDIFF_KERNELS value that picks it
   // GemmTile (impl/gemm.h); panel is the caller's scratch of w.cols * kGemmPanel floats.
-  void (*gemm_tile)(const float* x, int64_t s, const WeightView& w, int64_t r0, int64_t n,
-                    float* c, int64_t c_stride, float* panel);
+  void (*gemm_tile)(const float* x, int64_t s, const WeightView& w, int64_t r0, int64_t n, float* c,
+                    int64_t c_stride, float* panel);
   // y[r .. r + n) = w[r .. r + n) · x for one input row x (w.cols): the decode product.
   void (*decode_rows)(const float* x, const WeightView& w, int64_t r, int64_t n, float* y);
   // Column r of y (s, w.rows) = x (s, w.cols) · wᵀ: the rows path (s <= kLinearRowsMax).
@@ -29,11 +29,9 @@ inline namespace KVDIFF_ISA {
 // compilation (impl/isa.h). Fma rounds once: vfmadd where the compilation has FMA, fmaf elsewhere.
 inline float Fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 inline const float* WeightRow(const WeightView& w, int64_t r) { return w.data + r * w.cols; }
-inline const uint16_t* HalfWeightRow(const WeightView& w, int64_t r) {
-  return w.half + r * w.cols;
-}
-void GemmTileKernel(const float* x, int64_t s, const WeightView& w, int64_t r0, int64_t n,
-                    float* c, int64_t c_stride, float* panel);
+inline const uint16_t* HalfWeightRow(const WeightView& w, int64_t r) { return w.half + r * w.cols; }
+void GemmTileKernel(const float* x, int64_t s, const WeightView& w, int64_t r0, int64_t n, float* c,
+                    int64_t c_stride, float* panel);
 void DecodeRowsKernel(const float* x, const WeightView& w, int64_t r, int64_t n, float* y);
 void RowsOfOneKernel(const float* x, int64_t s, const WeightView& w, int64_t r, float* y);
 }  // namespace KVDIFF_ISA

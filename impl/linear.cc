@@ -28,7 +28,6 @@ constexpr int64_t kMatVecGrain = 16;
 
 }  // namespace
 
-
 namespace {
 
 // The work items of a LinearMany call, in order: output k owns items [begin[k], begin[k + 1]).

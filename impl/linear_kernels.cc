@@ -115,7 +115,8 @@ void DotWeightRowsBF16(const uint16_t* __restrict w, int64_t w_stride, const flo
     _mm512_storeu_ps(acc, _mm512_permutex2var_ps(even[r], interleave_lo, odd[r]));
     _mm512_storeu_ps(acc + 16, _mm512_permutex2var_ps(even[r], interleave_hi, odd[r]));
     const uint16_t* wr = w + r * w_stride;
-    for (int64_t t = i, j = 0; t < cols; ++t, ++j) acc[j] = Fma(LoadBF16::Get(wr + t), x[t], acc[j]);
+    for (int64_t t = i, j = 0; t < cols; ++t, ++j)
+      acc[j] = Fma(LoadBF16::Get(wr + t), x[t], acc[j]);
     out[r * out_stride] = FoldLanes<kLanes>(acc);
   }
 }
@@ -148,7 +149,6 @@ void DotWeightRows(const typename Load::T* __restrict w, int64_t w_stride,
   }
   for (int r = 0; r < R; ++r) out[r * out_stride] = FoldLanes<kLanes>(acc[r]);
 }
-
 
 // y rows [r, r + 1) of one output, for every input row: the weight row is read from memory once,
 // then from L1 for each group of up to 4 input rows.

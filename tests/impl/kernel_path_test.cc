@@ -5,6 +5,8 @@
 // skipped with a message saying so. The scalar path is the same source as the others, compiled
 // without vector extensions: the oracle is the definition (Dot's lanes and tree, GemmTile's fma
 // chain), not whatever a vector unit happens to do.
+#include "impl/kernel_path.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -16,7 +18,6 @@
 #include "format/error.h"
 #include "format/model_files.h"
 #include "format/safetensors.h"
-#include "impl/kernel_path.h"
 #include "impl/kernels.h"
 #include "impl/model.h"
 #include "impl/session.h"
@@ -85,15 +86,15 @@ Routes AllRoutes(const Model& model) {
   // query tile of 128).
   for (int64_t n : {1, 2, 3, 5, 8, 9, 13, 40, 141}) {
     run.names.push_back("uncached n=" + std::to_string(n));
-    run.logits.push_back(model.ForwardFull(testing::RandomTokens(n, vocab, static_cast<uint32_t>(n))));
+    run.logits.push_back(
+        model.ForwardFull(testing::RandomTokens(n, vocab, static_cast<uint32_t>(n))));
   }
   // Cached: a 20-token prefill, a 3-token and a 12-token chunk, then single-token decode steps.
   Session session = model.NewSession();
   const Tokens history = testing::RandomTokens(40, vocab, 99);
   auto append = [&](int64_t begin, int64_t end) {
     run.names.push_back("cached " + std::to_string(begin) + ".." + std::to_string(end));
-    run.logits.push_back(
-        session.Append(Tokens(history.begin() + begin, history.begin() + end)));
+    run.logits.push_back(session.Append(Tokens(history.begin() + begin, history.begin() + end)));
   };
   append(0, 20);
   append(20, 23);
@@ -180,7 +181,9 @@ TEST(KernelPath, AnUnknownOrUnavailablePathIsAnInputError) {
     FAIL() << "no throw";
   } catch (const InputError& e) {
     EXPECT_STREQ(e.what(), ("KVDIFF_KERNELS=avx512bf16: expected auto or one of this build's "
-                            "kernel paths: " + Join(CompiledKernelPaths())).c_str());
+                            "kernel paths: " +
+                            Join(CompiledKernelPaths()))
+                               .c_str());
   }
   for (const std::string& path : CompiledKernelPaths()) {
     if (Available(path)) continue;
