@@ -10,6 +10,7 @@
 
 #include "format/error.h"
 #include "harness/campaign/campaign_detail.h"
+#include "harness/campaign/case_order.h"
 #include "harness/campaign/jobs.h"
 #include "harness/report/junit.h"
 #include "harness/report/run_report.h"
@@ -426,15 +427,19 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model, PartBackends ordinary,
     KVDIFF_CHECK(part_jobs.size() == job_count,
                  "check: the demanding part needs one backend set per job ({} for {} jobs)",
                  part_jobs.size(), job_count);
-    // An idle job runs a busy job's backend replays with its own backends (the same model).
+    for (size_t i : part) {
+      scenarios[i] =
+          campaign_detail::NewCase(config, part_model, names, options, generation, indices[i],
+                                   demanding_part ? demanding.options.rtol : 0);
+    }
+    // The costliest cases first, and an idle job runs a busy job's backend replays with its own
+    // backends (the same model): the long cases no longer end the campaign on one core.
+    const std::vector<size_t> order = CostliestFirst(scenarios, part);
     SharedWork shared;
     RunJobs(
-        static_cast<int64_t>(part.size()), static_cast<int>(part_jobs.size()),
+        static_cast<int64_t>(order.size()), static_cast<int>(part_jobs.size()),
         [&](int job, int64_t p) {
-          const size_t i = part[p];
-          scenarios[i] =
-              campaign_detail::NewCase(config, part_model, names, options, generation, indices[i],
-                                       demanding_part ? demanding.options.rtol : 0);
+          const size_t i = order[p];
           const ForEachBackend on_any_job = [&, job](size_t n, const auto& work) {
             shared.Run(job, static_cast<int64_t>(n), [&](int64_t b, int runner) {
               work(static_cast<size_t>(b), *part_jobs[runner][static_cast<size_t>(b)]);
@@ -445,7 +450,7 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model, PartBackends ordinary,
         },
         [&](int64_t p) {
           ++done;
-          failures += results[part[p]].passed ? 0 : 1;
+          failures += results[order[p]].passed ? 0 : 1;
           if (options.progress) {
             options.progress(done, static_cast<int64_t>(indices.size()), failures);
           }

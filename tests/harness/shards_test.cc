@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "format/error.h"
+#include "harness/campaign/case_order.h"
 #include "harness/campaign/jobs.h"
 #include "harness/campaign/merge.h"
 
@@ -229,6 +230,22 @@ TEST(SharedWork, RethrowsTheSmallestFailingTaskOnTheOfferingJob) {
       EXPECT_STREQ(e.what(), "task 2") << jobs << " jobs";
     }
   }
+}
+
+TEST(CaseOrder, TheCostliestCasesAreClaimedFirstAndTiesKeepTheirOrder) {
+  auto prefill_then_decode = [](int64_t prompt, int64_t decodes) {
+    Scenario sc;
+    sc.steps = {Step::Prefill("main", Tokens(static_cast<size_t>(prompt), 3)),
+                Step::Decode("main", decodes)};
+    return sc;
+  };
+  // One call of 10 tokens, then one call per decoded token.
+  EXPECT_EQ(EstimatedCost(prefill_then_decode(10, 0)), kCallCostInTokens + 2 * 10);
+  EXPECT_EQ(EstimatedCost(prefill_then_decode(10, 3)), 4 * kCallCostInTokens + 2 * 13);
+  const std::vector<Scenario> scenarios = {prefill_then_decode(4, 1), prefill_then_decode(500, 0),
+                                           prefill_then_decode(4, 1), prefill_then_decode(8, 40)};
+  EXPECT_EQ(CostliestFirst(scenarios, {0, 1, 2, 3}), (std::vector<size_t>{1, 3, 0, 2}));
+  EXPECT_EQ(CostliestFirst(scenarios, {2, 0}), (std::vector<size_t>{2, 0}));
 }
 
 TEST(ResolveJobs, ZeroIsEveryCoreAndNeverMoreThanTheItems) {
