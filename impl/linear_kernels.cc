@@ -14,6 +14,7 @@
 #include "impl/kernel_table.h"
 #include "impl/kernels.h"
 #include "impl/reduction.h"
+#include "impl/simd.h"
 #include "impl/weight_load.h"
 
 namespace kvdiff::impl {
@@ -48,6 +49,44 @@ inline void PrefetchLanesAhead(const T* p) {
 // the matrix-vector path. The N * 32 running sums are independent chains: the loop is bound by
 // loads from L1, not by the latency of the adds. With 16-bit storage each weight is widened as it
 // is loaded (Load::Get): the same products, the same sums, half the bytes read from memory.
+#if defined(KVDIFF_HAS_VEC)
+// With vector registers, Dot's 32 lanes are 32 / kVecWidth registers per input row, all N rows'
+// in registers for the whole row of weights (the compiler's vectorization of the plain loop below
+// spilled them: 4 rows of float32 took 2.3x the time of 2 rows, kernels_bench BM_LinearFewRows).
+// Each weight vector is widened once and used for every input row before the next is loaded.
+template <int N, class Load = LoadF32>
+void DotRows(const typename Load::T* __restrict w, const float* __restrict x, int64_t x_stride,
+             int64_t cols, float* out, int64_t out_stride) {
+  constexpr int kLanes = 32, kVecs = kLanes / kVecWidth;
+  Vec acc[N][kVecs];
+  for (int n = 0; n < N; ++n) {
+    for (int v = 0; v < kVecs; ++v) acc[n][v] = VecZero();
+  }
+  int64_t i = 0;
+  for (; i + kLanes <= cols; i += kLanes) {
+    PrefetchLanesAhead<typename Load::T, kLanes>(w + i);
+    for (int v = 0; v < kVecs; ++v) {
+      const Vec wv = VecWiden<Load>(w + i + v * kVecWidth);
+      for (int n = 0; n < N; ++n) {
+        acc[n][v] = VecFma(wv, VecLoad(x + n * x_stride + i + v * kVecWidth), acc[n][v]);
+      }
+    }
+  }
+  for (int n = 0; n < N; ++n) {
+    float lanes[kLanes];
+    for (int v = 0; v < kVecs; ++v) VecStore(lanes + v * kVecWidth, acc[n][v]);
+    const float* xn = x + n * x_stride;
+    for (int64_t t = i, j = 0; t < cols; ++t, ++j)
+      lanes[j] = Fma(Load::Get(w + t), xn[t], lanes[j]);
+    out[n * out_stride] = FoldLanes<kLanes>(lanes);
+  }
+}
+// Input rows per pass over a weight row. AVX2: 3 (3 x 4 sums in 16 registers). AVX-512: 4, though
+// 8 x 2 sums would fit its 32 registers: one pass of 8 rows took 1.5x the time of two passes of 4
+// (BM_LinearFewRows s=8, float32, 2 threads: 376-386 against 253-262 us; the weight row is in L1
+// for the second pass).
+constexpr int kRowsPerPass = kVecWidth == 16 ? 4 : 3;
+#else
 template <int N, class Load = LoadF32>
 void DotRows(const typename Load::T* __restrict w, const float* __restrict x, int64_t x_stride,
              int64_t cols, float* out, int64_t out_stride) {
@@ -69,6 +108,8 @@ void DotRows(const typename Load::T* __restrict w, const float* __restrict x, in
   }
   for (int n = 0; n < N; ++n) out[n * out_stride] = FoldLanes<kLanes>(acc[n]);
 }
+constexpr int kRowsPerPass = 4;
+#endif
 
 #if defined(__AVX512F__)
 // DotWeightRows<R, LoadBF16> (which calls it), bit for bit, with the widening at one operation per
@@ -150,26 +191,27 @@ void DotWeightRows(const typename Load::T* __restrict w, int64_t w_stride,
   for (int r = 0; r < R; ++r) out[r * out_stride] = FoldLanes<kLanes>(acc[r]);
 }
 
+// The last `rows` < kRowsPerPass input rows of RowsOfOne: DotRows instantiated for that count.
+template <class Load, int N = 1>
+void DotRowsTail(int rows, const typename Load::T* wr, const float* x, int64_t cols, float* out,
+                 int64_t out_stride) {
+  if constexpr (N < kRowsPerPass) {
+    if (rows == N) return DotRows<N, Load>(wr, x, cols, cols, out, out_stride);
+    DotRowsTail<Load, N + 1>(rows, wr, x, cols, out, out_stride);
+  }
+}
+
 // y rows [r, r + 1) of one output, for every input row: the weight row is read from memory once,
-// then from L1 for each group of up to 4 input rows.
+// then from L1 for each group of up to kRowsPerPass input rows.
 template <class Load>
 void RowsOfOne(const float* x, int64_t s, const typename Load::T* wr, int64_t rows, int64_t cols,
                int64_t r, float* y) {
   int64_t i = 0;
-  for (; i + 4 <= s; i += 4) DotRows<4, Load>(wr, x + i * cols, cols, cols, y + i * rows + r, rows);
-  switch (s - i) {
-    case 3:
-      DotRows<3, Load>(wr, x + i * cols, cols, cols, y + i * rows + r, rows);
-      break;
-    case 2:
-      DotRows<2, Load>(wr, x + i * cols, cols, cols, y + i * rows + r, rows);
-      break;
-    case 1:
-      DotRows<1, Load>(wr, x + i * cols, cols, cols, y + i * rows + r, rows);
-      break;
-    default:
-      break;
+  for (; i + kRowsPerPass <= s; i += kRowsPerPass) {
+    DotRows<kRowsPerPass, Load>(wr, x + i * cols, cols, cols, y + i * rows + r, rows);
   }
+  if (i < s)
+    DotRowsTail<Load>(static_cast<int>(s - i), wr, x + i * cols, cols, y + i * rows + r, rows);
 }
 
 // y[r .. r + n) of one output for a single input row (decode), R weight rows at a time taken from
