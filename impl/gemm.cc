@@ -12,6 +12,7 @@
 
 #include "impl/isa.h"
 #include "impl/kernel_table.h"
+#include "impl/simd.h"
 #include "impl/weight_load.h"
 
 namespace kvdiff::impl {
@@ -155,6 +156,54 @@ void MicroKernel(const float* x, int64_t x_stride, const float* panel, int64_t k
   }
 }
 constexpr int kRowBlock = kGemmRowBlock;
+#elif defined(KVDIFF_HAS_VEC)
+// AVX2 has 16 vector registers, too few for a block of the whole 32-column panel: the panel goes
+// through in two halves of 16 columns, each a 6 x 16 block of C in 12 registers, with 2 for the
+// panel's row and 1 for the broadcast. (The plain C++ below, vectorized by the compiler, kept
+// 4 x 32 sums and spilled them: prefill ran at 0.56x llama.cpp's speed, docs/performance.md.)
+template <int M>
+void HalfPanelKernel(const float* x, int64_t x_stride, const float* panel, int64_t k, float* c,
+                     int64_t c_stride, int64_t cols, const Prefetch& prefetch) {
+  static_assert(2 * kVecWidth == kGemmPanel / 2);
+  Vec acc0[M], acc1[M];
+  for (int m = 0; m < M; ++m) acc0[m] = acc1[m] = VecZero();
+  int64_t line = 0;
+  for (int64_t p = 0; p < k; ++p) {
+    if (p % kPrefetchEvery == 0 && line < prefetch.lines) prefetch.Line(line++);
+    const Vec b0 = VecLoad(panel + p * kGemmPanel);
+    const Vec b1 = VecLoad(panel + p * kGemmPanel + kVecWidth);
+    for (int m = 0; m < M; ++m) {
+      const Vec a = VecBroadcast(x[m * x_stride + p]);
+      acc0[m] = VecFma(a, b0, acc0[m]);
+      acc1[m] = VecFma(a, b1, acc1[m]);
+    }
+  }
+  for (; line < prefetch.lines; ++line) prefetch.Line(line);
+  for (int m = 0; m < M; ++m) {
+    float* row = c + m * c_stride;
+    if (cols >= 2 * kVecWidth) {
+      VecStore(row, acc0[m]);
+      VecStore(row + kVecWidth, acc1[m]);
+    } else if (cols > kVecWidth) {
+      VecStore(row, acc0[m]);
+      VecStoreFirst(row + kVecWidth, acc1[m], cols - kVecWidth);
+    } else {
+      VecStoreFirst(row, acc0[m], cols);  // cols == kVecWidth stores all of them
+    }
+  }
+}
+// M rows of X against one 32-column panel, as two half panels (the prefetch shared between them).
+template <int M>
+void MicroKernel(const float* x, int64_t x_stride, const float* panel, int64_t k, float* c,
+                 int64_t c_stride, int64_t cols, const Prefetch& prefetch) {
+  constexpr int64_t kHalf = kGemmPanel / 2;
+  HalfPanelKernel<M>(x, x_stride, panel, k, c, c_stride, Min(cols, kHalf), Part(prefetch, 0, 2));
+  if (cols > kHalf) {
+    HalfPanelKernel<M>(x, x_stride, panel + kHalf, k, c + kHalf, c_stride, cols - kHalf,
+                       Part(prefetch, 1, 2));
+  }
+}
+constexpr int kRowBlock = 6;
 #else
 // The same sums in plain C++ (Fma: fused, whatever the compiler does with the loop), which
 // GCC vectorizes for AVX2/FMA; fewer rows per block, for 16 vector registers.
