@@ -237,7 +237,6 @@ struct Model::State {
     // (Under kWindowPlusOne the ring's extra row holds the key one position further back.)
     const int64_t first = std::max({int64_t{0}, p.past - (window - 1), ring.Oldest()});
     const int64_t held = p.past - first;
-    const int64_t n = held + p.size;
     // Sized for a whole window (and the fault's one more) at once, not for the keys in view
     // now: those grow by one at every decode until the ring is full, which would allocate.
     const int64_t most = (config.sliding_window + 1 + p.size) * kv_dim;
@@ -245,7 +244,7 @@ struct Model::State {
       ws.window_keys.resize(most);
       ws.window_values.resize(most);
     }
-    float* keys = ws.window_keys.data();  // (n, kv_dim): positions first..P+c-1
+    float* keys = ws.window_keys.data();  // (held + p.size, kv_dim): positions first..P+c-1
     float* values = ws.window_values.data();
     for (int64_t i = 0; i < held; ++i) {
       // (Under the test fault the ring's rows are read in row order, as if linear.)
