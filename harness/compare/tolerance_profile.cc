@@ -57,7 +57,14 @@ constexpr double kRopeF32PerPosition = 2e-6;
 // tiny-bf16; 4 cases of the smollm2-135m shape: max |a-b| 4.7e-1, 3.2e-1 (tiny), 2.4e-1, 2.2e-1,
 // 2.3e-1 (tiny-bf16), 3.0e-1, 1.7e-1 (long), 1.1e-1 (smollm2-135m); KL max 1.2e-2, 6.7e-3,
 // 3.4e-3, 3.4e-3, 2.7e-3, 4.0e-3; argmax agreement 98.3-99.1%; against its own forward 5.3e-2,
-// 5.8e-2, 5.6e-2, 6.9e-2, 4.9e-2. A cache bug moves logits by whole units.
+// 5.8e-2, 5.6e-2, 6.9e-2, 4.9e-2. The first bounds (0.8, 2.5e-2) failed this correct engine on
+// the model of record's shape: with smollm2-135m written in bf16 (make-model --dtype bf16, seed 1;
+// --cases 60 --max-length 128), one case of 60 reached max |a-b| 8.2e-1 and KL 1.8e-2 (its rows
+// were off by 10x the others' throughout, and as far in llama.cpp's own uncached forward, so
+// bf16 rounding, not its cache); the other 59 cases stayed at 5e-2..8.7e-2, the f32 preset
+// (weights rounded by the conversion, 40 cases) at 1.4e-1 and KL 4.6e-4. The bounds are now
+// ~1.8x and ~2.2x that worst case. A cache bug moves logits by whole units, and the own bound,
+// unchanged, catches a cache bug whatever the cross bounds.
 const ToleranceProfile kProfiles[] = {
     {"f16", false, 1e-1, 0, 0,
      "float16 K/V (f16 cache or flash attention) measured against ref64: worst 5.9e-02 over 4 "
@@ -69,10 +76,10 @@ const ToleranceProfile kProfiles[] = {
      "q4_0 K/V measured against ref64 (llama.cpp, head_dim 32, up to 500 positions): worst 6.5, "
      "KL 3.9 (on random weights the cross bounds are loose: the own bound catches cache bugs), "
      "against its own forward 1.3e-01"},
-    {"bf16", true, 0.8, 2.5e-2, 1.2e-1,
+    {"bf16", true, 1.5, 4e-2, 1.2e-1,
      "matrix products over bf16-rounded inputs measured against ref64 (llama.cpp weights=bf16, "
-     "tiny f32 and bf16 weights, up to 500 positions, shifts included): worst 4.7e-01, KL "
-     "1.2e-02, against its own forward 6.9e-02"},
+     "tiny and smollm2-135m shapes, f32 and bf16 weights, up to 500 positions, shifts included): "
+     "worst 8.2e-01, KL 1.8e-02, against its own forward 6.9e-02"},
 };
 
 const RopeAngleProfile kRopeF32 = {

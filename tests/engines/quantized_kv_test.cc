@@ -202,8 +202,8 @@ TEST(ComputeProfile, LlamaCppOverBf16WeightsIsHeldToTheBf16ProfileWhichStillCatc
   const CommandResult pass =
       RunKvdiff("check --cases 100 --backends 'impl,llama.cpp?weights=bf16'", dir.path());
   EXPECT_EQ(pass.exit_code, 0) << pass.out << pass.err;
-  EXPECT_THAT(pass.out, HasSubstr("tolerance profile compute bf16 (max |a-b| <= 8.0e-01, KL <= "
-                                  "2.5e-02 per row; against its own uncached forward max |a-b| "
+  EXPECT_THAT(pass.out, HasSubstr("tolerance profile compute bf16 (max |a-b| <= 1.5e+00, KL <= "
+                                  "4.0e-02 per row; against its own uncached forward max |a-b| "
                                   "<= 1.2e-01) for llama.cpp?weights=bf16"));
   const size_t d = pass.out.find("distribution impl~llama.cpp?weights=bf16: argmax agrees on ");
   ASSERT_NE(d, std::string::npos) << pass.out;
