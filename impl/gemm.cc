@@ -108,27 +108,32 @@ struct Prefetch {
   int64_t lines = 0;
   void Line(int64_t i) const { __builtin_prefetch(begin + i * kCacheLine, 0, 2); }
 };
+constexpr int64_t kPrefetchEvery = 4;
 
-// A Prefetch's lines spread evenly over a kernel's `steps` steps of p: by the end of step p,
-// lines * (p + 1) / steps of them are asked for (an error term, not a division per step). With
-// few rows of X a block is short and the next panel's lines are many per step: one line every
-// fourth step, the rest asked for at the block's end, left most of them to arrive while packing
-// waited on them (BM_LinearFewRows s=16, GEMM: PackPanel 39% of the time, the micro-kernels 18%).
-class PrefetchPacer {
+// A Prefetch's lines asked for over a kernel's k steps of p: `burst` lines at every
+// kPrefetchEvery-th step, the burst as small as lets every line be asked for within the k steps.
+// With many rows of X (prefill) a block is long and the burst is one line; with few (batched
+// decode of 9-32 conversations) a block is short and its share of the next panel large: one line
+// every fourth step, the rest asked for at the block's end, left packing waiting on DRAM
+// (BM_LinearFewRows s=16, GEMM: PackPanel 39% of the time, the micro-kernels 18%; with bursts,
+// ~530 -> ~340 us, alternated under load). Where a block's share fits one line per four steps
+// (prefill) this is the schedule it always had, and it adds one register to the loop: an error
+// term spreading the lines evenly did as well at s=16 but took four.
+class PrefetchSchedule {
  public:
-  PrefetchPacer(const Prefetch& prefetch, int64_t steps) : prefetch_(prefetch), steps_(steps) {}
-  void Step() {
-    owed_ += prefetch_.lines;
-    while (owed_ >= steps_) {
-      owed_ -= steps_;
-      prefetch_.Line(next_++);
-    }
+  PrefetchSchedule(const Prefetch& prefetch, int64_t k)
+      : prefetch_(prefetch),
+        burst_((prefetch.lines + (k + kPrefetchEvery - 1) / kPrefetchEvery - 1) /
+               ((k + kPrefetchEvery - 1) / kPrefetchEvery)) {}
+  void Step(int64_t p) {
+    if (p % kPrefetchEvery != 0) return;
+    const int64_t end = Min(next_ + burst_, prefetch_.lines);
+    for (; next_ < end; ++next_) prefetch_.Line(next_);
   }
 
  private:
   const Prefetch& prefetch_;
-  int64_t steps_;
-  int64_t owed_ = 0;  // lines * (steps taken) - steps * (lines asked for)
+  int64_t burst_;
   int64_t next_ = 0;
 };
 
@@ -157,9 +162,9 @@ void MicroKernel(const float* x, int64_t x_stride, const float* panel, int64_t k
                  int64_t c_stride, int64_t cols, const Prefetch& prefetch) {
   __m512 acc0[M], acc1[M];
   for (int m = 0; m < M; ++m) acc0[m] = acc1[m] = _mm512_setzero_ps();
-  PrefetchPacer pacer(prefetch, k);
+  PrefetchSchedule schedule(prefetch, k);
   for (int64_t p = 0; p < k; ++p) {
-    pacer.Step();
+    schedule.Step(p);
     const __m512 b0 = _mm512_loadu_ps(panel + p * kGemmPanel);
     const __m512 b1 = _mm512_loadu_ps(panel + p * kGemmPanel + 16);
     for (int m = 0; m < M; ++m) {
@@ -189,9 +194,9 @@ void HalfPanelKernel(const float* x, int64_t x_stride, const float* panel, int64
   static_assert(2 * kVecWidth == kGemmPanel / 2);
   Vec acc0[M], acc1[M];
   for (int m = 0; m < M; ++m) acc0[m] = acc1[m] = VecZero();
-  PrefetchPacer pacer(prefetch, k);
+  PrefetchSchedule schedule(prefetch, k);
   for (int64_t p = 0; p < k; ++p) {
-    pacer.Step();
+    schedule.Step(p);
     const Vec b0 = VecLoad(panel + p * kGemmPanel);
     const Vec b1 = VecLoad(panel + p * kGemmPanel + kVecWidth);
     for (int m = 0; m < M; ++m) {
@@ -232,9 +237,9 @@ template <int M>
 void MicroKernel(const float* x, int64_t x_stride, const float* panel, int64_t k, float* c,
                  int64_t c_stride, int64_t cols, const Prefetch& prefetch) {
   float acc[M][kGemmPanel] = {};
-  PrefetchPacer pacer(prefetch, k);
+  PrefetchSchedule schedule(prefetch, k);
   for (int64_t p = 0; p < k; ++p) {
-    pacer.Step();
+    schedule.Step(p);
     const float* b = panel + p * kGemmPanel;
     for (int m = 0; m < M; ++m) {
       const float a = x[m * x_stride + p];
