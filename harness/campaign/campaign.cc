@@ -440,9 +440,11 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model, PartBackends ordinary,
         static_cast<int64_t>(order.size()), static_cast<int>(part_jobs.size()),
         [&](int job, int64_t p) {
           const size_t i = order[p];
-          const ForEachBackend on_any_job = [&, job](size_t n, const auto& work) {
-            shared.Run(job, static_cast<int64_t>(n), [&](int64_t b, int runner) {
-              work(static_cast<size_t>(b), *part_jobs[runner][static_cast<size_t>(b)]);
+          const ForEachBackend on_any_job = [&, job](const std::vector<size_t>& which,
+                                                     const auto& work) {
+            shared.Run(job, static_cast<int64_t>(which.size()), [&](int64_t t, int runner) {
+              const size_t b = which[static_cast<size_t>(t)];
+              work(b, *part_jobs[runner][b]);
             });
           };
           results[i] = campaign_detail::RunCase(scenarios[i], part_jobs[job], options, indices[i],

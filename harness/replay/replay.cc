@@ -32,10 +32,12 @@ struct ReplayedConversation {
 
 class Replayer {
  public:
-  Replayer(const Scenario& sc, const Backend& backend, TraceRequest* trace)
+  Replayer(const Scenario& sc, const Backend& backend, TraceRequest* trace,
+           const AfterStep& after_step)
       : sc_(sc),
         backend_(backend),
         trace_(trace),
+        after_step_(after_step),
         vocab_(backend.config().vocab_size),
         driver_(MakeDriver(sc.driver, backend)) {
     rec_.backend = backend.Name();
@@ -75,6 +77,7 @@ class Replayer {
     }
     sr.rows_end = rec_.rows.size();
     rec_.steps.push_back(std::move(sr));
+    if (after_step_) after_step_(rec_, static_cast<size_t>(i));
   }
 
   // Why the step cannot run: a conversation it reads from stopped at an earlier error (a fork's
@@ -326,6 +329,7 @@ class Replayer {
   const Scenario& sc_;
   const Backend& backend_;
   TraceRequest* trace_;
+  const AfterStep& after_step_;
   const int64_t vocab_;
   std::unique_ptr<Driver> driver_;
   Conversations convs_;  // the lengths, moved on step by step
@@ -351,8 +355,9 @@ bool Recording::SameHistory(const RecordedRow& x, const Recording& other,
   return std::equal(hx.begin(), hx.begin() + x.position + 1, hy.begin());
 }
 
-Recording Replay(const Scenario& scenario, const Backend& backend, TraceRequest* trace) {
-  return Replayer(scenario, backend, trace).Run();
+Recording Replay(const Scenario& scenario, const Backend& backend, TraceRequest* trace,
+                 const AfterStep& after_step) {
+  return Replayer(scenario, backend, trace, after_step).Run();
 }
 
 Token GreedyNext(const float* row, int64_t vocab) {

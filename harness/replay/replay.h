@@ -79,9 +79,15 @@ struct TraceRequest {
   std::map<int64_t, ForwardTrace> traces;  // by RecordedRow::call; only the calls that returned
 };
 
+// Called once each step is recorded, with the recording so far: the step's rows and its record
+// are final (later steps only append rows and histories), so a caller can compare them while the
+// replay goes on instead of holding every row until it ends.
+using AfterStep = std::function<void(const Recording& so_far, size_t step)>;
+
 // The scenario must be prepared and validated (PrepareScenario). InputError when its driver does
 // not apply to the backend; every other failure is recorded in the steps.
-Recording Replay(const Scenario& scenario, const Backend& backend, TraceRequest* trace = nullptr);
+Recording Replay(const Scenario& scenario, const Backend& backend, TraceRequest* trace = nullptr,
+                 const AfterStep& after_step = {});
 
 // The greedy choice: the first maximum of the row (torch.argmax, llama2.c). A row with a NaN or
 // inf logit has no greedy choice: InputError saying what is wrong.

@@ -4,8 +4,10 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
@@ -127,6 +129,14 @@ PathOutcome CrossOutcome(const Backend& bx, const Recording& rx, const Backend& 
   return o;
 }
 
+// Frees the logits of step `step`'s rows: nothing reads them once their comparisons are made.
+void ReleaseLogits(Recording& rec, size_t step) {
+  const StepRecord& sr = rec.steps[step];
+  for (size_t k = sr.rows_begin; k < sr.rows_end; ++k) {
+    std::vector<float>().swap(rec.rows[k].logits);
+  }
+}
+
 // What the gate of a compared row was made of (see WorstRow::gate_basis).
 std::string GateBasis(const ComparedRow& r, const PathOutcome& o, const Gate& gate,
                       const std::vector<const Backend*>& backends) {
@@ -200,6 +210,59 @@ Tokens EncodePrompt(const Scenario& scenario, size_t i, bool starts_conversation
 }
 
 }  // namespace
+
+Replayed ReplayAndCompare(const Scenario& sc, const std::vector<const Backend*>& backends,
+                          const RunOptions& options) {
+  KVDIFF_CHECK(!backends.empty(), "ReplayAndCompare: no backend to run");
+  const size_t n = backends.size();
+  Replayed out;
+  out.recs.resize(n);
+  out.oracles.resize(n);
+  using Work = std::function<void(size_t, const Backend&)>;
+  const auto run = [&](const std::vector<size_t>& which, const Work& work) {
+    if (options.for_each_backend) return options.for_each_backend(which, work);
+    for (size_t b : which) work(b, *backends[b]);
+  };
+  const Work oracle = [&](size_t b, const Backend& backend) {
+    out.oracles[b] = CheckAgainstOracle(out.recs[b], backend, sc.gate.Own());
+    ReleaseFreedMemory();
+  };
+  std::atomic<bool> previous_checked{false};  // the oracle pass of b - 1, in the round of b
+  const Work replay = [&](size_t b, const Backend& backend) {
+    size_t released = 0;  // the steps whose rows of the earlier backends are freed
+    const AfterStep compare = [&](const Recording& so_far, size_t step) {
+      for (size_t x = 0; x < b; ++x) {
+        PathOutcome o =
+            CrossOutcome(*backends[x], out.recs[x], *backends[b], so_far, step, sc.gate);
+        o.a_index = x;
+        o.b_index = b;
+        out.cross[{x, b}].push_back(std::move(o));
+      }
+      if (b + 1 < n || !previous_checked.load()) return;
+      for (; released <= step; ++released) {
+        for (size_t x = 0; x < b; ++x) ReleaseLogits(out.recs[x], released);
+      }
+    };
+    out.recs[b] = Replay(sc, backend, nullptr, compare);
+    ReleaseFreedMemory();
+  };
+  run({0}, replay);
+  for (size_t b = 1; b < n; ++b) {
+    previous_checked = false;
+    run({b - 1, b}, [&](size_t k, const Backend& backend) {
+      if (k == b) return replay(k, backend);
+      oracle(k, backend);
+      previous_checked = true;
+    });
+  }
+  // What the last replay left: rows of steps recorded before its round's oracle pass was done.
+  for (size_t x = 0; x + 1 < n; ++x) {
+    for (size_t i = 0; i < out.recs[x].steps.size(); ++i) ReleaseLogits(out.recs[x], i);
+  }
+  ReleaseFreedMemory();
+  run({n - 1}, oracle);
+  return out;
+}
 
 std::string PathKindName(PathKind kind) { return kind == PathKind::kOracle ? "oracle" : "cross"; }
 
@@ -287,21 +350,9 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
 
   std::vector<bool> profiled;  // held to a tolerance profile: its paths' distributions are reported
   for (const Backend* b : backends) profiled.push_back(ProfileFor(b->Info()) != nullptr);
-  std::vector<Recording> recs(backends.size());
-  std::vector<OracleCheck> oracles(backends.size());  // each one's rows against its ForwardFull
-  const auto for_each_backend = [&](const std::function<void(size_t, const Backend&)>& work) {
-    if (options.for_each_backend) return options.for_each_backend(backends.size(), work);
-    for (size_t b = 0; b < backends.size(); ++b) work(b, *backends[b]);
-  };
-  // Two rounds, so that a campaign's idle job can take any one of them.
-  for_each_backend([&](size_t b, const Backend& backend) {
-    recs[b] = Replay(sc, backend);
-    ReleaseFreedMemory();
-  });
-  for_each_backend([&](size_t b, const Backend& backend) {
-    oracles[b] = CheckAgainstOracle(recs[b], backend, sc.gate.Own());
-    ReleaseFreedMemory();
-  });
+  Replayed replayed = ReplayAndCompare(sc, backends, options);
+  const std::vector<Recording>& recs = replayed.recs;
+  const std::vector<OracleCheck>& oracles = replayed.oracles;
   for (const Step& s : sc.steps) {
     if (s.op != Op::kShift || s.discard == 0) continue;
     report.notes.push_back(fmt::format(
@@ -322,10 +373,7 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
     }
     for (size_t x = 0; x < backends.size(); ++x) {
       for (size_t y = x + 1; y < backends.size(); ++y) {
-        step_report.outcomes.push_back(
-            CrossOutcome(*backends[x], recs[x], *backends[y], recs[y], i, sc.gate));
-        step_report.outcomes.back().a_index = x;
-        step_report.outcomes.back().b_index = y;
+        step_report.outcomes.push_back(std::move(replayed.cross[{x, y}][i]));
       }
     }
     for (const PathOutcome& o : step_report.outcomes) {
