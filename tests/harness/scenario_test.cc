@@ -435,7 +435,9 @@ TEST(GenerateCase, DrawsShiftsOnlyWhenEveryBackendShiftsAndStaysWithinLimits) {
     const Step* last = nullptr;
     for (const Step& s : sc.steps) {
       for (const ForwardCall& call : convs.CallsOf(s)) {
-        if (s.op != Op::kBatch) EXPECT_LE(call.size, 16) << s.ParamString();
+        if (s.op != Op::kBatch) {
+          EXPECT_LE(call.size, 16) << s.ParamString();
+        }
       }
       if (s.op == Op::kShift) {
         ++shifts;

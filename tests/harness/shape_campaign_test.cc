@@ -280,7 +280,9 @@ TEST(RandomShapeCampaign, CatchesABugTheFixedPresetCannotAndItsFileReplaysIt) {
   TempDir tmp;
   const std::vector<std::string> names = {"impl", kMutant};
   // The fixed campaign on the tiny preset (n_rep 2): every case passes.
-  const ModelSpec tiny{std::string("tiny"), 7, std::nullopt, std::nullopt};
+  ModelSpec tiny;
+  tiny.preset = "tiny";
+  tiny.seed = 7;
   const auto weights = LoadModelFor(tiny);
   std::vector<std::unique_ptr<Backend>> owned;
   std::vector<const Backend*> backends;
