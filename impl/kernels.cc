@@ -23,8 +23,8 @@ using StridedMap = Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>>;
 // exp(x) for float32 from basic IEEE operations only (Cephes expf: x = n·ln2 + r with ln2 split in
 // two, a degree-6 polynomial for exp(r), and 2^n assembled in the exponent bits). Within 2 ulp of
 // the exact value. Unlike std::exp it vectorizes (softmax and SiLU evaluate ~50k of them per decode
-// step), and the vector and scalar paths give the same bits, so a value never depends on where in
-// a row it sits. NaN propagates; arguments are clamped to the float exponent range first.
+// step; this file is compiled with -fno-trapping-math for that, see impl/CMakeLists.txt), and the
+// vector and scalar paths give the same bits, so a value never depends on where in a row it sits. NaN propagates; arguments are clamped to the float exponent range first.
 inline float Exp(float x) {
   x = std::min(std::max(x, -87.0f), 88.0f);  // NaN passes through both (comparisons are false)
   // n = round(x / ln2): adding 1.5·2^23 leaves the rounded integer in the low mantissa bits
