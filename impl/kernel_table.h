@@ -20,9 +20,18 @@ struct KernelTable {
   void (*decode_rows)(const float* x, const WeightView& w, int64_t r, int64_t n, float* y);
   // Column r of y (s, w.rows) = x (s, w.cols) · wᵀ: the rows path (s <= kLinearRowsMax).
   void (*rows_of_one)(const float* x, int64_t s, const WeightView& w, int64_t r, float* y);
+  // Decode attention's scores for one KV head (impl/kernels.cc's AttendOneRow): scores[r *
+  // visible + j] = Dot(q + r * d, keys + j * kv_dim, d) * scale for r < n_rep, j < visible.
+  void (*attention_scores)(const float* q, int64_t n_rep, const float* keys, int64_t kv_dim,
+                           int64_t visible, int64_t d, float scale, float* scores);
+  // out[n * out_stride + c] = the fused multiply-add chain of p[n * visible + j] * v[j * v_stride
+  // + c] over j = 0 .. visible-1 in order, from 0, for n < heads and c < cols.
+  void (*weighted_sums)(const float* p, int64_t heads, int64_t visible, const float* v,
+                        int64_t v_stride, int64_t cols, float* out, int64_t out_stride);
 };
 
-// The kernels of the compilation including this header (gemm.cc, linear_kernels.cc).
+// The kernels of the compilation including this header (gemm.cc, linear_kernels.cc,
+// attention_kernels.cc).
 inline namespace KVDIFF_ISA {
 // What the kernel files would otherwise take from inline functions outside their namespace
 // (std::fma, WeightView::Row): an unoptimized build emits those as one symbol shared by every
@@ -34,6 +43,15 @@ void GemmTileKernel(const float* x, int64_t s, const WeightView& w, int64_t r0, 
                     int64_t c_stride, float* panel);
 void DecodeRowsKernel(const float* x, const WeightView& w, int64_t r, int64_t n, float* y);
 void RowsOfOneKernel(const float* x, int64_t s, const WeightView& w, int64_t r, float* y);
+// out[i * out_stride] = Dot(w, x + i * cols, cols) for i < s: one float32 row against s input rows
+// (linear_kernels.cc).
+void DotRowsKernel(const float* w, const float* x, int64_t s, int64_t cols, float* out,
+                   int64_t out_stride);
+// attention_kernels.cc
+void AttentionScoresKernel(const float* q, int64_t n_rep, const float* keys, int64_t kv_dim,
+                           int64_t visible, int64_t d, float scale, float* scores);
+void WeightedSumsKernel(const float* p, int64_t heads, int64_t visible, const float* v,
+                        int64_t v_stride, int64_t cols, float* out, int64_t out_stride);
 }  // namespace KVDIFF_ISA
 
 // Each compilation's table (linear_kernels.cc); which exist is decided by impl/CMakeLists.txt.

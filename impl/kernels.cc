@@ -11,6 +11,7 @@
 #include "format/safetensors.h"
 #include "format/tensor.h"
 #include "impl/gemm.h"
+#include "impl/kernel_table.h"
 #include "impl/reduction.h"
 #include "impl/weight_load.h"
 
@@ -24,7 +25,8 @@ using StridedMap = Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>>;
 // two, a degree-6 polynomial for exp(r), and 2^n assembled in the exponent bits). Within 2 ulp of
 // the exact value. Unlike std::exp it vectorizes (softmax and SiLU evaluate ~50k of them per decode
 // step; this file is compiled with -fno-trapping-math for that, see impl/CMakeLists.txt), and the
-// vector and scalar paths give the same bits, so a value never depends on where in a row it sits. NaN propagates; arguments are clamped to the float exponent range first.
+// vector and scalar paths give the same bits, so a value never depends on where in a row it sits.
+// NaN propagates; arguments are clamped to the float exponent range first.
 inline float Exp(float x) {
   x = std::min(std::max(x, -87.0f), 88.0f);  // NaN passes through both (comparisons are false)
   // n = round(x / ln2): adding 1.5·2^23 leaves the rounded integer in the low mantissa bits
@@ -281,28 +283,39 @@ void ScratchBuffer::Grow(int64_t floats) {
   size_ = floats;
 }
 
-void AttentionScratch::Reserve(int threads, int64_t floats) {
+void AttentionScratch::Reserve(int threads, int64_t s, int64_t keys, int64_t nh) {
   if (static_cast<int>(per_thread.size()) < threads) per_thread.resize(threads);
-  for (auto& buffer : per_thread) buffer.Grow(floats);
+  for (auto& buffer : per_thread) buffer.Grow(std::min(s, kAttentionQueryTile) * keys);
+  heads.Grow(nh * keys);
 }
 
 namespace {
 
-// One query row against keys 0..visible-1 of one KV head (decode): scores = K·q by Eigen's GEMV
-// over the strided cache rows, softmax, then out = Vᵀ·weights (an axpy per position, vectorized
-// over head_dim). Both products are a single call per head, so the thread running it does not
-// matter. No allocation: the operands are maps over the cache and the per-thread scratch.
-void AttendOneRow(const float* q, const float* keys, const float* values, int64_t visible,
-                  int64_t kv_dim, int64_t d, float scale, float* scores, float* out) {
-  ConstStridedMap k(keys, visible, d, Eigen::OuterStride<>(kv_dim));    // (visible, d)
-  ConstStridedMap v(values, visible, d, Eigen::OuterStride<>(kv_dim));  // (visible, d)
-  Eigen::Map<const Eigen::VectorXf> q_vec(q, d);
-  Eigen::Map<Eigen::VectorXf> s(scores, visible);
-  s.noalias() = k * q_vec;
-  s *= scale;
-  Softmax(scores, visible);
-  Eigen::Map<Eigen::VectorXf> o(out, d);
-  o.noalias() = v.transpose() * s;
+// One query row of every head against keys 0..visible-1 (decode). At a long context this reads
+// the whole cache once per layer, and that read is its cost, so the work is cut for reading: one
+// item per KV head, whose keys are read once for its n_rep query heads (n_rep dots per key row),
+// then its values once (n_rep weighted sums per value row). Each value is computed whole by one
+// item (the scores in Dot's order, the sums in key order), so the bits depend neither on the
+// thread count nor on the kernel path (the two products are dispatched: impl/kernel_table.h).
+// Against one head at a time through Eigen's products (the kernel before this one), with the
+// cache read from DRAM as in a decode step (kernels_bench BM_AttentionDecodeCold, 2 threads, 512
+// keys): 49.5-50.2 -> 40.9-41.6 us per layer; 2048 keys 219-223 -> 176-179 us.
+void AttendOneRow(ThreadPool& pool, const float* q, const float* keys, const float* values,
+                  int64_t visible, int64_t nh, int64_t nkv, int64_t d, float scale, float* scores,
+                  float* out) {
+  const KernelTable& kernels = Kernels();
+  const int64_t n_rep = nh / nkv;
+  const int64_t kv_dim = nkv * d;
+  pool.ParallelFor(nkv, 1, [&](int64_t begin, int64_t end, int) {
+    for (int64_t g = begin; g < end; ++g) {  // query heads g * n_rep .. g * n_rep + n_rep - 1
+      float* group_scores = scores + g * n_rep * visible;
+      kernels.attention_scores(q + g * n_rep * d, n_rep, keys + g * d, kv_dim, visible, d, scale,
+                               group_scores);
+      for (int64_t r = 0; r < n_rep; ++r) Softmax(group_scores + r * visible, visible);
+      kernels.weighted_sums(group_scores, n_rep, visible, values + g * d, kv_dim, d,
+                            out + g * n_rep * d, d);
+    }
+  });
 }
 
 // A block of query rows [i0, i0 + rows) of one head (prefill): scores by GEMM, masked softmax per
@@ -343,15 +356,8 @@ void Attention(ThreadPool& pool, const float* q, int64_t s, int64_t past, const 
   if (s == 1) {
     // A window starts the row's keys at `first` (0 without one).
     const int64_t first = window > 0 ? std::max<int64_t>(0, past + 1 - window) : 0;
-    const float* k0 = keys + first * kv_dim;
-    const float* v0 = values + first * kv_dim;
-    pool.ParallelFor(nh, 1, [&](int64_t begin, int64_t end, int thread) {
-      for (int64_t h = begin; h < end; ++h) {
-        const int64_t kv_head = h / n_rep;
-        AttendOneRow(q + h * d, k0 + kv_head * d, v0 + kv_head * d, past + 1 - first, kv_dim, d,
-                     scale, scratch.per_thread[thread].data(), out + h * d);
-      }
-    });
+    AttendOneRow(pool, q, keys + first * kv_dim, values + first * kv_dim, past + 1 - first, nh, nkv,
+                 d, scale, scratch.heads.data(), out);
     return;
   }
   // Work items: (head, block of query rows); each computed whole by one thread.

@@ -121,10 +121,12 @@ class ScratchBuffer {
   int64_t size_ = 0;
 };
 
-// Per-thread scratch for the attention scores; grown by Reserve only (never during a decode step).
+// Scratch for the attention scores; grown by Reserve only (never during a decode step).
 struct AttentionScratch {
-  std::vector<ScratchBuffer> per_thread;
-  void Reserve(int threads, int64_t floats);
+  std::vector<ScratchBuffer> per_thread;  // prefill: a block of query rows' scores per thread
+  ScratchBuffer heads;                    // decode: every head's scores, (nh, keys)
+  // Room for Attention of up to s query rows over up to `keys` keys with nh query heads.
+  void Reserve(int threads, int64_t s, int64_t keys, int64_t nh);
 };
 // Query rows handled per block in prefill attention: bounds the scores scratch to
 // kAttentionQueryTile × (keys) per thread.
@@ -138,7 +140,7 @@ constexpr int64_t kAttentionQueryTile = 128;
 // Query head h reads KV head h / (nh / nkv). Key j is visible to row i iff j <= past + i and,
 // with a sliding window W > 0, j > past + i - W (W keys, the row's own included; window 0: none).
 // A row's softmax runs over its visible keys only, in key order.
-// scratch must hold min(s, kAttentionQueryTile) * (past + s) floats per thread.
+// scratch must have been reserved for at least s rows, past + s keys and nh heads.
 void Attention(ThreadPool& pool, const float* q, int64_t s, int64_t past, const float* keys,
                const float* values, int64_t nh, int64_t nkv, int64_t d, float* out,
                AttentionScratch& scratch, int64_t window = 0);

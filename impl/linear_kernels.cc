@@ -72,6 +72,10 @@ void DotRows(const typename Load::T* __restrict w, const float* __restrict x, in
       }
     }
   }
+  if (i == cols) {  // no tail: the tree in registers (a short row's dot is mostly its tree)
+    for (int n = 0; n < N; ++n) out[n * out_stride] = VecFold32(acc[n]);
+    return;
+  }
   for (int n = 0; n < N; ++n) {
     float lanes[kLanes];
     for (int v = 0; v < kVecs; ++v) VecStore(lanes + v * kVecWidth, acc[n][v]);
@@ -269,10 +273,16 @@ void RowsOfOneKernel(const float* x, int64_t s, const WeightView& w, int64_t r, 
   }
 }
 
+void DotRowsKernel(const float* w, const float* x, int64_t s, int64_t cols, float* out,
+                   int64_t out_stride) {
+  RowsOfOne<LoadF32>(x, s, w, out_stride, cols, 0, out);
+}
+
 #define KVDIFF_NAME_OF(isa) #isa
 #define KVDIFF_NAME(isa) KVDIFF_NAME_OF(isa)
-extern const KernelTable kKernels = {KVDIFF_NAME(KVDIFF_ISA), GemmTileKernel, DecodeRowsKernel,
-                                     RowsOfOneKernel};
+extern const KernelTable kKernels = {KVDIFF_NAME(KVDIFF_ISA), GemmTileKernel,
+                                     DecodeRowsKernel,        RowsOfOneKernel,
+                                     AttentionScoresKernel,   WeightedSumsKernel};
 
 }  // namespace KVDIFF_ISA
 }  // namespace kvdiff::impl

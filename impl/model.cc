@@ -50,7 +50,7 @@ struct Workspace {
   std::vector<float> gate;  // (s, inter)
   std::vector<float> up;    // (s, inter)
   std::vector<float> act;   // (s, inter): silu(gate) * up
-  AttentionScratch scores;  // per thread: (min(s, query tile), keys)
+  AttentionScratch scores;
   std::vector<float> window_keys;    // (held + p.size, kv_dim): a ring part's keys, in position
   std::vector<float> window_values;  // order (AttendThroughRing); grown, never shrunk
   std::vector<PartRows> parts;       // the call's parts
@@ -70,7 +70,7 @@ struct Workspace {
     grow(gate, s * c.intermediate_size);
     grow(up, s * c.intermediate_size);
     grow(act, s * c.intermediate_size);
-    scores.Reserve(threads, std::min(s, kAttentionQueryTile) * max_keys);
+    scores.Reserve(threads, s, max_keys, c.num_attention_heads);
   }
 };
 

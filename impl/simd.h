@@ -20,6 +20,13 @@
 namespace kvdiff::impl {
 inline namespace KVDIFF_ISA {
 
+// FoldLanes<8> of 8 lanes: lane j += lane j + 4 (the two 128-bit halves), then + 2, then + 1.
+inline float Fold8(__m256 v) {
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
 // Vec is the compiler's own vector type, not a struct around it: GCC 12 kept an array of such
 // structs in memory, storing every accumulator to the stack on every step of the GEMM loop.
 #if defined(__AVX512F__)
@@ -40,6 +47,13 @@ inline void VecStoreFirst(float* p, Vec v, int64_t n) {
 }
 // a * b + c rounded once, lane by lane.
 inline Vec VecFma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+// FoldLanes<32> of the 32 lanes in acc[0], acc[1] (lanes 0..15, 16..31): the same tree, in
+// registers. Its first step (lane j += lane j + 16) is acc[0] + acc[1].
+inline float VecFold32(const Vec* acc) {
+  const __m512 s16 = _mm512_add_ps(acc[0], acc[1]);
+  const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s16), 1));
+  return Fold8(_mm256_add_ps(_mm512_castps512_ps256(s16), high));
+}
 #else
 using Vec = __m256;
 constexpr int kVecWidth = 8;
@@ -67,6 +81,11 @@ inline void VecStoreFirst(float* p, Vec v, int64_t n) {
   for (int64_t l = 0; l < n; ++l) p[l] = lanes[l];
 }
 inline Vec VecFma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+// FoldLanes<32> of the 32 lanes in acc[0..3] (lanes 0..7, ..., 24..31), in registers: lane
+// j += lane j + 16 is acc[0] + acc[2] and acc[1] + acc[3], then lane j += lane j + 8.
+inline float VecFold32(const Vec* acc) {
+  return Fold8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3])));
+}
 #endif
 
 }  // namespace KVDIFF_ISA

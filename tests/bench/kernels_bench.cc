@@ -164,7 +164,7 @@ void BM_AttentionDecode(benchmark::State& state) {
                            v = Values(keys * kv_dim, 7);
   std::vector<float> out(q_dim);
   AttentionScratch scratch;
-  scratch.Reserve(pool.Size(), keys);
+  scratch.Reserve(pool.Size(), 1, keys, kHeads);
   for (auto _ : state) {
     Attention(pool, q.data(), 1, keys - 1, k.data(), v.data(), kHeads, kKvHeads, kHeadDim,
               out.data(), scratch);
@@ -178,6 +178,35 @@ BENCHMARK(BM_AttentionDecode)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
+// As AttentionDecode, but each call reads the next of enough caches to fill 128 MB, far beyond the
+// caches: the keys and values come from DRAM, as in a decode step (where a layer's cache is read
+// once per step, 30 layers and 269 MB of weights apart). Args {keys, threads}.
+void BM_AttentionDecodeCold(benchmark::State& state) {
+  const int64_t keys = state.range(0);
+  ThreadPool& pool = Pool(static_cast<int>(state.range(1)));
+  const int64_t kv_dim = kKvHeads * kHeadDim, q_dim = kHeads * kHeadDim;
+  const int64_t floats = keys * kv_dim;
+  const int64_t copies = std::max<int64_t>(1, (int64_t{128} << 20) / (2 * floats * 4));
+  const std::vector<float> q = Values(q_dim, 5), k = Values(copies * floats, 6),
+                           v = Values(copies * floats, 7);
+  std::vector<float> out(q_dim);
+  AttentionScratch scratch;
+  scratch.Reserve(pool.Size(), 1, keys, kHeads);
+  int64_t next = 0;
+  for (auto _ : state) {
+    Attention(pool, q.data(), 1, keys - 1, k.data() + next * floats, v.data() + next * floats,
+              kHeads, kKvHeads, kHeadDim, out.data(), scratch);
+    benchmark::DoNotOptimize(out.data());
+    next = (next + 1) % copies;
+  }
+  state.SetBytesProcessed(state.iterations() * 2 * floats * 4);
+}
+BENCHMARK(BM_AttentionDecodeCold)
+    ->ArgNames({"keys", "threads"})
+    ->ArgsProduct({{512, 2048}, {1, 2}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
 // 128 query rows attending causally over themselves (prefill attention); args {threads}.
 void BM_AttentionPrefill(benchmark::State& state) {
   const int64_t s = 128;
@@ -187,7 +216,7 @@ void BM_AttentionPrefill(benchmark::State& state) {
                            v = Values(s * kv_dim, 10);
   std::vector<float> out(s * q_dim);
   AttentionScratch scratch;
-  scratch.Reserve(pool.Size(), std::min(s, kAttentionQueryTile) * s);
+  scratch.Reserve(pool.Size(), s, s, kHeads);
   for (auto _ : state) {
     Attention(pool, q.data(), s, 0, k.data(), v.data(), kHeads, kKvHeads, kHeadDim, out.data(),
               scratch);

@@ -48,22 +48,34 @@ struct RestoreAuto {
 
 // Widths that are not multiples of the vector widths, so every kernel's tails run: hidden 80
 // (Dot's 32 lanes leave 16), intermediate 136 (the 16-column transpose leaves 8), vocab 300 (the
-// last 32-row GEMM panel holds 12), 5 query heads over 1 KV head of 16.
+// last 32-row GEMM panel holds 12), 5 query heads over 1 KV head of 20 (decode attention: a
+// vector of 16 or two of 8 and 4 columns left; Dot 20 lanes of 32).
 format::LlamaConfig OddConfig() {
   format::LlamaConfig c = format::PresetConfig("tiny");
   c.hidden_size = 80;
   c.intermediate_size = 136;
   c.num_attention_heads = 5;
   c.num_key_value_heads = 1;
-  c.head_dim = 16;
+  c.head_dim = 20;
   c.vocab_size = 300;
   c.tie_word_embeddings = false;
   return c;
 }
+// And widths that are: Dot's rows of 96 and the attention's heads of 32 end with no tail (their
+// tree then runs in registers).
+format::LlamaConfig WholeConfig() {
+  format::LlamaConfig c = OddConfig();
+  c.hidden_size = 96;
+  c.num_attention_heads = 6;
+  c.num_key_value_heads = 2;
+  c.head_dim = 32;
+  return c;
+}
 
 // A random model with every value rounded to dtype and marked as loaded from it (16-bit storage).
-std::shared_ptr<const format::ModelWeights> ModelIn(DType dtype) {
-  format::ModelWeights w = format::MakeRandomModel(OddConfig(), 11);
+std::shared_ptr<const format::ModelWeights> ModelIn(const format::LlamaConfig& config,
+                                                    DType dtype) {
+  format::ModelWeights w = format::MakeRandomModel(config, 11);
   if (dtype != DType::kF32) {
     for (auto& [name, t] : w.tensors) {
       for (float& v : t.data) v = format::RoundToDType(v, dtype);
@@ -119,24 +131,28 @@ TEST_P(KernelPathTest, LogitsAreTheScalarPathsBitForBit) {
                  << " kernel path (available: " << Join(AvailableKernelPaths()) << ")";
   }
   RestoreAuto restore;
-  const auto weights = ModelIn(c.dtype);
-  for (int threads : {1, 2, 3}) {
-    SCOPED_TRACE(::testing::Message() << "threads " << threads);
-    const Model model(weights, threads);
-    ASSERT_STREQ(model.StorageName(), c.storage);
-    UseKernelPath("scalar");
-    const Routes expected = AllRoutes(model);
-    UseKernelPath(c.path);
-    ASSERT_STREQ(KernelPath(), c.path.c_str());
-    const Routes got = AllRoutes(model);
-    ASSERT_EQ(got.logits.size(), expected.logits.size());
-    for (size_t i = 0; i < got.logits.size(); ++i) {
-      const RowMatrix& a = got.logits[i];
-      const RowMatrix& b = expected.logits[i];
-      ASSERT_EQ(a.size(), b.size()) << got.names[i];
-      EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * a.size()), 0)
-          << c.path << " against scalar, " << got.names[i] << ": max |diff| "
-          << testing::RowDiff(a, a.rows() - 1, b, b.rows() - 1) << " on the last row";
+  const std::pair<const char*, format::LlamaConfig> shapes[] = {{"odd widths", OddConfig()},
+                                                                {"whole widths", WholeConfig()}};
+  for (const auto& [shape, config] : shapes) {
+    const auto weights = ModelIn(config, c.dtype);
+    for (int threads : {1, 2, 3}) {
+      SCOPED_TRACE(::testing::Message() << shape << ", threads " << threads);
+      const Model model(weights, threads);
+      ASSERT_STREQ(model.StorageName(), c.storage);
+      UseKernelPath("scalar");
+      const Routes expected = AllRoutes(model);
+      UseKernelPath(c.path);
+      ASSERT_STREQ(KernelPath(), c.path.c_str());
+      const Routes got = AllRoutes(model);
+      ASSERT_EQ(got.logits.size(), expected.logits.size());
+      for (size_t i = 0; i < got.logits.size(); ++i) {
+        const RowMatrix& a = got.logits[i];
+        const RowMatrix& b = expected.logits[i];
+        ASSERT_EQ(a.size(), b.size()) << got.names[i];
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * a.size()), 0)
+            << c.path << " against scalar, " << got.names[i] << ": max |diff| "
+            << testing::RowDiff(a, a.rows() - 1, b, b.rows() - 1) << " on the last row";
+      }
     }
   }
 }

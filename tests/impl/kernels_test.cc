@@ -244,7 +244,7 @@ TEST(KernelsTest, AttentionMatchesDoubleLoopWithGqaAndPastKeys) {
       for (int threads : {1, 2}) {
         ThreadPool pool(threads);
         AttentionScratch scratch;
-        scratch.Reserve(threads, std::min<int64_t>(s, kAttentionQueryTile) * total);
+        scratch.Reserve(threads, s, total, nh);
         std::vector<float> out(s * nh * d);
         Attention(pool, q.data(), s, past, keys.data(), values.data(), nh, nkv, d, out.data(),
                   scratch);

@@ -1,0 +1,133 @@
+// The two products of a decode step's attention for one KV head (impl/kernels.cc's AttendOneRow):
+// the scores of its n_rep query heads over its keys, and their weighted sums of its values. At a
+// long context they read the whole KV cache once per layer, and that read is their cost. Compiled once per instruction set
+// (impl/isa.h, impl/CMakeLists.txt); every variant sums each score in Dot's order (DotRowsKernel)
+// and each output in key order with fused multiply-adds, so every variant gives the same bits.
+#include <algorithm>
+#include <cstdint>
+
+#include "impl/isa.h"
+#include "impl/kernel_table.h"
+#include "impl/simd.h"
+#include "impl/weight_load.h"
+
+namespace kvdiff::impl {
+inline namespace KVDIFF_ISA {
+namespace {
+
+// A KV head's rows are 64 floats of every kv_dim, and a decode step finds them in DRAM (a layer's
+// weights are read between two visits), where the hardware prefetcher alone kept too few lines
+// in flight: each row is asked for kRowsAhead rows before it is read. kernels_bench
+// BM_AttentionDecodeCold, 512 keys, 2 threads: 84-90 us per layer without the hint, 35-39 with
+// it (16 and 64 rows ahead did worse than 32). A hint only: it never faults, and its address is
+// computed as an integer, so no pointer past the cache is formed.
+constexpr int64_t kRowsAhead = 32;
+inline void PrefetchRowAhead(const float* row, int64_t stride, int64_t floats) {
+  const uintptr_t ahead = reinterpret_cast<uintptr_t>(row) +
+                          static_cast<uintptr_t>(kRowsAhead * stride) * sizeof(float);
+  for (uintptr_t b = 0; b < static_cast<uintptr_t>(floats) * sizeof(float); b += kCacheLine) {
+    __builtin_prefetch(reinterpret_cast<const void*>(ahead + b));
+  }
+}
+
+// WeightedSumsKernel for N heads: every value row is read once for all N; the N x kVecs running
+// sums are independent chains, bound by the loads rather than by the adder's latency.
+#if defined(KVDIFF_HAS_VEC)
+// Heads per pass: AVX-512 4 (4 x up to 4 sums of its 32 registers), AVX2 2 (2 x up to 4 of 16).
+constexpr int kSumHeads = kVecWidth == 16 ? 4 : 2;
+template <int N, int kVecs>
+void WeightedSumsPass(const float* p, int64_t visible, const float* v, int64_t v_stride,
+                      float* out, int64_t out_stride) {
+  Vec acc[N][kVecs];
+  for (int n = 0; n < N; ++n) {
+    for (int u = 0; u < kVecs; ++u) acc[n][u] = VecZero();
+  }
+  for (int64_t j = 0; j < visible; ++j) {
+    const float* row = v + j * v_stride;
+    PrefetchRowAhead(row, v_stride, kVecs * kVecWidth);
+    Vec values[kVecs];
+    for (int u = 0; u < kVecs; ++u) values[u] = VecLoad(row + u * kVecWidth);
+    for (int n = 0; n < N; ++n) {
+      const Vec weight = VecBroadcast(p[n * visible + j]);
+      for (int u = 0; u < kVecs; ++u) acc[n][u] = VecFma(weight, values[u], acc[n][u]);
+    }
+  }
+  for (int n = 0; n < N; ++n) {
+    for (int u = 0; u < kVecs; ++u) VecStore(out + n * out_stride + u * kVecWidth, acc[n][u]);
+  }
+}
+template <int N>
+void WeightedSums(const float* p, int64_t visible, const float* v, int64_t v_stride, int64_t cols,
+                  float* out, int64_t out_stride) {
+  int64_t c = 0;
+  for (; c + 4 * kVecWidth <= cols; c += 4 * kVecWidth) {
+    WeightedSumsPass<N, 4>(p, visible, v + c, v_stride, out + c, out_stride);
+  }
+  for (; c + 2 * kVecWidth <= cols; c += 2 * kVecWidth) {
+    WeightedSumsPass<N, 2>(p, visible, v + c, v_stride, out + c, out_stride);
+  }
+  for (; c + kVecWidth <= cols; c += kVecWidth) {
+    WeightedSumsPass<N, 1>(p, visible, v + c, v_stride, out + c, out_stride);
+  }
+  for (; c < cols; ++c) {  // the columns past the last whole vector, one chain each
+    for (int n = 0; n < N; ++n) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < visible; ++j) acc = Fma(p[n * visible + j], v[j * v_stride + c], acc);
+      out[n * out_stride + c] = acc;
+    }
+  }
+}
+#else
+constexpr int kSumHeads = 4;
+template <int N>
+void WeightedSums(const float* p, int64_t visible, const float* v, int64_t v_stride, int64_t cols,
+                  float* out, int64_t out_stride) {
+  for (int n = 0; n < N; ++n) std::fill(out + n * out_stride, out + n * out_stride + cols, 0.0f);
+  for (int64_t j = 0; j < visible; ++j) {
+    const float* row = v + j * v_stride;
+    for (int n = 0; n < N; ++n) {
+      const float weight = p[n * visible + j];
+      float* o = out + n * out_stride;
+      for (int64_t c = 0; c < cols; ++c) o[c] = Fma(weight, row[c], o[c]);
+    }
+  }
+}
+#endif
+
+// WeightedSums for the last `heads` < kSumHeads heads.
+template <int N = 1>
+void WeightedSumsTail(int heads, const float* p, int64_t visible, const float* v, int64_t v_stride,
+                      int64_t cols, float* out, int64_t out_stride) {
+  if constexpr (N < kSumHeads) {
+    if (heads == N) return WeightedSums<N>(p, visible, v, v_stride, cols, out, out_stride);
+    WeightedSumsTail<N + 1>(heads, p, visible, v, v_stride, cols, out, out_stride);
+  }
+}
+
+}  // namespace
+
+void AttentionScoresKernel(const float* q, int64_t n_rep, const float* keys, int64_t kv_dim,
+                           int64_t visible, int64_t d, float scale, float* scores) {
+  for (int64_t j = 0; j < visible; ++j) {  // each key row is read once, for the n_rep queries
+    const float* row = keys + j * kv_dim;
+    PrefetchRowAhead(row, kv_dim, d);
+    DotRowsKernel(row, q, n_rep, d, scores + j, visible);
+  }
+  for (int64_t i = 0; i < n_rep * visible; ++i) scores[i] *= scale;
+}
+
+void WeightedSumsKernel(const float* p, int64_t heads, int64_t visible, const float* v,
+                        int64_t v_stride, int64_t cols, float* out, int64_t out_stride) {
+  int64_t n = 0;
+  for (; n + kSumHeads <= heads; n += kSumHeads) {
+    WeightedSums<kSumHeads>(p + n * visible, visible, v, v_stride, cols, out + n * out_stride,
+                            out_stride);
+  }
+  if (n < heads) {
+    WeightedSumsTail(static_cast<int>(heads - n), p + n * visible, visible, v, v_stride, cols,
+                     out + n * out_stride, out_stride);
+  }
+}
+
+}  // namespace KVDIFF_ISA
+}  // namespace kvdiff::impl
