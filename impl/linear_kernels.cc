@@ -4,11 +4,6 @@
 // order (kernels.h), with explicit fused multiply-adds, so every variant gives the same bits.
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
-
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 #include "impl/isa.h"
 #include "impl/kernel_table.h"
@@ -115,58 +110,6 @@ void DotRows(const typename Load::T* __restrict w, const float* __restrict x, in
 constexpr int kRowsPerPass = 4;
 #endif
 
-#if defined(__AVX512F__)
-// DotWeightRows<R, LoadBF16> (which calls it), bit for bit, with the widening at one operation per
-// 16 weights.
-// A 64-byte load holds 32 bf16 weights: weight 2k in the low half of 32-bit lane k, weight 2k + 1
-// in its high half. Shifting every lane left by 16 gives weights 0, 2, ..., 30 as float32; masking
-// off the low halves gives weights 1, 3, ..., 31. The accumulators keep that split (Dot's even
-// lanes j in one register, its odd lanes in another), so each acc[j] receives the same fused
-// multiply-adds in the same order; x is split alike (two permutes per 32 inputs, shared by the R
-// rows), and the sums are interleaved back into Dot's lanes before its tail and its tree.
-template <int R>
-void DotWeightRowsBF16(const uint16_t* __restrict w, int64_t w_stride, const float* __restrict x,
-                       int64_t cols, float* out, int64_t out_stride) {
-  constexpr int kLanes = 32;
-  const __m512i even_lanes =
-      _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odd_lanes =
-      _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-  const __m512i high_halves = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  __m512 even[R], odd[R];
-  for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + kLanes <= cols; i += kLanes) {
-    const __m512 x_lo = _mm512_loadu_ps(x + i);
-    const __m512 x_hi = _mm512_loadu_ps(x + i + 16);
-    const __m512 x_even = _mm512_permutex2var_ps(x_lo, even_lanes, x_hi);
-    const __m512 x_odd = _mm512_permutex2var_ps(x_lo, odd_lanes, x_hi);
-    for (int r = 0; r < R; ++r) {
-      PrefetchAhead(w + r * w_stride + i);  // the 64 bytes of this row's next 32 weights
-      const __m512i v = _mm512_loadu_si512(w + r * w_stride + i);
-      const __m512 w_even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-      const __m512 w_odd = _mm512_castsi512_ps(_mm512_and_si512(v, high_halves));
-      even[r] = _mm512_fmadd_ps(w_even, x_even, even[r]);
-      odd[r] = _mm512_fmadd_ps(w_odd, x_odd, odd[r]);
-    }
-  }
-  // Dot's lanes 0..15 are even[0], odd[0], even[1], odd[1], ...; lanes 16..31 the rest.
-  const __m512i interleave_lo =
-      _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-  const __m512i interleave_hi =
-      _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-  for (int r = 0; r < R; ++r) {
-    float acc[kLanes];
-    _mm512_storeu_ps(acc, _mm512_permutex2var_ps(even[r], interleave_lo, odd[r]));
-    _mm512_storeu_ps(acc + 16, _mm512_permutex2var_ps(even[r], interleave_hi, odd[r]));
-    const uint16_t* wr = w + r * w_stride;
-    for (int64_t t = i, j = 0; t < cols; ++t, ++j)
-      acc[j] = Fma(LoadBF16::Get(wr + t), x[t], acc[j]);
-    out[r * out_stride] = FoldLanes<kLanes>(acc);
-  }
-}
-#endif
-
 // Dots of R weight rows w, w + w_stride, ... with one input row x: out[r * out_stride] =
 // Dot(w_r, x, cols), each summed in exactly Dot's order. The decode matrix-vector product: one
 // row alone is 2 vector chains of adds, bound by their latency; R rows at once are 2R independent
@@ -174,11 +117,6 @@ void DotWeightRowsBF16(const uint16_t* __restrict w, int64_t w_stride, const flo
 template <int R, class Load>
 void DotWeightRows(const typename Load::T* __restrict w, int64_t w_stride,
                    const float* __restrict x, int64_t cols, float* out, int64_t out_stride) {
-#if defined(__AVX512F__)
-  if constexpr (std::is_same_v<Load, LoadBF16>) {
-    return DotWeightRowsBF16<R>(w, w_stride, x, cols, out, out_stride);
-  }
-#endif
   constexpr int kLanes = 32;
   float acc[R][kLanes] = {};
   int64_t i = 0;
@@ -230,7 +168,13 @@ void RowsOfOne(const float* x, int64_t s, const typename Load::T* wr, int64_t ro
 // harness): bf16 16.3 -> 13.2 ms a step at context 64, 17.2 -> 14.6 at 512 for three streams
 // against four adjacent rows (two and four streams did about as well); float32 2-4% faster, within
 // the noise. f16 rows go one at a time, where more measured slower with the compiler's widening,
-// and so do bf16 rows on the paths without AVX-512 (no split-lane kernel).
+// and so do bf16 rows on the paths without AVX-512 (three streams there were no faster in three
+// alternations on an AMD EPYC). With AVX-512 the compiler widens the bf16 rows in 16-lane
+// registers; a hand-written split-lane kernel (one 64-byte load of 32 bf16 weights split into even
+// and odd lanes, git 02a6897) measured faster than the compiler's four adjacent rows on the first
+// machine, but on an AMD EPYC (Zen 5 class, 2 threads, bf16 smollm2-135m) the compiler's three
+// streams decoded 5% faster than it did in three streams, six alternations:
+// 160-162 against 151-154 tok/s at context 64, 140-144 against 132-138 at 512.
 constexpr int kDecodeStreams = 3;
 #if defined(__AVX512F__)
 constexpr int kBF16DecodeStreams = kDecodeStreams;
