@@ -1,8 +1,9 @@
 // The two products of a decode step's attention for one KV head (impl/kernels.cc's AttendOneRow):
 // the scores of its n_rep query heads over its keys, and their weighted sums of its values. At a
-// long context they read the whole KV cache once per layer, and that read is their cost. Compiled once per instruction set
-// (impl/isa.h, impl/CMakeLists.txt); every variant sums each score in Dot's order (DotRowsKernel)
-// and each output in key order with fused multiply-adds, so every variant gives the same bits.
+// long context they read the whole KV cache once per layer, and that read is their cost. Compiled
+// once per instruction set (impl/isa.h, impl/CMakeLists.txt); every variant sums each score in
+// Dot's order (DotRowsKernel) and each output in key order with fused multiply-adds, so every
+// variant gives the same bits.
 #include <algorithm>
 #include <cstdint>
 
@@ -36,8 +37,8 @@ inline void PrefetchRowAhead(const float* row, int64_t stride, int64_t floats) {
 // Heads per pass: AVX-512 4 (4 x up to 4 sums of its 32 registers), AVX2 2 (2 x up to 4 of 16).
 constexpr int kSumHeads = kVecWidth == 16 ? 4 : 2;
 template <int N, int kVecs>
-void WeightedSumsPass(const float* p, int64_t visible, const float* v, int64_t v_stride,
-                      float* out, int64_t out_stride) {
+void WeightedSumsPass(const float* p, int64_t visible, const float* v, int64_t v_stride, float* out,
+                      int64_t out_stride) {
   Vec acc[N][kVecs];
   for (int n = 0; n < N; ++n) {
     for (int u = 0; u < kVecs; ++u) acc[n][u] = VecZero();
