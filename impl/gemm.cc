@@ -154,11 +154,11 @@ constexpr int64_t kPrefetchEvery = 4;
 // (prefill) this is the schedule it always had, and it adds one register to the loop: an error
 // term spreading the lines evenly did as well at s=16 but took four.
 class PrefetchSchedule {
+  static int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
  public:
   PrefetchSchedule(const Prefetch& prefetch, int64_t k)
-      : prefetch_(prefetch),
-        burst_((prefetch.lines + (k + kPrefetchEvery - 1) / kPrefetchEvery - 1) /
-               ((k + kPrefetchEvery - 1) / kPrefetchEvery)) {}
+      : prefetch_(prefetch), burst_(CeilDiv(prefetch.lines, CeilDiv(k, kPrefetchEvery))) {}
   void Step(int64_t p) {
     if (p % kPrefetchEvery != 0) return;
     const int64_t end = Min(next_ + burst_, prefetch_.lines);
