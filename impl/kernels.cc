@@ -284,9 +284,10 @@ void ScratchBuffer::Grow(int64_t floats) {
 }
 
 void AttentionScratch::Reserve(int threads, int64_t s, int64_t keys, int64_t nh) {
+  heads.Grow(nh * keys);
+  if (s == 1) return;  // decode uses `heads` only
   if (static_cast<int>(per_thread.size()) < threads) per_thread.resize(threads);
   for (auto& buffer : per_thread) buffer.Grow(std::min(s, kAttentionQueryTile) * keys);
-  heads.Grow(nh * keys);
 }
 
 namespace {
