@@ -31,6 +31,52 @@ inline void PrefetchRowAhead(const float* row, int64_t stride, int64_t floats) {
   }
 }
 
+// The scores of N <= kScoreQueries queries against a block of kVecWidth keys (d a multiple of
+// 32): each key row is read once for the N queries, each dot summed in Dot's 32 lanes as
+// DotRowsKernel sums it, and the block's kVecWidth trees folded together (VecFoldEach, the same
+// pairs in the same order), which a row at a time took most of the scores' time: one fold is a
+// chain of dependent shuffles and adds per dot.
+#if defined(KVDIFF_HAS_VEC)
+constexpr int64_t kScoreQueries = 4;
+template <int N>
+void ScoreBlock(const float* q, const float* keys, int64_t kv_dim, int64_t d, float* scores,
+                int64_t scores_stride) {
+  constexpr int kVecs = 32 / kVecWidth;
+  Vec partials[N][kVecWidth];
+  for (int k = 0; k < kVecWidth; ++k) {
+    const float* row = keys + k * kv_dim;
+    PrefetchRowAhead(row, kv_dim, d);
+    Vec acc[N][kVecs];
+    for (int n = 0; n < N; ++n) {
+      for (int v = 0; v < kVecs; ++v) acc[n][v] = VecZero();
+    }
+    for (int64_t i = 0; i < d; i += 32) {
+      for (int v = 0; v < kVecs; ++v) {
+        const Vec key = VecLoad(row + i + v * kVecWidth);
+        for (int n = 0; n < N; ++n) {
+          acc[n][v] = VecFma(key, VecLoad(q + n * d + i + v * kVecWidth), acc[n][v]);
+        }
+      }
+    }
+    for (int n = 0; n < N; ++n) partials[n][k] = VecFoldToWidth(acc[n]);
+  }
+  for (int n = 0; n < N; ++n) VecStore(scores + n * scores_stride, VecFoldEach(partials[n]));
+}
+void ScoreBlockOf(int queries, const float* q, const float* keys, int64_t kv_dim, int64_t d,
+                  float* scores, int64_t scores_stride) {
+  switch (queries) {
+    case 1:
+      return ScoreBlock<1>(q, keys, kv_dim, d, scores, scores_stride);
+    case 2:
+      return ScoreBlock<2>(q, keys, kv_dim, d, scores, scores_stride);
+    case 3:
+      return ScoreBlock<3>(q, keys, kv_dim, d, scores, scores_stride);
+    default:
+      return ScoreBlock<4>(q, keys, kv_dim, d, scores, scores_stride);
+  }
+}
+#endif
+
 // WeightedSumsKernel for N heads: every value row is read once for all N; the N x kVecs running
 // sums are independent chains, bound by the loads rather than by the adder's latency.
 #if defined(KVDIFF_HAS_VEC)
@@ -108,13 +154,28 @@ void WeightedSumsTail(int heads, const float* p, int64_t visible, const float* v
 }  // namespace
 
 void AttentionScoresKernel(const float* q, int64_t n_rep, const float* keys, int64_t kv_dim,
-                           int64_t visible, int64_t d, float scale, float* scores) {
-  for (int64_t j = 0; j < visible; ++j) {  // each key row is read once, for the n_rep queries
+                           int64_t visible, int64_t d, float scale, float* scores,
+                           int64_t scores_stride) {
+  int64_t j = 0;
+#if defined(KVDIFF_HAS_VEC)
+  if (d % 32 == 0) {  // whole blocks of kVecWidth keys, their trees folded together
+    for (; j + kVecWidth <= visible; j += kVecWidth) {
+      for (int64_t r = 0; r < n_rep; r += kScoreQueries) {
+        ScoreBlockOf(static_cast<int>(std::min<int64_t>(kScoreQueries, n_rep - r)), q + r * d,
+                     keys + j * kv_dim, kv_dim, d, scores + r * scores_stride + j, scores_stride);
+      }
+    }
+  }
+#endif
+  for (; j < visible; ++j) {  // each key row is read once, for the n_rep queries
     const float* row = keys + j * kv_dim;
     PrefetchRowAhead(row, kv_dim, d);
-    DotRowsKernel(row, q, n_rep, d, scores + j, visible);
+    DotRowsKernel(row, q, n_rep, d, scores + j, scores_stride);
   }
-  for (int64_t i = 0; i < n_rep * visible; ++i) scores[i] *= scale;
+  for (int64_t r = 0; r < n_rep; ++r) {
+    float* row_scores = scores + r * scores_stride;
+    for (int64_t k = 0; k < visible; ++k) row_scores[k] *= scale;
+  }
 }
 
 void WeightedSumsKernel(const float* p, int64_t heads, int64_t visible, const float* v,

@@ -21,9 +21,10 @@ struct KernelTable {
   // Column r of y (s, w.rows) = x (s, w.cols) · wᵀ: the rows path (s <= kLinearRowsMax).
   void (*rows_of_one)(const float* x, int64_t s, const WeightView& w, int64_t r, float* y);
   // Decode attention's scores for one KV head (impl/kernels.cc's AttendOneRow): scores[r *
-  // visible + j] = Dot(q + r * d, keys + j * kv_dim, d) * scale for r < n_rep, j < visible.
+  // scores_stride + j] = Dot(q + r * d, keys + j * kv_dim, d) * scale for r < n_rep, j < visible.
   void (*attention_scores)(const float* q, int64_t n_rep, const float* keys, int64_t kv_dim,
-                           int64_t visible, int64_t d, float scale, float* scores);
+                           int64_t visible, int64_t d, float scale, float* scores,
+                           int64_t scores_stride);
   // out[n * out_stride + c] = the fused multiply-add chain of p[n * visible + j] * v[j * v_stride
   // + c] over j = 0 .. visible-1 in order, from 0, for n < heads and c < cols.
   void (*weighted_sums)(const float* p, int64_t heads, int64_t visible, const float* v,
@@ -49,7 +50,8 @@ void DotRowsKernel(const float* w, const float* x, int64_t s, int64_t cols, floa
                    int64_t out_stride);
 // attention_kernels.cc
 void AttentionScoresKernel(const float* q, int64_t n_rep, const float* keys, int64_t kv_dim,
-                           int64_t visible, int64_t d, float scale, float* scores);
+                           int64_t visible, int64_t d, float scale, float* scores,
+                           int64_t scores_stride);
 void WeightedSumsKernel(const float* p, int64_t heads, int64_t visible, const float* v,
                         int64_t v_stride, int64_t cols, float* out, int64_t out_stride);
 }  // namespace KVDIFF_ISA

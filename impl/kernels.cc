@@ -311,7 +311,7 @@ void AttendOneRow(ThreadPool& pool, const float* q, const float* keys, const flo
     for (int64_t g = begin; g < end; ++g) {  // query heads g * n_rep .. g * n_rep + n_rep - 1
       float* group_scores = scores + g * n_rep * visible;
       kernels.attention_scores(q + g * n_rep * d, n_rep, keys + g * d, kv_dim, visible, d, scale,
-                               group_scores);
+                               group_scores, visible);
       for (int64_t r = 0; r < n_rep; ++r) Softmax(group_scores + r * visible, visible);
       kernels.weighted_sums(group_scores, n_rep, visible, values + g * d, kv_dim, d,
                             out + g * n_rep * d, d);

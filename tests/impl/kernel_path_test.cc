@@ -18,6 +18,7 @@
 #include "format/error.h"
 #include "format/model_files.h"
 #include "format/safetensors.h"
+#include "impl/kernel_table.h"
 #include "impl/kernels.h"
 #include "impl/model.h"
 #include "impl/session.h"
@@ -176,6 +177,43 @@ INSTANTIATE_TEST_SUITE_P(Paths, KernelPathTest, ::testing::ValuesIn(Cases()),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return info.param.path + "_" + info.param.storage;
                          });
+
+// Decode attention's two kernels on their own, over the shapes a model's few decode steps do not
+// reach: 1..9 query heads per KV head (past one block of kScoreQueries), head widths with and
+// without Dot's tail, and key counts on both sides of the vector width (blocks of keys folded
+// together, then single rows).
+TEST(KernelPath, DecodeAttentionKernelsAreTheScalarPathsBitForBit) {
+  RestoreAuto restore;
+  for (const std::string& path : AvailableKernelPaths()) {
+    if (path == "scalar") continue;
+    for (int64_t d : {20, 32, 64, 96}) {
+      for (int64_t n_rep : {1, 2, 3, 4, 5, 7, 9}) {
+        for (int64_t visible : {1, 7, 8, 9, 15, 16, 17, 33, 50}) {
+          SCOPED_TRACE(::testing::Message() << path << ": d " << d << ", " << n_rep << " queries, "
+                                            << visible << " keys");
+          const int64_t kv_dim = 3 * d, stride = visible + 5;  // a KV head of three; padded rows
+          const uint32_t seed = static_cast<uint32_t>(d * 1000 + n_rep * 100 + visible);
+          const std::vector<float> q = testing::RandomVector(n_rep * d, seed);
+          const std::vector<float> keys = testing::RandomVector(visible * kv_dim, seed + 1);
+          const std::vector<float> p = testing::RandomVector(n_rep * visible, seed + 2);
+          const auto run = [&](const std::string& name) {
+            UseKernelPath(name);
+            std::vector<float> scores(n_rep * stride, 0.0f), sums(n_rep * (d + 1), 0.0f);
+            Kernels().attention_scores(q.data(), n_rep, keys.data() + d, kv_dim, visible, d, 0.125f,
+                                       scores.data(), stride);
+            Kernels().weighted_sums(p.data(), n_rep, visible, keys.data() + 2 * d, kv_dim, d,
+                                    sums.data(), d + 1);
+            scores.insert(scores.end(), sums.begin(), sums.end());
+            return scores;
+          };
+          const std::vector<float> expected = run("scalar"), got = run(path);
+          ASSERT_EQ(got.size(), expected.size());
+          EXPECT_EQ(std::memcmp(got.data(), expected.data(), sizeof(float) * got.size()), 0);
+        }
+      }
+    }
+  }
+}
 
 TEST(KernelPath, ListsThePathsAndChoosesTheFirstAvailable) {
   RestoreAuto restore;
