@@ -23,20 +23,12 @@ namespace {
 // BM_MatVecCold, 1536 x 576): bf16 5.8 -> 10.2 GB/s, float32 7.8 -> 10.7 GB/s; distances from 4 to
 // 16 KiB do about as well, 32 KiB worse. With the decode rows taken from three streams (see
 // DecodeRows) 2 to 4 KiB ahead per stream did as well as 8 and better than 6 (bf16 at context 512:
-// 14.6-14.7 ms a step against 15.1), and 4 KiB is one page ahead. A hint only: it never faults,
-// and computing its address as an integer keeps pointer arithmetic inside the matrix.
+// 14.6-14.7 ms a step against 15.1), and 4 KiB is one page ahead.
 constexpr uintptr_t kPrefetchAhead = 4096;
-template <class T>
-inline void PrefetchAhead(const T* p) {
-  const uintptr_t ahead = reinterpret_cast<uintptr_t>(p) + kPrefetchAhead;
-  __builtin_prefetch(reinterpret_cast<const void*>(ahead));
-}
-// Every line of the kLanes values of T at p.
+// Every line of the kLanes values of T at p, kPrefetchAhead bytes ahead.
 template <class T, int kLanes>
 inline void PrefetchLanesAhead(const T* p) {
-  for (int b = 0; b < static_cast<int>(kLanes * sizeof(T)); b += kCacheLine) {
-    PrefetchAhead(reinterpret_cast<const char*>(p) + b);
-  }
+  PrefetchLinesAhead(p, kPrefetchAhead, kLanes * sizeof(T));
 }
 
 // Dots of one weight row w with N input rows x, x + x_stride, ...: out[n] = Dot(w, x_n, cols),

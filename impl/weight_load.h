@@ -63,5 +63,16 @@ struct LoadF16 {
 #endif
 };
 
+// Asks for every cache line of the `bytes` bytes that begin `ahead` bytes past p, for the kernels
+// that read from DRAM faster than the hardware prefetcher alone fetches (the decode products,
+// decode attention). A hint only: it never faults, and its address is computed as an integer, so
+// no pointer past the data is formed.
+inline void PrefetchLinesAhead(const void* p, uintptr_t ahead, uintptr_t bytes) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p) + ahead;
+  for (uintptr_t b = 0; b < bytes; b += kCacheLine) {
+    __builtin_prefetch(reinterpret_cast<const void*>(first + b));
+  }
+}
+
 }  // namespace KVDIFF_ISA
 }  // namespace kvdiff::impl
