@@ -33,7 +33,7 @@ at::Tensor ApplySlidingWindow(const at::Tensor& causal_mask, const at::Tensor& k
                               const at::Tensor& query_positions, int64_t window);
 
 // A forward of one conversation whose mask would have more entries than this (s queries x
-// P + s + 1 columns) attends its queries a block at a time (reference_model.cc, EagerAttention),
+// P + s + 1 columns) attends its queries a block at a time (llama_layers.cc, EagerAttention),
 // each block of at most this many entries. Up to it (every forward of up to 4096 positions, and
 // so every forward of the default campaigns; every padded batch) the whole 4-D mask is built once,
 // as LlamaModel does. Past it, the whole mask and scores would not fit in memory ([s, P+s+1] and

@@ -4,9 +4,12 @@
 // LlamaModel, LlamaForCausalLM) and cache_utils.py (DynamicCache), so a reader can check each
 // function against its Python twin. Only ATen ops are used, in the order and dtypes Python uses,
 // including the scalar-on-the-left operators (`1.0 / t` is `t.reciprocal() * 1.0` in PyTorch).
-// Beside it: dynamic_cache_impl.h (cache_utils.py), rope_utils.cc (modeling_rope_utils.py),
-// attention_mask.cc (the 4-D mask, position_ids from a 2-D mask) and padded_batch.cc (a batch of
-// conversations as a transformers user pads it).
+// This file is LlamaForCausalLM around LlamaModel: construction from the weights, the checks of
+// a call's input, lm_head, Forward, ForwardBatch, Shift. Beside it: llama_layers.cc (LlamaModel
+// and its blocks, LlamaRotaryEmbedding to LlamaDecoderLayer), reference_model_impl.h (the model's
+// weights and the methods those two files define), dynamic_cache_impl.h (cache_utils.py),
+// rope_utils.cc (modeling_rope_utils.py), attention_mask.cc (the 4-D mask, position_ids from a
+// 2-D mask) and padded_batch.cc (a batch of conversations as a transformers user pads it).
 //
 // Shapes (B = 1 for one conversation, the padded batch's rows for ForwardBatch): hidden
 // [B, s, hidden]; q [B, nh, s, d]; k, v [B, nkv, s, d]; cached K/V [B, nkv, P, d]; scores
@@ -19,9 +22,7 @@
 #include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <cmath>
-#include <stdexcept>
+#include <cstdint>
 #include <string>
 #include <thread>
 #include <utility>
@@ -31,6 +32,7 @@
 #include "reference/attention_mask.h"
 #include "reference/dynamic_cache_impl.h"
 #include "reference/padded_batch.h"
+#include "reference/reference_model_impl.h"
 #include "reference/rope_utils.h"
 #include "reference/shared_double_weights.h"
 #include "reference/torch_glue.h"
@@ -52,406 +54,189 @@ const char* PrecisionName(Precision precision) {
   return precision == Precision::kFloat64 ? "float64" : "float32";
 }
 
-struct LayerWeights {
-  Tensor input_layernorm;           // [hidden]
-  Tensor q_proj, k_proj, v_proj;    // [nh*d, hidden], [nkv*d, hidden], [nkv*d, hidden]
-  Tensor o_proj;                    // [hidden, nh*d]
-  Tensor post_attention_layernorm;  // [hidden]
-  Tensor gate_proj, up_proj;        // [intermediate, hidden]
-  Tensor down_proj;                 // [hidden, intermediate]
-};
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // The model.
 
-struct ReferenceModel::Impl {
-  std::shared_ptr<const format::ModelWeights> weights;  // owns the memory `ref` tensors alias
-  format::LlamaConfig config;
-  Precision precision;
-  at::ScalarType dtype;   // the model dtype: float32 (ref) or float64 (ref64)
-  at::ScalarType upcast;  // RMSNorm variance, RoPE tables, softmax
-  int threads;
+// ref wraps the float weights without copying; ref64 converts each once to double.
+Tensor ReferenceModel::Impl::Weight(const std::string& name) const {
+  const format::Tensor& t = weights->Get(name);
+  return WrapTensor(t, name);
+}
+Tensor ReferenceModel::Impl::WrapTensor(const format::Tensor& t, const std::string& name) const {
+  int64_t count = 1;
+  for (int64_t dim : t.shape) count *= dim;
+  KVDIFF_CHECK(count == static_cast<int64_t>(t.data.size()),
+               "reference: tensor {} has shape {} ({} values) but holds {} values", name,
+               ShapeString(t.shape), count, t.data.size());
+  Tensor view = at::from_blob(const_cast<float*>(t.data.data()), t.shape,
+                              at::TensorOptions().dtype(at::kFloat));
+  return dtype == at::kFloat ? view : SharedDoubleCopy(t);
+}
 
-  Tensor embed_tokens;  // [vocab, hidden]
-  std::vector<LayerWeights> layers;
-  Tensor norm;      // [hidden]
-  Tensor lm_head;   // [vocab, hidden]; the embedding matrix itself when tied
-  Tensor inv_freq;  // [d/2] in `upcast`
-
-  // ref wraps the float weights without copying; ref64 converts each once to double.
-  Tensor Weight(const std::string& name) const {
-    const format::Tensor& t = weights->Get(name);
-    return WrapTensor(t, name);
+void ReferenceModel::Impl::CheckShapes() const {
+  for (const format::TensorSpec& spec : format::ExpectedTensors(config)) {
+    const format::Tensor& t = weights->Get(spec.name);
+    KVDIFF_CHECK(t.shape == spec.shape, "reference: tensor {} has shape {}, expected {}", spec.name,
+                 ShapeString(t.shape), ShapeString(spec.shape));
   }
-  Tensor WrapTensor(const format::Tensor& t, const std::string& name) const {
-    int64_t count = 1;
-    for (int64_t dim : t.shape) count *= dim;
-    KVDIFF_CHECK(count == static_cast<int64_t>(t.data.size()),
-                 "reference: tensor {} has shape {} ({} values) but holds {} values", name,
-                 ShapeString(t.shape), count, t.data.size());
-    Tensor view = at::from_blob(const_cast<float*>(t.data.data()), t.shape,
-                                at::TensorOptions().dtype(at::kFloat));
-    return dtype == at::kFloat ? view : SharedDoubleCopy(t);
-  }
+}
 
-  void CheckShapes() const {
-    for (const format::TensorSpec& spec : format::ExpectedTensors(config)) {
-      const format::Tensor& t = weights->Get(spec.name);
-      KVDIFF_CHECK(t.shape == spec.shape, "reference: tensor {} has shape {}, expected {}",
-                   spec.name, ShapeString(t.shape), ShapeString(spec.shape));
+// lm_head's logits of [1, s, hidden] states as a float32 (s, vocab) matrix, written in place by
+// Linear's own products (at::linear is at::matmul with the weight transposed): a 1024-token
+// ForwardFull's logits are 200 MB on smollm2-135m, and a tensor beside its copy was twice that.
+// float64 logits are rounded into it as .to(kFloat) rounds them.
+Logits ReferenceModel::Impl::LogitsOf(const Tensor& hidden_states) const {
+  const int64_t vocab = lm_head.size(0);
+  const int64_t s = hidden_states.numel() / hidden_states.size(-1);
+  Logits out(s, vocab);
+  Tensor target = at::from_blob(out.data(), {s, vocab}, at::kFloat);
+  if (lm_head.scalar_type() != at::kFloat) {
+    target.copy_(Linear(hidden_states, lm_head).reshape({s, vocab}));
+  } else if (s == 1) {
+    Tensor row = target.view({vocab});
+    at::mv_out(row, lm_head, hidden_states.reshape({-1}));
+  } else {
+    at::matmul_out(target, hidden_states.reshape({s, -1}), lm_head.t());
+  }
+  return out;
+}
+
+void ReferenceModel::Impl::CheckTokens(const Tokens& tokens, int64_t past_seen_tokens) const {
+  // The same words as impl's checks, so a user sees one message whichever backend refused.
+  KVDIFF_CHECK(!tokens.empty(), "tokens is empty (expected at least one token)");
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    KVDIFF_CHECK(tokens[i] >= 0 && tokens[i] < config.vocab_size,
+                 "token id {} at index {} is out of range for vocab_size {}", tokens[i], i,
+                 config.vocab_size);
+  }
+  const int64_t total = past_seen_tokens + static_cast<int64_t>(tokens.size());
+  KVDIFF_CHECK(total <= config.max_position_embeddings,
+               "reference forward: sequence length {} ({} cached + {} new) exceeds "
+               "max_position_embeddings {}",
+               total, past_seen_tokens, tokens.size(), config.max_position_embeddings);
+}
+
+// A cache filled by another model (other shape or precision) would fail inside at::cat.
+void ReferenceModel::Impl::CheckCacheBelongs(const DynamicCache::Impl& cache) const {
+  if (cache.SeqLength() == 0) return;
+  const Tensor& k = cache.key_cache[0];
+  const bool fits = static_cast<int64_t>(cache.key_cache.size()) == config.num_hidden_layers &&
+                    k.dim() == 4 && k.size(1) == config.num_key_value_heads &&
+                    k.size(3) == config.head_dim && k.scalar_type() == dtype;
+  KVDIFF_CHECK(fits,
+               "reference forward: the DynamicCache holds {} layers of K {} ({}) but this model "
+               "expects {} layers of [1, {}, P, {}] ({}); a cache belongs to the model that "
+               "filled it",
+               cache.key_cache.size(), ShapeString(k.sizes()), c10::toString(k.scalar_type()),
+               config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
+               PrecisionName(precision));
+}
+
+// LibTorch's and OpenBLAS's thread counts are process-wide: each call sets its own.
+void ReferenceModel::Impl::UseThreads() const {
+  if (at::get_num_threads() != threads) at::set_num_threads(threads);
+  HoldBlasThreads(threads);
+}
+
+// LlamaForCausalLM.forward(input_ids, past_key_values=cache, use_cache=cache != nullptr).
+Logits ReferenceModel::Impl::Forward(const Tokens& tokens, DynamicCache::Impl* past_key_values,
+                                     ForwardTrace* trace) const {
+  const int64_t past_seen_tokens = past_key_values ? past_key_values->SeqLength() : 0;
+  if (past_key_values != nullptr) CheckCacheBelongs(*past_key_values);
+  CheckTokens(tokens, past_seen_tokens);
+  UseThreads();
+  if (trace != nullptr) trace->layers.assign(config.num_hidden_layers, LayerTrace{});
+
+  c10::InferenceMode guard;
+  try {
+    const int64_t s = static_cast<int64_t>(tokens.size());
+    std::vector<int64_t> ids(tokens.begin(), tokens.end());
+    Tensor input_ids = at::tensor(ids, at::kLong).reshape({1, s});
+    Tensor hidden_states =
+        LlamaModel(input_ids, Tensor(), Tensor(), Tensor(), past_key_values, trace);
+    // LlamaForCausalLM: logits for every position (logits_to_keep = 0).
+    return LogitsOf(hidden_states);  // (s, vocab)
+  } catch (const c10::Error& e) {
+    // Leave the cache as it was: a failed call must not half-append K/V to some layers.
+    if (past_key_values != nullptr) RollBack(*past_key_values, past_seen_tokens);
+    RethrowTorchError(e, "forward");
+  } catch (...) {
+    if (past_key_values != nullptr) RollBack(*past_key_values, past_seen_tokens);
+    throw;
+  }
+}
+
+void ReferenceModel::Impl::CheckBatch(const std::vector<BatchRow>& rows,
+                                      const std::vector<BatchPart>& parts) const {
+  KVDIFF_CHECK(!parts.empty(), "ForwardBatch: no parts (expected at least one)");
+  for (size_t i = 0; i < parts.size(); ++i) {
+    KVDIFF_CHECK(rows[i].cache != nullptr && rows[i].tokens != nullptr,
+                 "ForwardBatch: part {} has no cache or no tokens", i);
+    for (size_t j = 0; j < i; ++j) {
+      KVDIFF_CHECK(rows[j].cache != rows[i].cache, "ForwardBatch: parts {} and {} share a cache", j,
+                   i);
+    }
+    CheckCacheBelongs(*rows[i].cache);
+    CheckTokens(*rows[i].tokens, rows[i].cache->SeqLength());
+    KVDIFF_CHECK(parts[i].output.empty() || parts[i].output.size() == rows[i].tokens->size(),
+                 "ForwardBatch: part {} has {} output flags for {} tokens", i,
+                 parts[i].output.size(), rows[i].tokens->size());
+  }
+}
+
+// The padded batch (padded_batch.h) through LlamaModel; then lm_head on the rows asked for
+// only (logits_to_keep given as indices: a padded row's logits would be thrown away).
+std::vector<Logits> ReferenceModel::Impl::ForwardBatch(const std::vector<BatchRow>& rows,
+                                                       const std::vector<BatchPart>& parts,
+                                                       BatchPositions positions) const {
+  CheckBatch(rows, parts);
+  UseThreads();
+  std::vector<int64_t> lengths;  // each cache's, to roll back to on a failure
+  for (const BatchRow& row : rows) lengths.push_back(row.cache->SeqLength());
+
+  c10::InferenceMode guard;
+  try {
+    PaddedBatch batch = LeftPad(rows);
+    Tensor position_ids = positions == BatchPositions::kFromAttentionMask
+                              ? PositionIdsFromAttentionMask(batch.attention_mask, batch.new_length)
+                              : Tensor();  // None: LlamaModel falls back to cache_position
+    Tensor hidden_states = LlamaModel(batch.input_ids, position_ids, batch.attention_mask,
+                                      batch.padded_inputs, &batch.past, nullptr);  // [B, S, hidden]
+    const std::vector<int64_t> keep = OutputRows(batch, parts);
+    Logits kept(0, config.vocab_size);
+    if (!keep.empty()) {
+      Tensor rows_kept = hidden_states.reshape({-1, config.hidden_size})
+                             .index_select(0, at::tensor(keep, at::kLong))
+                             .unsqueeze(0);  // [1, kept, hidden]
+      kept = LogitsOf(rows_kept);            // (kept, vocab)
+    }
+    AppendNewKeyValues(batch.past, batch, rows);
+
+    return SplitByPart(kept, parts);
+  } catch (const c10::Error& e) {
+    for (size_t b = 0; b < rows.size(); ++b) RollBack(*rows[b].cache, lengths[b]);
+    RethrowTorchError(e, "batched forward");
+  } catch (...) {
+    for (size_t b = 0; b < rows.size(); ++b) RollBack(*rows[b].cache, lengths[b]);
+    throw;
+  }
+}
+
+void ReferenceModel::Impl::RollBack(DynamicCache::Impl& cache, int64_t length) {
+  if (length == 0) {
+    cache.key_cache.clear();
+    cache.value_cache.clear();
+    return;
+  }
+  for (size_t l = 0; l < cache.key_cache.size(); ++l) {
+    if (cache.key_cache[l].size(-2) > length) {
+      cache.key_cache[l] = cache.key_cache[l].narrow(-2, 0, length);
+      cache.value_cache[l] = cache.value_cache[l].narrow(-2, 0, length);
     }
   }
-
-  // LlamaRotaryEmbedding.forward(x, position_ids) -> cos, sin [B, s, d] in the model dtype.
-  std::pair<Tensor, Tensor> RotaryEmbedding(const Tensor& position_ids /*[B, s] long*/) const {
-    Tensor inv_freq_expanded =
-        inv_freq.index({at::indexing::None, at::indexing::Slice(), at::indexing::None})
-            .to(upcast)
-            .expand({position_ids.size(0), -1, 1});  // [B, d/2, 1]
-    Tensor position_ids_expanded =
-        position_ids.index({at::indexing::Slice(), at::indexing::None, at::indexing::Slice()})
-            .to(upcast);  // [B, 1, s]
-    Tensor freqs =
-        at::matmul(inv_freq_expanded, position_ids_expanded).transpose(1, 2);  // [B,s,d/2]
-    Tensor emb = at::cat({freqs, freqs}, -1);                                  // [B, s, d]
-    // attention_scaling is 1.0 for the default and llama3 rope types: no multiply needed.
-    return {emb.cos().to(dtype), emb.sin().to(dtype)};
-  }
-
-  // LlamaRMSNorm: variance in float32 (eps inside the root), cast back, weight last.
-  Tensor RmsNorm(const Tensor& hidden_states, const Tensor& weight) const {
-    const at::ScalarType input_dtype = hidden_states.scalar_type();
-    Tensor h = hidden_states.to(upcast);
-    Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
-    h = h * at::rsqrt(variance + config.rms_norm_eps);
-    return weight * h.to(input_dtype);
-  }
-
-  static Tensor RotateHalf(const Tensor& x) {
-    const int64_t half = x.size(-1) / 2;
-    Tensor x1 = x.narrow(-1, 0, half);
-    Tensor x2 = x.narrow(-1, half, x.size(-1) - half);
-    return at::cat({-x2, x1}, -1);
-  }
-
-  // apply_rotary_pos_emb with unsqueeze_dim=1: cos/sin [B, s, d] -> [B, 1, s, d].
-  static std::pair<Tensor, Tensor> ApplyRotaryPosEmb(const Tensor& q, const Tensor& k, Tensor cos,
-                                                     Tensor sin) {
-    cos = cos.unsqueeze(1);
-    sin = sin.unsqueeze(1);
-    Tensor q_embed = (q * cos) + (RotateHalf(q) * sin);
-    Tensor k_embed = (k * cos) + (RotateHalf(k) * sin);
-    return {q_embed, k_embed};
-  }
-
-  // repeat_kv: [B, nkv, L, d] -> [B, nkv*n_rep, L, d]; query head h reads KV head h / n_rep.
-  static Tensor RepeatKv(const Tensor& hidden_states, int64_t n_rep) {
-    if (n_rep == 1) return hidden_states;
-    const int64_t batch = hidden_states.size(0), nkv = hidden_states.size(1),
-                  slen = hidden_states.size(2), head_dim = hidden_states.size(3);
-    return hidden_states.unsqueeze(2)
-        .expand({batch, nkv, n_rep, slen, head_dim})
-        .reshape({batch, nkv * n_rep, slen, head_dim});
-  }
-
-  // eager_attention_forward: scores in the model dtype, softmax in float32, cast back. A mask
-  // built per block (CausalMask) takes the queries a block of kWholeMaskEntries at a time.
-  Tensor EagerAttention(const Tensor& query, const Tensor& key, const Tensor& value,
-                        const CausalMask& mask) const {
-    const int64_t n_rep = config.NumRep();
-    Tensor key_states = RepeatKv(key, n_rep);
-    Tensor value_states = RepeatKv(value, n_rep);
-    Tensor attn_output;  // [B, nh, s, d]
-    if (mask.whole.defined()) {
-      attn_output = AttendRows(query, key_states, value_states, mask.whole);
-    } else {
-      const int64_t s = query.size(2);
-      const int64_t block = std::max<int64_t>(1, kWholeMaskEntries / mask.target_length);
-      std::vector<Tensor> blocks;
-      for (int64_t start = 0; start < s; start += block) {
-        const int64_t n = std::min(block, s - start);
-        blocks.push_back(AttendRows(query.narrow(2, start, n), key_states, value_states,
-                                    mask.Rows(start, n, query.size(0))));
-      }
-      attn_output = at::cat(blocks, 2);
-    }
-    return attn_output.transpose(1, 2).contiguous();  // [B, s, nh, d]
-  }
-
-  // Softmax(q k^T * scaling + mask) v for the queries of `query` ([B, nh, n, d]) and the rows of
-  // the mask that belong to them ([B, 1, n, >= keys]).
-  Tensor AttendRows(const Tensor& query, const Tensor& key_states, const Tensor& value_states,
-                    const Tensor& attention_mask) const {
-    const double scaling = std::pow(static_cast<double>(config.head_dim), -0.5);
-    Tensor attn_weights = at::matmul(query, key_states.transpose(2, 3)) * scaling;
-    Tensor causal_mask = attention_mask.narrow(-1, 0, key_states.size(-2));
-    attn_weights = attn_weights + causal_mask;
-    attn_weights = at::softmax(attn_weights, -1, upcast).to(query.scalar_type());
-    return at::matmul(attn_weights, value_states);  // [B, nh, n, d]
-  }
-
-  // at::linear, except that a single row goes through a matrix-vector product. For every call
-  // OpenBLAS's sgemm first packs the whole weight, which for one row (a decode step) costs more
-  // than the product: lm_head of the smollm2-135m shape takes 12.9 ms by at::linear and 3.7 ms
-  // by at::mv, one thread. The sums are the same; their rounding may differ in the last bit, as
-  // between any two BLAS kernels.
-  static Tensor Linear(const Tensor& x, const Tensor& weight) {
-    if (x.numel() != x.size(-1)) return at::linear(x, weight);
-    std::vector<int64_t> shape = x.sizes().vec();
-    shape.back() = weight.size(0);
-    return at::mv(weight, x.reshape({-1})).view(shape);
-  }
-
-  // lm_head's logits of [1, s, hidden] states as a float32 (s, vocab) matrix, written in place by
-  // Linear's own products (at::linear is at::matmul with the weight transposed): a 1024-token
-  // ForwardFull's logits are 200 MB on smollm2-135m, and a tensor beside its copy was twice that.
-  // float64 logits are rounded into it as .to(kFloat) rounds them.
-  Logits LogitsOf(const Tensor& hidden_states) const {
-    const int64_t vocab = lm_head.size(0);
-    const int64_t s = hidden_states.numel() / hidden_states.size(-1);
-    Logits out(s, vocab);
-    Tensor target = at::from_blob(out.data(), {s, vocab}, at::kFloat);
-    if (lm_head.scalar_type() != at::kFloat) {
-      target.copy_(Linear(hidden_states, lm_head).reshape({s, vocab}));
-    } else if (s == 1) {
-      Tensor row = target.view({vocab});
-      at::mv_out(row, lm_head, hidden_states.reshape({-1}));
-    } else {
-      at::matmul_out(target, hidden_states.reshape({s, -1}), lm_head.t());
-    }
-    return out;
-  }
-
-  // LlamaAttention.forward
-  Tensor Attention(const Tensor& hidden_states, const LayerWeights& w,
-                   const std::pair<Tensor, Tensor>& position_embeddings,
-                   const CausalMask& attention_mask, DynamicCache::Impl* past_key_value,
-                   size_t layer_idx) const {
-    const int64_t b = hidden_states.size(0), s = hidden_states.size(1);
-    const std::vector<int64_t> hidden_shape = {b, s, -1, config.head_dim};
-    Tensor query_states = Linear(hidden_states, w.q_proj).view(hidden_shape).transpose(1, 2);
-    Tensor key_states = Linear(hidden_states, w.k_proj).view(hidden_shape).transpose(1, 2);
-    Tensor value_states = Linear(hidden_states, w.v_proj).view(hidden_shape).transpose(1, 2);
-
-    auto [q, k] = ApplyRotaryPosEmb(query_states, key_states, position_embeddings.first,
-                                    position_embeddings.second);
-    Tensor v = value_states;
-    if (past_key_value != nullptr) std::tie(k, v) = past_key_value->Update(k, v, layer_idx);
-
-    Tensor attn_output = EagerAttention(q, k, v, attention_mask);
-    attn_output = attn_output.reshape({b, s, -1}).contiguous();
-    return Linear(attn_output, w.o_proj);
-  }
-
-  // LlamaMLP: down(silu(gate(x)) * up(x))
-  Tensor Mlp(const Tensor& x, const LayerWeights& w) const {
-    return Linear(at::silu(Linear(x, w.gate_proj)) * Linear(x, w.up_proj), w.down_proj);
-  }
-
-  // LlamaDecoderLayer.forward
-  Tensor DecoderLayer(const Tensor& hidden_states_in, size_t layer_idx,
-                      const std::pair<Tensor, Tensor>& position_embeddings,
-                      const CausalMask& attention_mask, DynamicCache::Impl* past_key_value,
-                      ForwardTrace* trace) const {
-    const LayerWeights& w = layers[layer_idx];
-    Tensor residual = hidden_states_in;
-    Tensor hidden_states = RmsNorm(hidden_states_in, w.input_layernorm);
-    hidden_states =
-        Attention(hidden_states, w, position_embeddings, attention_mask, past_key_value, layer_idx);
-    hidden_states = residual + hidden_states;
-    if (trace != nullptr) trace->layers[layer_idx].after_attention = ToRowMatrix(hidden_states);
-
-    residual = hidden_states;
-    hidden_states = RmsNorm(hidden_states, w.post_attention_layernorm);
-    hidden_states = Mlp(hidden_states, w);
-    hidden_states = residual + hidden_states;
-    if (trace != nullptr) trace->layers[layer_idx].after_mlp = ToRowMatrix(hidden_states);
-    return hidden_states;
-  }
-
-  void CheckTokens(const Tokens& tokens, int64_t past_seen_tokens) const {
-    // The same words as impl's checks, so a user sees one message whichever backend refused.
-    KVDIFF_CHECK(!tokens.empty(), "tokens is empty (expected at least one token)");
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      KVDIFF_CHECK(tokens[i] >= 0 && tokens[i] < config.vocab_size,
-                   "token id {} at index {} is out of range for vocab_size {}", tokens[i], i,
-                   config.vocab_size);
-    }
-    const int64_t total = past_seen_tokens + static_cast<int64_t>(tokens.size());
-    KVDIFF_CHECK(total <= config.max_position_embeddings,
-                 "reference forward: sequence length {} ({} cached + {} new) exceeds "
-                 "max_position_embeddings {}",
-                 total, past_seen_tokens, tokens.size(), config.max_position_embeddings);
-  }
-
-  // A cache filled by another model (other shape or precision) would fail inside at::cat.
-  void CheckCacheBelongs(const DynamicCache::Impl& cache) const {
-    if (cache.SeqLength() == 0) return;
-    const Tensor& k = cache.key_cache[0];
-    const bool fits = static_cast<int64_t>(cache.key_cache.size()) == config.num_hidden_layers &&
-                      k.dim() == 4 && k.size(1) == config.num_key_value_heads &&
-                      k.size(3) == config.head_dim && k.scalar_type() == dtype;
-    KVDIFF_CHECK(fits,
-                 "reference forward: the DynamicCache holds {} layers of K {} ({}) but this model "
-                 "expects {} layers of [1, {}, P, {}] ({}); a cache belongs to the model that "
-                 "filled it",
-                 cache.key_cache.size(), ShapeString(k.sizes()), c10::toString(k.scalar_type()),
-                 config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
-                 PrecisionName(precision));
-  }
-
-  // LibTorch's and OpenBLAS's thread counts are process-wide: each call sets its own.
-  void UseThreads() const {
-    if (at::get_num_threads() != threads) at::set_num_threads(threads);
-    HoldBlasThreads(threads);
-  }
-
-  // LlamaModel.forward, then LlamaForCausalLM's final norm: hidden states [B, s, hidden].
-  // position_ids undefined: LlamaModel's fallback, cache_position for every row. attention_mask
-  // (2-D, [B, P+s]) undefined: nothing is padded. padded_inputs [B, s, 1] (or undefined): the
-  // input columns that are padding.
-  Tensor LlamaModel(const Tensor& input_ids, Tensor position_ids, const Tensor& attention_mask,
-                    const Tensor& padded_inputs, DynamicCache::Impl* past_key_values,
-                    ForwardTrace* trace) const {
-    const int64_t batch_size = input_ids.size(0), s = input_ids.size(1);
-    const int64_t past_seen_tokens = past_key_values ? past_key_values->SeqLength() : 0;
-    Tensor inputs_embeds = at::embedding(embed_tokens, input_ids);  // [B, s, hidden]
-    Tensor cache_position = at::arange(past_seen_tokens, past_seen_tokens + s, at::kLong);
-    if (!position_ids.defined()) position_ids = cache_position.unsqueeze(0);
-    // Without a 2-D mask transformers sizes a DynamicCache's mask one past the keys; the
-    // attention narrows it to the keys.
-    const int64_t target_length =
-        attention_mask.defined() ? attention_mask.size(-1) : past_seen_tokens + s + 1;
-    CausalMask causal_mask{Tensor(), cache_position, target_length, dtype,
-                           config.Windowed() ? config.sliding_window : 0};
-    if (attention_mask.defined() || s * target_length <= kWholeMaskEntries) {
-      causal_mask.whole = Prepare4dCausalAttentionMask(attention_mask, s, target_length, dtype,
-                                                       cache_position, batch_size);
-      if (config.Windowed()) {
-        // Each key column's position: its count among the row's real columns (padding counts
-        // none), or its column when nothing is padded.
-        const Tensor key_positions = attention_mask.defined()
-                                         ? attention_mask.cumsum(-1) - 1
-                                         : at::arange(target_length, at::kLong).unsqueeze(0);
-        causal_mask.whole = ApplySlidingWindow(causal_mask.whole, key_positions, position_ids,
-                                               config.sliding_window);
-      }
-    }
-    Tensor hidden_states = inputs_embeds;
-    const std::pair<Tensor, Tensor> position_embeddings = RotaryEmbedding(position_ids);
-    for (size_t l = 0; l < layers.size(); ++l) {
-      // Padded inputs are held at zero, so their K/V are exactly 0 (RMSNorm and the projections
-      // map 0 to 0). transformers lets them compute freely, which gives a real row the same
-      // result as long as they stay finite; held at zero, a padded key can never bring an
-      // overflow into a real row (its score inf, or its weight 0 times an inf value: NaN).
-      if (padded_inputs.defined()) hidden_states = hidden_states.masked_fill(padded_inputs, 0);
-      hidden_states =
-          DecoderLayer(hidden_states, l, position_embeddings, causal_mask, past_key_values, trace);
-    }
-    return RmsNorm(hidden_states, norm);
-  }
-
-  // LlamaForCausalLM.forward(input_ids, past_key_values=cache, use_cache=cache != nullptr).
-  Logits Forward(const Tokens& tokens, DynamicCache::Impl* past_key_values,
-                 ForwardTrace* trace) const {
-    const int64_t past_seen_tokens = past_key_values ? past_key_values->SeqLength() : 0;
-    if (past_key_values != nullptr) CheckCacheBelongs(*past_key_values);
-    CheckTokens(tokens, past_seen_tokens);
-    UseThreads();
-    if (trace != nullptr) trace->layers.assign(config.num_hidden_layers, LayerTrace{});
-
-    c10::InferenceMode guard;
-    try {
-      const int64_t s = static_cast<int64_t>(tokens.size());
-      std::vector<int64_t> ids(tokens.begin(), tokens.end());
-      Tensor input_ids = at::tensor(ids, at::kLong).reshape({1, s});
-      Tensor hidden_states =
-          LlamaModel(input_ids, Tensor(), Tensor(), Tensor(), past_key_values, trace);
-      // LlamaForCausalLM: logits for every position (logits_to_keep = 0).
-      return LogitsOf(hidden_states);  // (s, vocab)
-    } catch (const c10::Error& e) {
-      // Leave the cache as it was: a failed call must not half-append K/V to some layers.
-      if (past_key_values != nullptr) RollBack(*past_key_values, past_seen_tokens);
-      RethrowTorchError(e, "forward");
-    } catch (...) {
-      if (past_key_values != nullptr) RollBack(*past_key_values, past_seen_tokens);
-      throw;
-    }
-  }
-
-  void CheckBatch(const std::vector<BatchRow>& rows, const std::vector<BatchPart>& parts) const {
-    KVDIFF_CHECK(!parts.empty(), "ForwardBatch: no parts (expected at least one)");
-    for (size_t i = 0; i < parts.size(); ++i) {
-      KVDIFF_CHECK(rows[i].cache != nullptr && rows[i].tokens != nullptr,
-                   "ForwardBatch: part {} has no cache or no tokens", i);
-      for (size_t j = 0; j < i; ++j) {
-        KVDIFF_CHECK(rows[j].cache != rows[i].cache, "ForwardBatch: parts {} and {} share a cache",
-                     j, i);
-      }
-      CheckCacheBelongs(*rows[i].cache);
-      CheckTokens(*rows[i].tokens, rows[i].cache->SeqLength());
-      KVDIFF_CHECK(parts[i].output.empty() || parts[i].output.size() == rows[i].tokens->size(),
-                   "ForwardBatch: part {} has {} output flags for {} tokens", i,
-                   parts[i].output.size(), rows[i].tokens->size());
-    }
-  }
-
-  // The padded batch (padded_batch.h) through LlamaModel; then lm_head on the rows asked for
-  // only (logits_to_keep given as indices: a padded row's logits would be thrown away).
-  std::vector<Logits> ForwardBatch(const std::vector<BatchRow>& rows,
-                                   const std::vector<BatchPart>& parts,
-                                   BatchPositions positions) const {
-    CheckBatch(rows, parts);
-    UseThreads();
-    std::vector<int64_t> lengths;  // each cache's, to roll back to on a failure
-    for (const BatchRow& row : rows) lengths.push_back(row.cache->SeqLength());
-
-    c10::InferenceMode guard;
-    try {
-      PaddedBatch batch = LeftPad(rows);
-      Tensor position_ids =
-          positions == BatchPositions::kFromAttentionMask
-              ? PositionIdsFromAttentionMask(batch.attention_mask, batch.new_length)
-              : Tensor();  // None: LlamaModel falls back to cache_position
-      Tensor hidden_states =
-          LlamaModel(batch.input_ids, position_ids, batch.attention_mask, batch.padded_inputs,
-                     &batch.past, nullptr);  // [B, S, hidden]
-      const std::vector<int64_t> keep = OutputRows(batch, parts);
-      Logits kept(0, config.vocab_size);
-      if (!keep.empty()) {
-        Tensor rows_kept = hidden_states.reshape({-1, config.hidden_size})
-                               .index_select(0, at::tensor(keep, at::kLong))
-                               .unsqueeze(0);  // [1, kept, hidden]
-        kept = LogitsOf(rows_kept);            // (kept, vocab)
-      }
-      AppendNewKeyValues(batch.past, batch, rows);
-
-      return SplitByPart(kept, parts);
-    } catch (const c10::Error& e) {
-      for (size_t b = 0; b < rows.size(); ++b) RollBack(*rows[b].cache, lengths[b]);
-      RethrowTorchError(e, "batched forward");
-    } catch (...) {
-      for (size_t b = 0; b < rows.size(); ++b) RollBack(*rows[b].cache, lengths[b]);
-      throw;
-    }
-  }
-
-  static void RollBack(DynamicCache::Impl& cache, int64_t length) {
-    if (length == 0) {
-      cache.key_cache.clear();
-      cache.value_cache.clear();
-      return;
-    }
-    for (size_t l = 0; l < cache.key_cache.size(); ++l) {
-      if (cache.key_cache[l].size(-2) > length) {
-        cache.key_cache[l] = cache.key_cache[l].narrow(-2, 0, length);
-        cache.value_cache[l] = cache.value_cache[l].narrow(-2, 0, length);
-      }
-    }
-  }
-};
+}
 
 ReferenceModel::ReferenceModel(std::shared_ptr<const format::ModelWeights> weights,
                                Precision precision, int threads)
