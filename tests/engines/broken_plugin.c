@@ -29,7 +29,7 @@
  * and, independently, lie=NAME: length() lies while the cache is right, as a plugin that counts
  * its positions wrong: lie=plus1 (length+1), lie=zero, lie=minus1 (-1), lie=max (INT64_MAX).
  *
- * `kvdiff conform` and `kvdiff check` must catch both bugs (tests/engines/conform_test.cc). */
+ * `kvdiff conform` and `kvdiff check` must catch both bugs (tests/engines/conform_cli_test.cc). */
 #include <dlfcn.h>
 #include <signal.h>
 #include <stdint.h>

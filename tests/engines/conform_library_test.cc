@@ -1,0 +1,272 @@
+// `RunConformance`, the library call behind `kvdiff conform`, on impl and on wrong in-process
+// backends: the suite needs nothing but the Backend interface. impl passes against itself; a
+// backend with no batched call passes the batch checks through Backend::AppendBatch's default;
+// rows mapped to the wrong items fail the batch checks only; a truncate or shift beyond the length
+// that is not refused (or whose refusal changes the session) fails its check; the shift check is
+// skipped (saying why) with nothing to arbitrate, and the capacity check above its fill limit.
+// `kvdiff conform` through the binary is in conform_cli_test.cc.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "format/error.h"
+#include "format/model_files.h"
+#include "harness/backend/registry.h"
+#include "harness/conform/conform.h"
+#include "harness/run/differential_run.h"
+#include "tests/engines/conform_table.h"
+#include "tests/harness/harness_test_util.h"
+#include "tests/test_support.h"
+
+namespace kvdiff::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// impl through the library call: the suite needs nothing but the Backend interface.
+TEST(Conform, ImplConformsAgainstItself) {
+  using namespace harness;
+  const ModelSpec model = testing::TinyModel();
+  auto weights = LoadModelFor(model);
+  auto impl = MakeBackend("impl", weights, 1);
+  ConformOptions options;
+  options.campaign_cases = 10;
+  const TempDir failures;  // lives until the run is over, then takes its files with it
+  options.out_dir = failures / "failures";
+  const ConformReport report = RunConformance(model, *impl, *impl, options);
+  EXPECT_TRUE(report.Passed()) << report.Table();
+  EXPECT_EQ(report.checks.size(), 17u);
+  // No arbiter given: impl, the oracle, shifts and arbitrates (its own shift, bit for bit).
+  EXPECT_THAT(RowOf("\n" + report.Table(), "shift"),
+              HasSubstr("13 rows after a shift against impl, max |a-b| 0.0e+00"));
+}
+
+// impl without its batched forward: Backend::AppendBatch's default runs the items one after
+// another, and refuses what a session would refuse halfway before the first item runs, so a
+// backend with no batched call of its own passes the batch checks, refusals included.
+class OneAfterAnother : public harness::Backend {
+ public:
+  OneAfterAnother(std::unique_ptr<harness::Backend> inner, harness::BackendInfo info)
+      : inner_(std::move(inner)), info_(std::move(info)) {}
+  const harness::BackendInfo& Info() const override { return info_; }
+  const format::LlamaConfig& config() const override { return inner_->config(); }
+  Logits ForwardFull(const Tokens& tokens, ForwardTrace* trace) const override {
+    return inner_->ForwardFull(tokens, trace);
+  }
+  std::unique_ptr<harness::BackendSession> NewSession() const override {
+    return inner_->NewSession();
+  }
+
+ protected:
+  std::unique_ptr<harness::Backend> inner_;
+  harness::BackendInfo info_;
+};
+
+// impl's batched forward with a serving engine's bug: the first rows of items 0 and 1 change
+// places (outputs mapped back to the wrong items).
+class RowsSwapped : public OneAfterAnother {
+ public:
+  using OneAfterAnother::OneAfterAnother;
+  std::vector<Logits> AppendBatch(const std::vector<harness::BatchItem>& items) const override {
+    std::vector<Logits> out = inner_->AppendBatch(items);
+    if (out.size() >= 2 && out[0].rows() > 0 && out[1].rows() > 0) {
+      const Eigen::RowVectorXf first = out[0].row(0);
+      out[0].row(0) = out[1].row(0);
+      out[1].row(0) = first;
+    }
+    return out;
+  }
+};
+
+TEST(Conform, ABackendWithoutABatchedCallConformsThroughTheDefault) {
+  using namespace harness;
+  const ModelSpec model = testing::TinyModel();
+  auto weights = LoadModelFor(model);
+  auto impl = MakeBackend("impl", weights, 1);
+  BackendInfo info;
+  info.name = "serial";
+  const OneAfterAnother serial(MakeBackend("impl", weights, 1), info);
+  ConformOptions options;
+  options.campaign_cases = 0;
+  const ConformReport report = RunConformance(model, serial, *impl, options);
+  EXPECT_TRUE(report.Passed()) << report.Table();
+  EXPECT_THAT(RowOf("\n" + report.Table(), "batch-refusals"),
+              HasSubstr("4 batches refused: backend serial: batch item 1: token id 256"));
+}
+
+TEST(Conform, RowsMappedToTheWrongItemsFailTheBatchChecksOnly) {
+  using namespace harness;
+  const ModelSpec model = testing::TinyModel();
+  auto weights = LoadModelFor(model);
+  auto impl = MakeBackend("impl", weights, 1);
+  BackendInfo info;
+  info.name = "swapped";
+  const RowsSwapped swapped(MakeBackend("impl", weights, 1), info);
+  ConformOptions options;
+  options.campaign_cases = 0;
+  const ConformReport report = RunConformance(model, swapped, *impl, options);
+  const std::string table = "\n" + report.Table();
+  EXPECT_THAT(RowOf(table, "batch"),
+              HasSubstr("FAIL   batch 1 (a:decode, b:7/last, c:3/none, twin:decode, e:4), item 0 "
+                        "of 5: position 10 differs from impl's uncached forward"));
+  EXPECT_THAT(RowOf(table, "batch-fork-truncate"), HasSubstr("FAIL"));
+  EXPECT_EQ(report.Failures(), 2) << report.Table();
+}
+
+// impl's sessions with a misuse of truncate beyond the length: clamped to the length (a silent
+// "fix", no refusal), or refused after forgetting a position (a refusal that changes the session).
+class BadTruncate : public OneAfterAnother {
+ public:
+  enum class How { kClamp, kRefuseAfterForgetting };
+  BadTruncate(std::unique_ptr<harness::Backend> inner, harness::BackendInfo info, How how)
+      : OneAfterAnother(std::move(inner), std::move(info)), how_(how) {}
+  std::unique_ptr<harness::BackendSession> NewSession() const override {
+    return std::make_unique<Session>(inner_->NewSession(), how_);
+  }
+
+ private:
+  class Session : public harness::BackendSession {
+   public:
+    Session(std::unique_ptr<harness::BackendSession> inner, How how)
+        : inner_(std::move(inner)), how_(how) {}
+    Logits Append(const Tokens& tokens, ForwardTrace* trace) override {
+      return inner_->Append(tokens, trace);
+    }
+    int64_t Length() const override { return inner_->Length(); }
+    void Truncate(int64_t length) override {
+      if (length <= inner_->Length()) return inner_->Truncate(length);
+      if (how_ == How::kClamp) return;
+      inner_->Truncate(inner_->Length() - 1);
+      throw kvdiff::InputError("truncate beyond the length");
+    }
+    std::unique_ptr<harness::BackendSession> Fork() const override {
+      return std::make_unique<Session>(inner_->Fork(), how_);
+    }
+    void Reset() override { inner_->Reset(); }
+
+   private:
+    std::unique_ptr<harness::BackendSession> inner_;
+    How how_;
+  };
+  How how_;
+};
+
+TEST(Conform, ABadCallThatIsNotRefusedOrChangesTheSessionFailsItsCheck) {
+  using namespace harness;
+  const ModelSpec model = testing::TinyModel();
+  auto weights = LoadModelFor(model);
+  auto impl = MakeBackend("impl", weights, 1);
+  ConformOptions options;
+  options.campaign_cases = 0;
+  BackendInfo info;
+  info.name = "clamp";
+  const BadTruncate clamp(MakeBackend("impl", weights, 1), info, BadTruncate::How::kClamp);
+  const ConformReport clamped = RunConformance(model, clamp, *impl, options);
+  EXPECT_EQ(clamped.Failures(), 1) << clamped.Table();
+  EXPECT_THAT(RowOf("\n" + clamped.Table(), "truncate-beyond"),
+              HasSubstr("FAIL   truncate to 6 of 5: expected a refusal as bad input, but the call "
+                        "succeeded"));
+  info.name = "forget";
+  const BadTruncate forget(MakeBackend("impl", weights, 1), info,
+                           BadTruncate::How::kRefuseAfterForgetting);
+  const ConformReport forgot = RunConformance(model, forget, *impl, options);
+  EXPECT_EQ(forgot.Failures(), 1) << forgot.Table();
+  EXPECT_THAT(RowOf("\n" + forgot.Table(), "truncate-beyond"),
+              HasSubstr("FAIL   truncate to 6 of 5: Length() is 4 after the refusal, expected 5"));
+}
+
+// impl's sessions with a shift that ignores bad arguments instead of refusing them (a silent
+// "fix"): the shift-beyond check fails naming the first such call, and nothing else.
+class LaxShift : public OneAfterAnother {
+ public:
+  using OneAfterAnother::OneAfterAnother;
+  std::unique_ptr<harness::BackendSession> NewSession() const override {
+    return std::make_unique<Session>(inner_->NewSession());
+  }
+
+ private:
+  class Session : public harness::BackendSession {
+   public:
+    explicit Session(std::unique_ptr<harness::BackendSession> inner) : inner_(std::move(inner)) {}
+    Logits Append(const Tokens& tokens, ForwardTrace* trace) override {
+      return inner_->Append(tokens, trace);
+    }
+    int64_t Length() const override { return inner_->Length(); }
+    void Truncate(int64_t length) override { inner_->Truncate(length); }
+    std::unique_ptr<harness::BackendSession> Fork() const override {
+      return std::make_unique<Session>(inner_->Fork());
+    }
+    void Reset() override { inner_->Reset(); }
+    void Shift(int64_t keep, int64_t discard) override {
+      if (keep < 0 || discard < 0 || keep > Length() || discard > Length() - keep) return;
+      inner_->Shift(keep, discard);
+    }
+
+   private:
+    std::unique_ptr<harness::BackendSession> inner_;
+  };
+};
+
+TEST(Conform, AShiftThatIgnoresBadArgumentsFailsTheShiftBeyondCheckOnly) {
+  using namespace harness;
+  const ModelSpec model = testing::TinyModel();
+  auto weights = LoadModelFor(model);
+  auto impl = MakeBackend("impl", weights, 1);
+  BackendInfo info;
+  info.name = "lax";
+  info.shifts = true;
+  const LaxShift lax(MakeBackend("impl", weights, 1), info);
+  ConformOptions options;
+  options.campaign_cases = 0;
+  const ConformReport report = RunConformance(model, lax, *impl, options);
+  EXPECT_EQ(report.Failures(), 1) << report.Table();
+  const std::string table = "\n" + report.Table();
+  EXPECT_THAT(RowOf(table, "shift-beyond"),
+              HasSubstr("FAIL   shift(keep=-1, discard=1) of 5: expected a refusal as bad input, "
+                        "but the call succeeded"));
+  EXPECT_THAT(RowOf(table, "shift"), HasSubstr("PASS   13 rows after a shift against impl"));
+}
+
+// An engine that shifts, held to an oracle that does not and given no arbiter: nothing can judge
+// its rows after a shift, so the shift check is skipped saying why; its refusals still run.
+TEST(Conform, TheShiftCheckIsSkippedWithNothingToArbitrate) {
+  using namespace harness;
+  const ModelSpec model = testing::TinyModel();
+  auto weights = LoadModelFor(model);
+  auto impl = MakeBackend("impl", weights, 1);
+  BackendInfo info;
+  info.name = "no-shift";
+  const OneAfterAnother oracle(MakeBackend("impl", weights, 1), info);
+  ConformOptions options;
+  options.campaign_cases = 0;
+  const ConformReport report = RunConformance(model, *impl, oracle, options);
+  EXPECT_TRUE(report.Passed()) << report.Table();
+  EXPECT_EQ(report.shift_arbiter, "");
+  EXPECT_THAT(RowOf("\n" + report.Table(), "shift"),
+              HasSubstr("skip   nothing to hold rows after a shift to: no arbiter (kvdiff "
+                        "conform makes ref64 when LibTorch is built) and the oracle does not "
+                        "shift"));
+  EXPECT_THAT(RowOf("\n" + report.Table(), "shift-beyond"), HasSubstr("PASS   refused: "));
+}
+
+TEST(Conform, TheCapacityCheckIsSkippedAboveItsFillLimitSayingWhy) {
+  using namespace harness;
+  const ModelSpec model = testing::TinyModel();
+  auto weights = LoadModelFor(model);
+  auto impl = MakeBackend("impl", weights, 1);
+  ConformOptions options;
+  options.campaign_cases = 0;
+  options.max_capacity_fill = 100;
+  const ConformReport report = RunConformance(model, *impl, *impl, options);
+  EXPECT_TRUE(report.Passed()) << report.Table();
+  EXPECT_EQ(report.checks.size(), 16u);
+  EXPECT_THAT(RowOf("\n" + report.Table(), "capacity"),
+              HasSubstr("skip   max_position_embeddings 512 is above the fill limit 100"));
+}
+
+}  // namespace
+}  // namespace kvdiff::testing
