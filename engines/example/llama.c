@@ -1,6 +1,7 @@
-/* The example kvdiff engine: a plain, slow, readable Llama in C11, one token at a time, in the
- * order of ../../../shared/spec/llama-forward.md (step numbers beside the code). Copy this folder
- * to start a plugin for your own engine: the ABI glue is at the bottom, the model above it.
+/* The example kvdiff engine: a plain, slow, readable Llama in C11 behind kvdiff's engine ABI.
+ * This file is the ABI glue (the engine, its sessions and KV cache, the context shift, the
+ * batched call, the one exported symbol); the model, one token at a time, is in forward.c. Copy
+ * this folder to start a plugin for your own engine: keep this file, replace forward.c.
  *
  * Options: max_length=N (positions a session may hold; default and upper bound:
  * max_position_embeddings); kv=f32|q8_0 (the cache's element type, default f32; q8_0 as
@@ -17,48 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "forward.h"
 #include "hf_model.h"
 #include "kvdiff/engine.h"
 #include "q8_0.h"
-
-/* Scratch buffers of one token's forward pass, shared by the engine's sessions (one thread). */
-typedef struct {
-  float* x;      /* (hidden): the residual stream */
-  float* xn;     /* (hidden): RMSNorm(x) */
-  float* q;      /* (heads * head_dim): queries, post-RoPE */
-  float* scores; /* (max_length): one head's attention weights */
-  float* attn;   /* (heads * head_dim): attention output, heads concatenated */
-  float* proj;   /* (hidden): o_proj or down_proj output, before the residual */
-  float* gate;   /* (inter) */
-  float* up;     /* (inter) */
-} RunState;
-
-/* Test-only bugs, chosen with fault=NAME. */
-typedef enum { FAULT_NONE, FAULT_SHIFT_NOT_REROTATED, FAULT_Q8_SCALE } Fault;
-
-/* The cache's element type, chosen with kv=. */
-typedef enum { KV_F32, KV_Q8_0 } KvType;
-
-struct kvdiff_engine {
-  Config config;
-  Weights weights;
-  int loaded;
-  int64_t max_length;
-  KvType kv;
-  Fault fault;
-  double* inv_freq; /* (head_dim / 2): 1 / rope_theta^(2i / head_dim) */
-  RunState run;
-  char error[1024];
-};
-
-struct kvdiff_session {
-  kvdiff_engine* engine;
-  int64_t length;   /* positions 0..length-1 are cached */
-  int64_t capacity; /* positions allocated in key/value */
-  float** key;      /* [layers] (capacity, kv_heads * head_dim), post-RoPE */
-  float** value;    /* [layers] (capacity, kv_heads * head_dim) */
-  char error[1024];
-};
 
 static kvdiff_status set_error(char* buf, kvdiff_status status, const char* fmt, ...) {
   va_list args;
@@ -66,125 +29,6 @@ static kvdiff_status set_error(char* buf, kvdiff_status status, const char* fmt,
   vsnprintf(buf, 1024, fmt, args);
   va_end(args);
   return status;
-}
-
-/* ---- the model: one function per block ---- */
-
-/* out (rows) = W (rows, cols) . x (cols) */
-static void matmul(float* out, const float* x, const float* w, int64_t rows, int64_t cols) {
-  for (int64_t r = 0; r < rows; r++) {
-    float sum = 0.0f;
-    for (int64_t c = 0; c < cols; c++) sum += w[r * cols + c] * x[c];
-    out[r] = sum;
-  }
-}
-
-/* 2. RMSNorm: x * rsqrt(mean(x^2) + eps), then times the weight. The squares are summed in double:
- * in float32 the sum overflows to inf (and the row normalizes to 0) once the row's RMS passes
- * ~1.8e19 / sqrt(n), while x itself is still far inside float32's range; kvdiff check's demanding
- * cases (make-model --scale demanding) build such hidden states. */
-static void rmsnorm(float* out, const float* x, const float* weight, int64_t n, float eps) {
-  double ss = 0.0;
-  for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
-  const float inv_rms = (float)(1.0 / sqrt(ss / (double)n + eps));
-  for (int64_t i = 0; i < n; i++) out[i] = (x[i] * inv_rms) * weight[i];
-}
-
-/* 3. RoPE, rotate-half layout: dimension i pairs with i + head_dim/2. Angles in double. */
-static void rope(float* v, int64_t heads, int64_t head_dim, int64_t pos, const double* inv_freq) {
-  const int64_t half = head_dim / 2;
-  for (int64_t i = 0; i < half; i++) {
-    const double angle = (double)pos * inv_freq[i];
-    const float cos_a = (float)cos(angle), sin_a = (float)sin(angle);
-    for (int64_t h = 0; h < heads; h++) {
-      float* x = v + h * head_dim;
-      const float x1 = x[i], x2 = x[i + half];
-      x[i] = x1 * cos_a - x2 * sin_a;
-      x[i + half] = x2 * cos_a + x1 * sin_a;
-    }
-  }
-}
-
-/* What the cache keeps of a freshly written (or re-rotated) row of kv_dim values. */
-static void store_row(const kvdiff_engine* e, float* row, int64_t kv_dim) {
-  if (e->kv == KV_Q8_0) q8_0_round_trip(row, kv_dim, e->fault == FAULT_Q8_SCALE);
-}
-
-/* 4. Attention of the token at `pos` in layer l: q, k, v, RoPE, append k and v to the cache at
- *    row pos, softmax(q.K^T / sqrt(d)) over keys 0..pos, times V, then o_proj into run.proj. */
-static void attention(kvdiff_engine* e, kvdiff_session* s, int64_t l, int64_t pos) {
-  const Config* c = &e->config;
-  const LayerWeights* w = &e->weights.layer[l];
-  RunState* r = &e->run;
-  const int64_t d = c->head_dim, kv_dim = c->kv_heads * d, n_rep = c->heads / c->kv_heads;
-  float* k = s->key[l] + pos * kv_dim;   /* (kv_dim): this position's cache row */
-  float* v = s->value[l] + pos * kv_dim; /* (kv_dim) */
-  matmul(r->q, r->xn, w->wq, c->heads * d, c->hidden);
-  matmul(k, r->xn, w->wk, kv_dim, c->hidden);
-  matmul(v, r->xn, w->wv, kv_dim, c->hidden);
-  rope(r->q, c->heads, d, pos, e->inv_freq);
-  rope(k, c->kv_heads, d, pos, e->inv_freq);
-  store_row(e, k, kv_dim); /* the cache holds what its element type keeps */
-  store_row(e, v, kv_dim);
-  const float scale = 1.0f / sqrtf((float)d);
-  for (int64_t h = 0; h < c->heads; h++) {
-    const float* q = r->q + h * d;
-    const int64_t kvh = h / n_rep; /* query head h reads KV head h / n_rep */
-    float max = -INFINITY, sum = 0.0f;
-    for (int64_t t = 0; t <= pos; t++) { /* causal: keys 0..pos */
-      const float* kt = s->key[l] + t * kv_dim + kvh * d;
-      float dot = 0.0f;
-      for (int64_t i = 0; i < d; i++) dot += q[i] * kt[i];
-      r->scores[t] = dot * scale;
-      if (r->scores[t] > max) max = r->scores[t];
-    }
-    for (int64_t t = 0; t <= pos; t++) sum += (r->scores[t] = expf(r->scores[t] - max));
-    float* out = r->attn + h * d;
-    memset(out, 0, (size_t)d * sizeof(float));
-    for (int64_t t = 0; t <= pos; t++) {
-      const float* vt = s->value[l] + t * kv_dim + kvh * d;
-      const float p = r->scores[t] / sum;
-      for (int64_t i = 0; i < d; i++) out[i] += p * vt[i];
-    }
-  }
-  matmul(r->proj, r->attn, w->wo, c->hidden, c->heads * d);
-}
-
-/* 5. SwiGLU MLP: down(silu(gate(x)) * up(x)) into run.proj. */
-static void mlp(kvdiff_engine* e, int64_t l) {
-  const Config* c = &e->config;
-  const LayerWeights* w = &e->weights.layer[l];
-  RunState* r = &e->run;
-  matmul(r->gate, r->xn, w->gate, c->inter, c->hidden);
-  matmul(r->up, r->xn, w->up, c->inter, c->hidden);
-  for (int64_t i = 0; i < c->inter; i++) {
-    const float g = r->gate[i];
-    r->gate[i] = g / (1.0f + expf(-g)) * r->up[i]; /* silu(g) * up */
-  }
-  matmul(r->proj, r->gate, w->down, c->hidden, c->inter);
-}
-
-/* The whole model for one token at position pos: caches its keys and values, and writes its
- * logits (vocab) unless `logits` is NULL (a row nobody asked for skips the head). */
-static void forward(kvdiff_engine* e, kvdiff_session* s, int32_t token, int64_t pos,
-                    float* logits) {
-  const Config* c = &e->config;
-  RunState* r = &e->run;
-  const float eps = (float)c->rms_eps;
-  memcpy(r->x, e->weights.embed + (int64_t)token * c->hidden,
-         (size_t)c->hidden * sizeof(float)); /* 1. */
-  for (int64_t l = 0; l < c->layers; l++) {
-    /* 6. h = x + Attn(RMSNorm(x)); out = h + MLP(RMSNorm(h)). */
-    rmsnorm(r->xn, r->x, e->weights.layer[l].input_norm, c->hidden, eps);
-    attention(e, s, l, pos);
-    for (int64_t i = 0; i < c->hidden; i++) r->x[i] += r->proj[i];
-    rmsnorm(r->xn, r->x, e->weights.layer[l].post_norm, c->hidden, eps);
-    mlp(e, l);
-    for (int64_t i = 0; i < c->hidden; i++) r->x[i] += r->proj[i];
-  }
-  if (!logits) return;
-  rmsnorm(r->xn, r->x, e->weights.final_norm, c->hidden, eps); /* 7. final norm, then the head */
-  matmul(logits, r->xn, e->weights.lm_head, c->vocab, c->hidden);
 }
 
 /* ---- the engine ---- */
