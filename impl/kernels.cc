@@ -300,7 +300,10 @@ namespace {
 // thread count nor on the kernel path (the two products are dispatched: impl/kernel_table.h).
 // Against one head at a time through Eigen's products (the kernel before this one), with the
 // cache read from DRAM as in a decode step (kernels_bench BM_AttentionDecodeCold, 2 threads, 512
-// keys): 49.5-50.2 -> 40.9-41.6 us per layer; 2048 keys 219-223 -> 176-179 us.
+// keys): 49.5-50.2 -> 40.9-41.6 us per layer; 2048 keys 219-223 -> 176-179 us; with the scores'
+// trees folded 16 keys at a time (attention_kernels.cc), 28.6-28.8 and 119-123 us.
+// 3 KV heads over 2 threads leave one a third idle; splitting the keys between threads (two
+// parallel regions, or three) lost more in the pool's hand-offs than the balance gained.
 void AttendOneRow(ThreadPool& pool, const float* q, const float* keys, const float* values,
                   int64_t visible, int64_t nh, int64_t nkv, int64_t d, float scale, float* scores,
                   float* out) {
