@@ -80,11 +80,13 @@ void ScoreBlockOf(int queries, const float* q, const float* keys, int64_t kv_dim
 // Heads per pass: AVX-512 4 (4 x up to 4 sums of its 32 registers), AVX2 2 (2 x up to 4 of 16).
 constexpr int kSumHeads = kVecWidth == 16 ? 4 : 2;
 template <int N, int kVecs>
-void WeightedSumsPass(const float* p, int64_t visible, const float* v, int64_t v_stride, float* out,
-                      int64_t out_stride) {
+void WeightedSumsPass(const float* p, int64_t p_stride, int64_t visible, const float* v,
+                      int64_t v_stride, float* out, int64_t out_stride, bool accumulate) {
   Vec acc[N][kVecs];
   for (int n = 0; n < N; ++n) {
-    for (int u = 0; u < kVecs; ++u) acc[n][u] = VecZero();
+    for (int u = 0; u < kVecs; ++u) {
+      acc[n][u] = accumulate ? VecLoad(out + n * out_stride + u * kVecWidth) : VecZero();
+    }
   }
   for (int64_t j = 0; j < visible; ++j) {
     const float* row = v + j * v_stride;
@@ -92,7 +94,7 @@ void WeightedSumsPass(const float* p, int64_t visible, const float* v, int64_t v
     Vec values[kVecs];
     for (int u = 0; u < kVecs; ++u) values[u] = VecLoad(row + u * kVecWidth);
     for (int n = 0; n < N; ++n) {
-      const Vec weight = VecBroadcast(p[n * visible + j]);
+      const Vec weight = VecBroadcast(p[n * p_stride + j]);
       for (int u = 0; u < kVecs; ++u) acc[n][u] = VecFma(weight, values[u], acc[n][u]);
     }
   }
@@ -101,22 +103,23 @@ void WeightedSumsPass(const float* p, int64_t visible, const float* v, int64_t v
   }
 }
 template <int N>
-void WeightedSums(const float* p, int64_t visible, const float* v, int64_t v_stride, int64_t cols,
-                  float* out, int64_t out_stride) {
+void WeightedSums(const float* p, int64_t p_stride, int64_t visible, const float* v,
+                  int64_t v_stride, int64_t cols, float* out, int64_t out_stride, bool accumulate) {
   int64_t c = 0;
   for (; c + 4 * kVecWidth <= cols; c += 4 * kVecWidth) {
-    WeightedSumsPass<N, 4>(p, visible, v + c, v_stride, out + c, out_stride);
+    WeightedSumsPass<N, 4>(p, p_stride, visible, v + c, v_stride, out + c, out_stride, accumulate);
   }
   for (; c + 2 * kVecWidth <= cols; c += 2 * kVecWidth) {
-    WeightedSumsPass<N, 2>(p, visible, v + c, v_stride, out + c, out_stride);
+    WeightedSumsPass<N, 2>(p, p_stride, visible, v + c, v_stride, out + c, out_stride, accumulate);
   }
   for (; c + kVecWidth <= cols; c += kVecWidth) {
-    WeightedSumsPass<N, 1>(p, visible, v + c, v_stride, out + c, out_stride);
+    WeightedSumsPass<N, 1>(p, p_stride, visible, v + c, v_stride, out + c, out_stride, accumulate);
   }
   for (; c < cols; ++c) {  // the columns past the last whole vector, one chain each
     for (int n = 0; n < N; ++n) {
-      float acc = 0.0f;
-      for (int64_t j = 0; j < visible; ++j) acc = Fma(p[n * visible + j], v[j * v_stride + c], acc);
+      float acc = accumulate ? out[n * out_stride + c] : 0.0f;
+      for (int64_t j = 0; j < visible; ++j)
+        acc = Fma(p[n * p_stride + j], v[j * v_stride + c], acc);
       out[n * out_stride + c] = acc;
     }
   }
@@ -124,13 +127,15 @@ void WeightedSums(const float* p, int64_t visible, const float* v, int64_t v_str
 #else
 constexpr int kSumHeads = 4;
 template <int N>
-void WeightedSums(const float* p, int64_t visible, const float* v, int64_t v_stride, int64_t cols,
-                  float* out, int64_t out_stride) {
-  for (int n = 0; n < N; ++n) std::fill(out + n * out_stride, out + n * out_stride + cols, 0.0f);
+void WeightedSums(const float* p, int64_t p_stride, int64_t visible, const float* v,
+                  int64_t v_stride, int64_t cols, float* out, int64_t out_stride, bool accumulate) {
+  if (!accumulate) {
+    for (int n = 0; n < N; ++n) std::fill(out + n * out_stride, out + n * out_stride + cols, 0.0f);
+  }
   for (int64_t j = 0; j < visible; ++j) {
     const float* row = v + j * v_stride;
     for (int n = 0; n < N; ++n) {
-      const float weight = p[n * visible + j];
+      const float weight = p[n * p_stride + j];
       float* o = out + n * out_stride;
       for (int64_t c = 0; c < cols; ++c) o[c] = Fma(weight, row[c], o[c]);
     }
@@ -140,11 +145,15 @@ void WeightedSums(const float* p, int64_t visible, const float* v, int64_t v_str
 
 // WeightedSums for the last `heads` < kSumHeads heads.
 template <int N = 1>
-void WeightedSumsTail(int heads, const float* p, int64_t visible, const float* v, int64_t v_stride,
-                      int64_t cols, float* out, int64_t out_stride) {
+void WeightedSumsTail(int heads, const float* p, int64_t p_stride, int64_t visible, const float* v,
+                      int64_t v_stride, int64_t cols, float* out, int64_t out_stride,
+                      bool accumulate) {
   if constexpr (N < kSumHeads) {
-    if (heads == N) return WeightedSums<N>(p, visible, v, v_stride, cols, out, out_stride);
-    WeightedSumsTail<N + 1>(heads, p, visible, v, v_stride, cols, out, out_stride);
+    if (heads == N) {
+      return WeightedSums<N>(p, p_stride, visible, v, v_stride, cols, out, out_stride, accumulate);
+    }
+    WeightedSumsTail<N + 1>(heads, p, p_stride, visible, v, v_stride, cols, out, out_stride,
+                            accumulate);
   }
 }
 
@@ -175,16 +184,17 @@ void AttentionScoresKernel(const float* q, int64_t n_rep, const float* keys, int
   }
 }
 
-void WeightedSumsKernel(const float* p, int64_t heads, int64_t visible, const float* v,
-                        int64_t v_stride, int64_t cols, float* out, int64_t out_stride) {
+void WeightedSumsKernel(const float* p, int64_t p_stride, int64_t heads, int64_t visible,
+                        const float* v, int64_t v_stride, int64_t cols, float* out,
+                        int64_t out_stride, bool accumulate) {
   int64_t n = 0;
   for (; n + kSumHeads <= heads; n += kSumHeads) {
-    WeightedSums<kSumHeads>(p + n * visible, visible, v, v_stride, cols, out + n * out_stride,
-                            out_stride);
+    WeightedSums<kSumHeads>(p + n * p_stride, p_stride, visible, v, v_stride, cols,
+                            out + n * out_stride, out_stride, accumulate);
   }
   if (n < heads) {
-    WeightedSumsTail(static_cast<int>(heads - n), p + n * visible, visible, v, v_stride, cols,
-                     out + n * out_stride, out_stride);
+    WeightedSumsTail(static_cast<int>(heads - n), p + n * p_stride, p_stride, visible, v, v_stride,
+                     cols, out + n * out_stride, out_stride, accumulate);
   }
 }
 

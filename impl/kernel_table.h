@@ -25,10 +25,12 @@ struct KernelTable {
   void (*attention_scores)(const float* q, int64_t n_rep, const float* keys, int64_t kv_dim,
                            int64_t visible, int64_t d, float scale, float* scores,
                            int64_t scores_stride);
-  // out[n * out_stride + c] = the fused multiply-add chain of p[n * visible + j] * v[j * v_stride
-  // + c] over j = 0 .. visible-1 in order, from 0, for n < heads and c < cols.
-  void (*weighted_sums)(const float* p, int64_t heads, int64_t visible, const float* v,
-                        int64_t v_stride, int64_t cols, float* out, int64_t out_stride);
+  // out[n * out_stride + c] = the fused multiply-add chain of p[n * p_stride + j] * v[j * v_stride
+  // + c] over j = 0 .. visible-1 in order, for n < heads and c < cols, from 0, or with `accumulate`
+  // from out's value (so one chain can be run a block of rows at a time, to the same bits).
+  void (*weighted_sums)(const float* p, int64_t p_stride, int64_t heads, int64_t visible,
+                        const float* v, int64_t v_stride, int64_t cols, float* out,
+                        int64_t out_stride, bool accumulate);
 };
 
 // The kernels of the compilation including this header (gemm.cc, linear_kernels.cc,
@@ -52,8 +54,9 @@ void DotRowsKernel(const float* w, const float* x, int64_t s, int64_t cols, floa
 void AttentionScoresKernel(const float* q, int64_t n_rep, const float* keys, int64_t kv_dim,
                            int64_t visible, int64_t d, float scale, float* scores,
                            int64_t scores_stride);
-void WeightedSumsKernel(const float* p, int64_t heads, int64_t visible, const float* v,
-                        int64_t v_stride, int64_t cols, float* out, int64_t out_stride);
+void WeightedSumsKernel(const float* p, int64_t p_stride, int64_t heads, int64_t visible,
+                        const float* v, int64_t v_stride, int64_t cols, float* out,
+                        int64_t out_stride, bool accumulate);
 }  // namespace KVDIFF_ISA
 
 // Each compilation's table (linear_kernels.cc); which exist is decided by impl/CMakeLists.txt.

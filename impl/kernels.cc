@@ -204,10 +204,22 @@ void SwiGlu(ThreadPool& pool, const float* gate, const float* up, int64_t count,
   });
 }
 
-void Softmax(float* x, int64_t n) {
+namespace {
+// In place: x = exp(x - max) over n values; returns max and the sum of the exps. Softmax's first
+// half, and all a decode key chunk does before its weighted sums.
+struct ShiftedExps {
+  float max;
+  float sum;
+};
+ShiftedExps ExpShifted(float* x, int64_t n) {
   const float max = Max(x, n);
   for (int64_t i = 0; i < n; ++i) x[i] = Exp(x[i] - max);
-  const float sum = Sum(x, n);
+  return {max, Sum(x, n)};
+}
+}  // namespace
+
+void Softmax(float* x, int64_t n) {
+  const float sum = ExpShifted(x, n).sum;
   for (int64_t i = 0; i < n; ++i) x[i] /= sum;
 }
 
@@ -283,9 +295,19 @@ void ScratchBuffer::Grow(int64_t floats) {
   size_ = floats;
 }
 
-void AttentionScratch::Reserve(int threads, int64_t s, int64_t keys, int64_t nh) {
+namespace {
+// Decode attention's keys in chunks, each chunk's softmax and weighted sums combined afterwards
+// (AttendOneRow). A constant: the bits depend on it, so never on the thread count.
+constexpr int64_t kDecodeKeyChunk = 256;
+// Rows of a chunk read for every KV head in turn (a multiple of both paths' key blocks).
+constexpr int64_t kDecodeKeyBlock = 32;
+int64_t DecodeKeyChunks(int64_t keys) { return (keys + kDecodeKeyChunk - 1) / kDecodeKeyChunk; }
+}  // namespace
+
+void AttentionScratch::Reserve(int threads, int64_t s, int64_t keys, int64_t nh, int64_t d) {
   heads.Grow(nh * keys);
-  if (s == 1) return;  // decode uses `heads` only
+  chunk_sums.Grow(DecodeKeyChunks(keys) * nh * (d + 2));
+  if (s == 1) return;  // decode uses `heads` and `chunk_sums` only
   if (static_cast<int>(per_thread.size()) < threads) per_thread.resize(threads);
   for (auto& buffer : per_thread) buffer.Grow(std::min(s, kAttentionQueryTile) * keys);
 }
@@ -293,33 +315,86 @@ void AttentionScratch::Reserve(int threads, int64_t s, int64_t keys, int64_t nh)
 namespace {
 
 // One query row of every head against keys 0..visible-1 (decode). At a long context this reads
-// the whole cache once per layer, and that read is its cost, so the work is cut for reading: one
-// item per KV head, whose keys are read once for its n_rep query heads (n_rep dots per key row),
-// then its values once (n_rep weighted sums per value row). Each value is computed whole by one
-// item (the scores in Dot's order, the sums in key order), so the bits depend neither on the
-// thread count nor on the kernel path (the two products are dispatched: impl/kernel_table.h).
-// Against one head at a time through Eigen's products (the kernel before this one), with the
-// cache read from DRAM as in a decode step (kernels_bench BM_AttentionDecodeCold, 2 threads, 512
-// keys): 49.5-50.2 -> 40.9-41.6 us per layer; 2048 keys 219-223 -> 176-179 us; with the scores'
-// trees folded 16 keys at a time (attention_kernels.cc), 28.6-28.8 and 119-123 us.
-// 3 KV heads over 2 threads leave one a third idle; splitting the keys between threads (two
-// parallel regions, or three) lost more in the pool's hand-offs than the balance gained.
+// the whole cache once per layer, and that read is its cost, so the work is cut for reading.
+// The keys are cut into chunks of kDecodeKeyChunk. A chunk's keys are read block by block of
+// kDecodeKeyBlock rows, each KV head in turn taking its part of the block's rows for its n_rep
+// query heads (n_rep dots per key row), so that one thread reads whole cache rows in order; then
+// each query head's scores become exp(score - the chunk's max), and the values are read the same
+// way (n_rep weighted sums per value row, each output one chain run a block at a time). The
+// chunks are then combined head by head in chunk order, as flash-decoding does: each chunk's sums
+// and exp sum rescaled by exp(its max - the row's max), the sums divided by the exp sums' total.
+// Every value is computed whole by one work item (the scores in Dot's order, the sums in key
+// order) or by the combine, so the bits depend on kDecodeKeyChunk only: neither on the thread
+// count, nor on how the work is cut into items, nor on the kernel path (the two products are
+// dispatched: impl/kernel_table.h). An item is a chunk, or, with fewer chunks than threads, a
+// chunk's part for one KV head (whose rows it then reads with a stride).
+// With the cache read from DRAM as in a decode step (kernels_bench BM_AttentionDecodeCold, 2
+// threads, 512 keys): one head at a time through Eigen's products 49.5-50.2 us per layer; one
+// item per KV head 40.9-41.6 us, and 28.6-35.5 with the scores' trees folded 16 keys at a time
+// (attention_kernels.cc); chunks of whole rows 23.1-27.1 us (2048 keys: 126-153 -> 90-110 us). In
+// the decode step at 512 (bench, 11 alternations) decode@512 / decode@64 went 0.90 -> 0.93.
+// Chunks of 64 or 128 keys, claimed as they come, did no better than the items per KV head: each
+// item starts its rows unprefetched.
+
 void AttendOneRow(ThreadPool& pool, const float* q, const float* keys, const float* values,
                   int64_t visible, int64_t nh, int64_t nkv, int64_t d, float scale, float* scores,
-                  float* out) {
+                  float* chunk_sums, float* out) {
   const KernelTable& kernels = Kernels();
   const int64_t n_rep = nh / nkv;
   const int64_t kv_dim = nkv * d;
-  pool.ParallelFor(nkv, 1, [&](int64_t begin, int64_t end, int) {
-    for (int64_t g = begin; g < end; ++g) {  // query heads g * n_rep .. g * n_rep + n_rep - 1
-      float* group_scores = scores + g * n_rep * visible;
-      kernels.attention_scores(q + g * n_rep * d, n_rep, keys + g * d, kv_dim, visible, d, scale,
-                               group_scores, visible);
-      for (int64_t r = 0; r < n_rep; ++r) Softmax(group_scores + r * visible, visible);
-      kernels.weighted_sums(group_scores, n_rep, visible, values + g * d, kv_dim, d,
-                            out + g * n_rep * d, d);
+  const int64_t chunks = DecodeKeyChunks(visible);
+  float* sums = chunk_sums;                     // (chunks, nh, d)
+  float* stats = chunk_sums + chunks * nh * d;  // (chunks, nh, {max, exp sum})
+  // Chunk c's part for KV heads [g0, g1): query heads g0 * n_rep .. g1 * n_rep - 1.
+  const auto attend_chunk = [&](int64_t c, int64_t g0, int64_t g1) {
+    const int64_t j0 = c * kDecodeKeyChunk;  // keys j0 .. j0 + n - 1
+    const int64_t n = std::min(kDecodeKeyChunk, visible - j0);
+    float* chunk_scores = scores + nh * j0;  // (nh, n)
+    for (int64_t b = 0; b < n; b += kDecodeKeyBlock) {
+      for (int64_t g = g0; g < g1; ++g) {
+        kernels.attention_scores(q + g * n_rep * d, n_rep, keys + (j0 + b) * kv_dim + g * d, kv_dim,
+                                 std::min(kDecodeKeyBlock, n - b), d, scale,
+                                 chunk_scores + g * n_rep * n + b, n);
+      }
     }
-  });
+    for (int64_t h = g0 * n_rep; h < g1 * n_rep; ++h) {
+      const ShiftedExps e = ExpShifted(chunk_scores + h * n, n);
+      stats[(c * nh + h) * 2] = e.max;
+      stats[(c * nh + h) * 2 + 1] = e.sum;
+    }
+    for (int64_t b = 0; b < n; b += kDecodeKeyBlock) {
+      for (int64_t g = g0; g < g1; ++g) {
+        kernels.weighted_sums(chunk_scores + g * n_rep * n + b, n, n_rep,
+                              std::min(kDecodeKeyBlock, n - b), values + (j0 + b) * kv_dim + g * d,
+                              kv_dim, d, sums + (c * nh + g * n_rep) * d, d, b > 0);
+      }
+    }
+  };
+  if (chunks >= pool.Size()) {
+    pool.ParallelFor(chunks, 1, [&](int64_t begin, int64_t end, int) {
+      for (int64_t c = begin; c < end; ++c) attend_chunk(c, 0, nkv);
+    });
+  } else {
+    pool.ParallelFor(chunks * nkv, 1, [&](int64_t begin, int64_t end, int) {
+      for (int64_t item = begin; item < end; ++item) {
+        attend_chunk(item / nkv, item % nkv, item % nkv + 1);
+      }
+    });
+  }
+  for (int64_t h = 0; h < nh; ++h) {  // the combine
+    float max = stats[h * 2];
+    for (int64_t c = 1; c < chunks; ++c) max = std::max(max, stats[(c * nh + h) * 2]);
+    float* o = out + h * d;
+    std::fill(o, o + d, 0.0f);
+    float total = 0.0f;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const float rescale = Exp(stats[(c * nh + h) * 2] - max);
+      total += rescale * stats[(c * nh + h) * 2 + 1];
+      const float* chunk = sums + (c * nh + h) * d;
+      for (int64_t i = 0; i < d; ++i) o[i] += rescale * chunk[i];
+    }
+    for (int64_t i = 0; i < d; ++i) o[i] /= total;
+  }
 }
 
 // A block of query rows [i0, i0 + rows) of one head (prefill): scores by GEMM, masked softmax per
@@ -361,7 +436,7 @@ void Attention(ThreadPool& pool, const float* q, int64_t s, int64_t past, const 
     // A window starts the row's keys at `first` (0 without one).
     const int64_t first = window > 0 ? std::max<int64_t>(0, past + 1 - window) : 0;
     AttendOneRow(pool, q, keys + first * kv_dim, values + first * kv_dim, past + 1 - first, nh, nkv,
-                 d, scale, scratch.heads.data(), out);
+                 d, scale, scratch.heads.data(), scratch.chunk_sums.data(), out);
     return;
   }
   // Work items: (head, block of query rows); each computed whole by one thread.

@@ -125,8 +125,11 @@ class ScratchBuffer {
 struct AttentionScratch {
   std::vector<ScratchBuffer> per_thread;  // prefill: a block of query rows' scores per thread
   ScratchBuffer heads;                    // decode: every head's scores, (nh, keys)
-  // Room for Attention of up to s query rows over up to `keys` keys with nh query heads.
-  void Reserve(int threads, int64_t s, int64_t keys, int64_t nh);
+  // decode: per chunk of keys, every head's weighted sums (chunks, nh, d), then every head's max
+  // and exp sum (chunks, nh, 2)
+  ScratchBuffer chunk_sums;
+  // Room for Attention of up to s query rows over up to `keys` keys with nh query heads of d.
+  void Reserve(int threads, int64_t s, int64_t keys, int64_t nh, int64_t d);
 };
 // Query rows handled per block in prefill attention: bounds the scores scratch to
 // kAttentionQueryTile × (keys) per thread.

@@ -70,7 +70,7 @@ struct Workspace {
     grow(gate, s * c.intermediate_size);
     grow(up, s * c.intermediate_size);
     grow(act, s * c.intermediate_size);
-    scores.Reserve(threads, s, max_keys, c.num_attention_heads);
+    scores.Reserve(threads, s, max_keys, c.num_attention_heads, c.head_dim);
   }
 };
 

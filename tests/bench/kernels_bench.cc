@@ -164,7 +164,7 @@ void BM_AttentionDecode(benchmark::State& state) {
                            v = Values(keys * kv_dim, 7);
   std::vector<float> out(q_dim);
   AttentionScratch scratch;
-  scratch.Reserve(pool.Size(), 1, keys, kHeads);
+  scratch.Reserve(pool.Size(), 1, keys, kHeads, kHeadDim);
   for (auto _ : state) {
     Attention(pool, q.data(), 1, keys - 1, k.data(), v.data(), kHeads, kKvHeads, kHeadDim,
               out.data(), scratch);
@@ -191,7 +191,7 @@ void BM_AttentionDecodeCold(benchmark::State& state) {
                            v = Values(copies * floats, 7);
   std::vector<float> out(q_dim);
   AttentionScratch scratch;
-  scratch.Reserve(pool.Size(), 1, keys, kHeads);
+  scratch.Reserve(pool.Size(), 1, keys, kHeads, kHeadDim);
   int64_t next = 0;
   for (auto _ : state) {
     Attention(pool, q.data(), 1, keys - 1, k.data() + next * floats, v.data() + next * floats,
@@ -216,7 +216,7 @@ void BM_AttentionPrefill(benchmark::State& state) {
                            v = Values(s * kv_dim, 10);
   std::vector<float> out(s * q_dim);
   AttentionScratch scratch;
-  scratch.Reserve(pool.Size(), s, s, kHeads);
+  scratch.Reserve(pool.Size(), s, s, kHeads, kHeadDim);
   for (auto _ : state) {
     Attention(pool, q.data(), s, 0, k.data(), v.data(), kHeads, kKvHeads, kHeadDim, out.data(),
               scratch);

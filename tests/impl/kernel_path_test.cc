@@ -181,7 +181,7 @@ INSTANTIATE_TEST_SUITE_P(Paths, KernelPathTest, ::testing::ValuesIn(Cases()),
 // Decode attention's two kernels on their own, over the shapes a model's few decode steps do not
 // reach: 1..9 query heads per KV head (past one block of kScoreQueries), head widths with and
 // without Dot's tail, and key counts on both sides of the vector width (blocks of keys folded
-// together, then single rows).
+// together, then single rows); the weighted sums with padded weight rows, and run in two calls.
 TEST(KernelPath, DecodeAttentionKernelsAreTheScalarPathsBitForBit) {
   RestoreAuto restore;
   for (const std::string& path : AvailableKernelPaths()) {
@@ -195,14 +195,24 @@ TEST(KernelPath, DecodeAttentionKernelsAreTheScalarPathsBitForBit) {
           const uint32_t seed = static_cast<uint32_t>(d * 1000 + n_rep * 100 + visible);
           const std::vector<float> q = testing::RandomVector(n_rep * d, seed);
           const std::vector<float> keys = testing::RandomVector(visible * kv_dim, seed + 1);
-          const std::vector<float> p = testing::RandomVector(n_rep * visible, seed + 2);
+          const std::vector<float> p = testing::RandomVector(n_rep * stride, seed + 2);
+          const float* values = keys.data() + 2 * d;
           const auto run = [&](const std::string& name) {
             UseKernelPath(name);
             std::vector<float> scores(n_rep * stride, 0.0f), sums(n_rep * (d + 1), 0.0f);
             Kernels().attention_scores(q.data(), n_rep, keys.data() + d, kv_dim, visible, d, 0.125f,
                                        scores.data(), stride);
-            Kernels().weighted_sums(p.data(), n_rep, visible, keys.data() + 2 * d, kv_dim, d,
-                                    sums.data(), d + 1);
+            Kernels().weighted_sums(p.data(), stride, n_rep, visible, values, kv_dim, d,
+                                    sums.data(), d + 1, false);
+            // The same chains run in two calls, the second continuing from the first's sums.
+            const int64_t half = visible / 2;
+            std::vector<float> split(n_rep * (d + 1), 0.0f);
+            Kernels().weighted_sums(p.data(), stride, n_rep, half, values, kv_dim, d, split.data(),
+                                    d + 1, false);
+            Kernels().weighted_sums(p.data() + half, stride, n_rep, visible - half,
+                                    values + half * kv_dim, kv_dim, d, split.data(), d + 1, true);
+            EXPECT_EQ(std::memcmp(split.data(), sums.data(), sizeof(float) * sums.size()), 0)
+                << name << ": the sums in two calls differ from one";
             scores.insert(scores.end(), sums.begin(), sums.end());
             return scores;
           };

@@ -209,50 +209,111 @@ TEST(KernelsTest, ApplyRopeMatchesRotateHalfInDouble) {
   EXPECT_LT(MaxAbsDiff(x, expected), 1e-6);
 }
 
-// One attention block, prefill and decode, with GQA, against the spec's formula in double:
-// scores = q·Kᵀ/sqrt(d), key j hidden from row i iff j > past + i, softmax, weights·V.
+// The spec's attention in double: scores = q·Kᵀ/sqrt(d), key j hidden from row i iff j > past + i,
+// softmax, weights·V; query head h reads KV head h / (nh / nkv).
+std::vector<double> AttentionInDouble(const std::vector<float>& q, const std::vector<float>& keys,
+                                      const std::vector<float>& values, int64_t s, int64_t past,
+                                      int64_t nh, int64_t nkv, int64_t d) {
+  const int64_t n_rep = nh / nkv;
+  std::vector<double> expected(s * nh * d, 0.0);
+  for (int64_t i = 0; i < s; ++i) {
+    for (int64_t h = 0; h < nh; ++h) {
+      const int64_t kvh = h / n_rep;
+      std::vector<double> sc(past + i + 1);
+      double max = -1e300, sum = 0;
+      for (int64_t j = 0; j <= past + i; ++j) {
+        double dot = 0;
+        for (int64_t c = 0; c < d; ++c)
+          dot += static_cast<double>(q[i * nh * d + h * d + c]) * keys[j * nkv * d + kvh * d + c];
+        sc[j] = dot / std::sqrt(static_cast<double>(d));
+        max = std::max(max, sc[j]);
+      }
+      for (double& v : sc) sum += v = std::exp(v - max);
+      for (int64_t j = 0; j <= past + i; ++j) {
+        for (int64_t c = 0; c < d; ++c)
+          expected[i * nh * d + h * d + c] += sc[j] / sum * values[j * nkv * d + kvh * d + c];
+      }
+    }
+  }
+  return expected;
+}
+
+// Attention on `threads` threads.
+std::vector<float> AttentionOn(int threads, const std::vector<float>& q,
+                               const std::vector<float>& keys, const std::vector<float>& values,
+                               int64_t s, int64_t past, int64_t nh, int64_t nkv, int64_t d) {
+  ThreadPool pool(threads);
+  AttentionScratch scratch;
+  scratch.Reserve(threads, s, past + s, nh, d);
+  std::vector<float> out(s * nh * d);
+  Attention(pool, q.data(), s, past, keys.data(), values.data(), nh, nkv, d, out.data(), scratch);
+  return out;
+}
+
+// One attention block, prefill and decode, with GQA, against the spec's formula in double.
 TEST(KernelsTest, AttentionMatchesDoubleLoopWithGqaAndPastKeys) {
-  const int64_t nh = 6, nkv = 2, d = 8, n_rep = nh / nkv;
+  const int64_t nh = 6, nkv = 2, d = 8;
   for (int64_t past : {0, 5}) {
     for (int64_t s : {1, 4, 131}) {  // 131 > the query tile: two blocks of rows
       const int64_t total = past + s;
       auto q = RandomVector(s * nh * d, 20 + s, 2.0f);
       auto keys = RandomVector(total * nkv * d, 21 + s, 2.0f);
       auto values = RandomVector(total * nkv * d, 22 + s);
-      std::vector<double> expected(s * nh * d, 0.0);
-      for (int64_t i = 0; i < s; ++i) {
-        for (int64_t h = 0; h < nh; ++h) {
-          const int64_t kvh = h / n_rep;
-          std::vector<double> sc(past + i + 1);
-          double max = -1e300, sum = 0;
-          for (int64_t j = 0; j <= past + i; ++j) {
-            double dot = 0;
-            for (int64_t c = 0; c < d; ++c)
-              dot +=
-                  static_cast<double>(q[i * nh * d + h * d + c]) * keys[j * nkv * d + kvh * d + c];
-            sc[j] = dot / std::sqrt(static_cast<double>(d));
-            max = std::max(max, sc[j]);
-          }
-          for (double& v : sc) sum += v = std::exp(v - max);
-          for (int64_t j = 0; j <= past + i; ++j) {
-            for (int64_t c = 0; c < d; ++c)
-              expected[i * nh * d + h * d + c] += sc[j] / sum * values[j * nkv * d + kvh * d + c];
-          }
-        }
-      }
+      const std::vector<double> expected = AttentionInDouble(q, keys, values, s, past, nh, nkv, d);
       std::vector<float> first;
       for (int threads : {1, 2}) {
-        ThreadPool pool(threads);
-        AttentionScratch scratch;
-        scratch.Reserve(threads, s, total, nh);
-        std::vector<float> out(s * nh * d);
-        Attention(pool, q.data(), s, past, keys.data(), values.data(), nh, nkv, d, out.data(),
-                  scratch);
+        const std::vector<float> out = AttentionOn(threads, q, keys, values, s, past, nh, nkv, d);
         EXPECT_LT(MaxAbsDiff(out, expected), 1e-5) << "past=" << past << " s=" << s;
         if (first.empty())
           first = out;
         else
           EXPECT_EQ(out, first) << "past=" << past << " s=" << s << ": 2 threads differ from 1";
+      }
+    }
+  }
+}
+
+// Makes key row j of every KV head g give the first query head of g the score `score`: the row is
+// that query scaled (q·k / sqrt(d) = score).
+void PlantScore(const std::vector<float>& q, std::vector<float>& keys, int64_t j, int64_t nh,
+                int64_t nkv, int64_t d, double score) {
+  for (int64_t g = 0; g < nkv; ++g) {
+    const float* query = q.data() + g * (nh / nkv) * d;
+    double norm2 = 0;
+    for (int64_t c = 0; c < d; ++c) norm2 += static_cast<double>(query[c]) * query[c];
+    for (int64_t c = 0; c < d; ++c) {
+      keys[(j * nkv + g) * d + c] = static_cast<float>(query[c] * score * std::sqrt(d) / norm2);
+    }
+  }
+}
+
+// Decode attention cuts the keys into chunks of 256 and combines them (impl/kernels.cc,
+// AttendOneRow), on smollm2's head shape (9 query heads over 3 KV heads of 64). Key counts on
+// both sides of a chunk and of a block of 32 rows; flat scores and peaked ones (the row's max in
+// the last chunk, far above the others); 1-4 threads, which cut the work into chunks or into a
+// chunk's KV heads: the same bits every time.
+TEST(KernelsTest, DecodeAttentionOverKeyChunksMatchesDoubleLoop) {
+  const int64_t nh = 9, nkv = 3, d = 64;
+  for (bool peaked : {false, true}) {
+    for (int64_t keys_n : {1, 31, 33, 255, 256, 257, 300, 513, 700}) {
+      SCOPED_TRACE(::testing::Message() << keys_n << " keys" << (peaked ? ", peaked" : ""));
+      const int64_t past = keys_n - 1;
+      const uint32_t seed = static_cast<uint32_t>(keys_n * 10) + (peaked ? 1u : 0u);
+      auto q = RandomVector(nh * d, seed, 2.0f);
+      auto keys = RandomVector(keys_n * nkv * d, seed + 1, 1.0f);
+      auto values = RandomVector(keys_n * nkv * d, seed + 2);
+      if (peaked) {  // the row's max in the last chunk, a score 5 below it in the one before:
+        // both far above the first chunk's (~10), past float's exp range unless each chunk is
+        // rescaled from the row's own max
+        if (keys_n > 256) PlantScore(q, keys, keys_n - 1, nh, nkv, d, 155.0);
+        if (keys_n > 512) PlantScore(q, keys, 300, nh, nkv, d, 150.0);
+      }
+      const std::vector<double> expected = AttentionInDouble(q, keys, values, 1, past, nh, nkv, d);
+      const std::vector<float> first = AttentionOn(1, q, keys, values, 1, past, nh, nkv, d);
+      EXPECT_LT(MaxAbsDiff(first, expected), 1e-5);
+      for (int threads : {2, 3, 4}) {
+        EXPECT_EQ(AttentionOn(threads, q, keys, values, 1, past, nh, nkv, d), first)
+            << threads << " threads differ from 1";
       }
     }
   }
