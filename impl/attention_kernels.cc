@@ -59,18 +59,15 @@ void ScoreBlock(const float* q, const float* keys, int64_t kv_dim, int64_t d, fl
   }
   for (int n = 0; n < N; ++n) VecStore(scores + n * scores_stride, VecFoldEach(partials[n]));
 }
+// ScoreBlock for 1 <= queries <= kScoreQueries queries (a count known at run time).
+template <int N = 1>
 void ScoreBlockOf(int queries, const float* q, const float* keys, int64_t kv_dim, int64_t d,
                   float* scores, int64_t scores_stride) {
-  switch (queries) {
-    case 1:
-      return ScoreBlock<1>(q, keys, kv_dim, d, scores, scores_stride);
-    case 2:
-      return ScoreBlock<2>(q, keys, kv_dim, d, scores, scores_stride);
-    case 3:
-      return ScoreBlock<3>(q, keys, kv_dim, d, scores, scores_stride);
-    default:
-      return ScoreBlock<4>(q, keys, kv_dim, d, scores, scores_stride);
+  if constexpr (N < kScoreQueries) {
+    if (queries != N)
+      return ScoreBlockOf<N + 1>(queries, q, keys, kv_dim, d, scores, scores_stride);
   }
+  ScoreBlock<N>(q, keys, kv_dim, d, scores, scores_stride);
 }
 #endif
 
