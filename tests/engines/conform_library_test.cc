@@ -27,17 +27,38 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// The tiny model, impl on it (the oracle, or the engine, of every test), and conformance without
+// its campaign; Impl() makes another impl for a test's wrong backend to wrap.
+class Conform : public ::testing::Test {
+ protected:
+  std::unique_ptr<harness::Backend> Impl() const {
+    return harness::MakeBackend("impl", weights_, 1);
+  }
+  static harness::BackendInfo Named(std::string name) {
+    harness::BackendInfo info;
+    info.name = std::move(name);
+    return info;
+  }
+  harness::ConformReport Run(const harness::Backend& engine, const harness::Backend& oracle) const {
+    return harness::RunConformance(model_, engine, oracle, options_);
+  }
+
+  const harness::ModelSpec model_ = testing::TinyModel();
+  const std::shared_ptr<const format::ModelWeights> weights_ = harness::LoadModelFor(model_);
+  const std::unique_ptr<harness::Backend> impl_ = Impl();
+  harness::ConformOptions options_ = [] {
+    harness::ConformOptions options;
+    options.campaign_cases = 0;
+    return options;
+  }();
+};
+
 // impl through the library call: the suite needs nothing but the Backend interface.
-TEST(Conform, ImplConformsAgainstItself) {
-  using namespace harness;
-  const ModelSpec model = testing::TinyModel();
-  auto weights = LoadModelFor(model);
-  auto impl = MakeBackend("impl", weights, 1);
-  ConformOptions options;
-  options.campaign_cases = 10;
+TEST_F(Conform, ImplConformsAgainstItself) {
+  options_.campaign_cases = 10;
   const TempDir failures;  // lives until the run is over, then takes its files with it
-  options.out_dir = failures / "failures";
-  const ConformReport report = RunConformance(model, *impl, *impl, options);
+  options_.out_dir = failures / "failures";
+  const harness::ConformReport report = Run(*impl_, *impl_);
   EXPECT_TRUE(report.Passed()) << report.Table();
   EXPECT_EQ(report.checks.size(), 17u);
   // No arbiter given: impl, the oracle, shifts and arbitrates (its own shift, bit for bit).
@@ -82,33 +103,17 @@ class RowsSwapped : public OneAfterAnother {
   }
 };
 
-TEST(Conform, ABackendWithoutABatchedCallConformsThroughTheDefault) {
-  using namespace harness;
-  const ModelSpec model = testing::TinyModel();
-  auto weights = LoadModelFor(model);
-  auto impl = MakeBackend("impl", weights, 1);
-  BackendInfo info;
-  info.name = "serial";
-  const OneAfterAnother serial(MakeBackend("impl", weights, 1), info);
-  ConformOptions options;
-  options.campaign_cases = 0;
-  const ConformReport report = RunConformance(model, serial, *impl, options);
+TEST_F(Conform, ABackendWithoutABatchedCallConformsThroughTheDefault) {
+  const OneAfterAnother serial(Impl(), Named("serial"));
+  const harness::ConformReport report = Run(serial, *impl_);
   EXPECT_TRUE(report.Passed()) << report.Table();
   EXPECT_THAT(RowOf("\n" + report.Table(), "batch-refusals"),
               HasSubstr("4 batches refused: backend serial: batch item 1: token id 256"));
 }
 
-TEST(Conform, RowsMappedToTheWrongItemsFailTheBatchChecksOnly) {
-  using namespace harness;
-  const ModelSpec model = testing::TinyModel();
-  auto weights = LoadModelFor(model);
-  auto impl = MakeBackend("impl", weights, 1);
-  BackendInfo info;
-  info.name = "swapped";
-  const RowsSwapped swapped(MakeBackend("impl", weights, 1), info);
-  ConformOptions options;
-  options.campaign_cases = 0;
-  const ConformReport report = RunConformance(model, swapped, *impl, options);
+TEST_F(Conform, RowsMappedToTheWrongItemsFailTheBatchChecksOnly) {
+  const RowsSwapped swapped(Impl(), Named("swapped"));
+  const harness::ConformReport report = Run(swapped, *impl_);
   const std::string table = "\n" + report.Table();
   EXPECT_THAT(RowOf(table, "batch"),
               HasSubstr("FAIL   batch 1 (a:decode, b:7/last, c:3/none, twin:decode, e:4), item 0 "
@@ -155,25 +160,15 @@ class BadTruncate : public OneAfterAnother {
   How how_;
 };
 
-TEST(Conform, ABadCallThatIsNotRefusedOrChangesTheSessionFailsItsCheck) {
-  using namespace harness;
-  const ModelSpec model = testing::TinyModel();
-  auto weights = LoadModelFor(model);
-  auto impl = MakeBackend("impl", weights, 1);
-  ConformOptions options;
-  options.campaign_cases = 0;
-  BackendInfo info;
-  info.name = "clamp";
-  const BadTruncate clamp(MakeBackend("impl", weights, 1), info, BadTruncate::How::kClamp);
-  const ConformReport clamped = RunConformance(model, clamp, *impl, options);
+TEST_F(Conform, ABadCallThatIsNotRefusedOrChangesTheSessionFailsItsCheck) {
+  const BadTruncate clamp(Impl(), Named("clamp"), BadTruncate::How::kClamp);
+  const harness::ConformReport clamped = Run(clamp, *impl_);
   EXPECT_EQ(clamped.Failures(), 1) << clamped.Table();
   EXPECT_THAT(RowOf("\n" + clamped.Table(), "truncate-beyond"),
               HasSubstr("FAIL   truncate to 6 of 5: expected a refusal as bad input, but the call "
                         "succeeded"));
-  info.name = "forget";
-  const BadTruncate forget(MakeBackend("impl", weights, 1), info,
-                           BadTruncate::How::kRefuseAfterForgetting);
-  const ConformReport forgot = RunConformance(model, forget, *impl, options);
+  const BadTruncate forget(Impl(), Named("forget"), BadTruncate::How::kRefuseAfterForgetting);
+  const harness::ConformReport forgot = Run(forget, *impl_);
   EXPECT_EQ(forgot.Failures(), 1) << forgot.Table();
   EXPECT_THAT(RowOf("\n" + forgot.Table(), "truncate-beyond"),
               HasSubstr("FAIL   truncate to 6 of 5: Length() is 4 after the refusal, expected 5"));
@@ -211,18 +206,11 @@ class LaxShift : public OneAfterAnother {
   };
 };
 
-TEST(Conform, AShiftThatIgnoresBadArgumentsFailsTheShiftBeyondCheckOnly) {
-  using namespace harness;
-  const ModelSpec model = testing::TinyModel();
-  auto weights = LoadModelFor(model);
-  auto impl = MakeBackend("impl", weights, 1);
-  BackendInfo info;
-  info.name = "lax";
+TEST_F(Conform, AShiftThatIgnoresBadArgumentsFailsTheShiftBeyondCheckOnly) {
+  harness::BackendInfo info = Named("lax");
   info.shifts = true;
-  const LaxShift lax(MakeBackend("impl", weights, 1), info);
-  ConformOptions options;
-  options.campaign_cases = 0;
-  const ConformReport report = RunConformance(model, lax, *impl, options);
+  const LaxShift lax(Impl(), info);
+  const harness::ConformReport report = Run(lax, *impl_);
   EXPECT_EQ(report.Failures(), 1) << report.Table();
   const std::string table = "\n" + report.Table();
   EXPECT_THAT(RowOf(table, "shift-beyond"),
@@ -233,17 +221,9 @@ TEST(Conform, AShiftThatIgnoresBadArgumentsFailsTheShiftBeyondCheckOnly) {
 
 // An engine that shifts, held to an oracle that does not and given no arbiter: nothing can judge
 // its rows after a shift, so the shift check is skipped saying why; its refusals still run.
-TEST(Conform, TheShiftCheckIsSkippedWithNothingToArbitrate) {
-  using namespace harness;
-  const ModelSpec model = testing::TinyModel();
-  auto weights = LoadModelFor(model);
-  auto impl = MakeBackend("impl", weights, 1);
-  BackendInfo info;
-  info.name = "no-shift";
-  const OneAfterAnother oracle(MakeBackend("impl", weights, 1), info);
-  ConformOptions options;
-  options.campaign_cases = 0;
-  const ConformReport report = RunConformance(model, *impl, oracle, options);
+TEST_F(Conform, TheShiftCheckIsSkippedWithNothingToArbitrate) {
+  const OneAfterAnother oracle(Impl(), Named("no-shift"));
+  const harness::ConformReport report = Run(*impl_, oracle);
   EXPECT_TRUE(report.Passed()) << report.Table();
   EXPECT_EQ(report.shift_arbiter, "");
   EXPECT_THAT(RowOf("\n" + report.Table(), "shift"),
@@ -253,15 +233,9 @@ TEST(Conform, TheShiftCheckIsSkippedWithNothingToArbitrate) {
   EXPECT_THAT(RowOf("\n" + report.Table(), "shift-beyond"), HasSubstr("PASS   refused: "));
 }
 
-TEST(Conform, TheCapacityCheckIsSkippedAboveItsFillLimitSayingWhy) {
-  using namespace harness;
-  const ModelSpec model = testing::TinyModel();
-  auto weights = LoadModelFor(model);
-  auto impl = MakeBackend("impl", weights, 1);
-  ConformOptions options;
-  options.campaign_cases = 0;
-  options.max_capacity_fill = 100;
-  const ConformReport report = RunConformance(model, *impl, *impl, options);
+TEST_F(Conform, TheCapacityCheckIsSkippedAboveItsFillLimitSayingWhy) {
+  options_.max_capacity_fill = 100;
+  const harness::ConformReport report = Run(*impl_, *impl_);
   EXPECT_TRUE(report.Passed()) << report.Table();
   EXPECT_EQ(report.checks.size(), 16u);
   EXPECT_THAT(RowOf("\n" + report.Table(), "capacity"),
