@@ -305,6 +305,7 @@ int64_t DecodeKeyChunks(int64_t keys) { return (keys + kDecodeKeyChunk - 1) / kD
 }  // namespace
 
 void AttentionScratch::Reserve(int threads, int64_t s, int64_t keys, int64_t nh, int64_t d) {
+  // Decode's buffers always: a batched call of s rows runs its one-row parts as decode rows.
   heads.Grow(nh * keys);
   chunk_sums.Grow(DecodeKeyChunks(keys) * nh * (d + 2));
   if (s == 1) return;  // decode uses `heads` and `chunk_sums` only
@@ -370,17 +371,15 @@ void AttendOneRow(ThreadPool& pool, const float* q, const float* keys, const flo
       }
     }
   };
-  if (chunks >= pool.Size()) {
-    pool.ParallelFor(chunks, 1, [&](int64_t begin, int64_t end, int) {
-      for (int64_t c = begin; c < end; ++c) attend_chunk(c, 0, nkv);
-    });
-  } else {
-    pool.ParallelFor(chunks * nkv, 1, [&](int64_t begin, int64_t end, int) {
-      for (int64_t item = begin; item < end; ++item) {
-        attend_chunk(item / nkv, item % nkv, item % nkv + 1);
-      }
-    });
-  }
+  // An item is a whole chunk (every KV head), or with fewer chunks than threads one KV head's part.
+  const int64_t heads_per_item = chunks >= pool.Size() ? nkv : 1;
+  const int64_t items_per_chunk = nkv / heads_per_item;
+  pool.ParallelFor(chunks * items_per_chunk, 1, [&](int64_t begin, int64_t end, int) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t g0 = (item % items_per_chunk) * heads_per_item;
+      attend_chunk(item / items_per_chunk, g0, g0 + heads_per_item);
+    }
+  });
   for (int64_t h = 0; h < nh; ++h) {  // the combine
     float max = stats[h * 2];
     for (int64_t c = 1; c < chunks; ++c) max = std::max(max, stats[(c * nh + h) * 2]);
