@@ -109,6 +109,17 @@ inline CommandResult RunKvdiff(const std::string& args, const std::filesystem::p
   return r;
 }
 
+// Converts the shared data's stories260K (`data` as KVDIFF_REQUIRE_SHARED_DATA gives it: the
+// llama2.c checkpoint and its tokenizer) into the model folder `out` in dir, as a user would.
+inline CommandResult ConvertStories260K(const std::filesystem::path& data,
+                                        const std::filesystem::path& dir, const std::string& out) {
+  const std::filesystem::path stories = data / "stories260K";
+  return RunKvdiff("convert llama2c --checkpoint " +
+                       ShellQuote((stories / "stories260K.bin").string()) + " --tokenizer " +
+                       ShellQuote((stories / "tok512.bin").string()) + " --out " + ShellQuote(out),
+                   dir);
+}
+
 // Max |a - b| of two logits matrices (Eigen), after checking their shapes and that neither holds
 // a NaN or an inf (each a test failure naming `a_name` or `b_name`; infinity when shapes differ).
 template <class A, class B>

@@ -265,11 +265,7 @@ TEST(ConformCli, AnF16CacheIsHeldToItsMeasuredProfileWhichStillCatchesCacheBugs)
 TEST(ConformCli, ReproAllOnStories260KThroughLlamaCpp) {
   KVDIFF_REQUIRE_SHARED_DATA(data);
   TempDir dir;
-  const CommandResult convert =
-      RunKvdiff(fmt::format("convert llama2c --checkpoint '{}' --tokenizer '{}' --out st",
-                            (data / "stories260K" / "stories260K.bin").string(),
-                            (data / "stories260K" / "tok512.bin").string()),
-                dir.path());
+  const CommandResult convert = ConvertStories260K(data, dir.path(), "st");
   ASSERT_EQ(convert.exit_code, 0) << convert.err;
   const CommandResult r = RunKvdiff("repro all --model st --backend llama.cpp", dir.path());
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;

@@ -60,12 +60,8 @@ TEST(ExecEngine, TheNumpyEnginePassesACheckBesideImpl) {
 TEST(ExecEngine, TheNumpyEnginePassesConformOnStories260K) {
   KVDIFF_REQUIRE_SHARED_DATA(data);
   TempDir dir;
-  const auto stories = data / "stories260K";
-  ASSERT_EQ(RunKvdiff(fmt::format("convert llama2c --checkpoint '{}' --out s260k",
-                                  (stories / "stories260K.bin").string()),
-                      dir.path())
-                .exit_code,
-            0);
+  const CommandResult convert = ConvertStories260K(data, dir.path(), "s260k");
+  ASSERT_EQ(convert.exit_code, 0) << convert.err;
   const CommandResult r =
       RunKvdiff("conform " + NumpyEngine() + " --model s260k --cases 4", dir.path());
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;

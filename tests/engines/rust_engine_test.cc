@@ -79,11 +79,7 @@ TEST(RustEngine, PassesACheckCampaignAgainstImplAndTheReference) {
 TEST(RustEngine, PassesACheckCampaignOnStories260K) {
   KVDIFF_REQUIRE_SHARED_DATA(data);
   TempDir dir;
-  const CommandResult convert =
-      RunKvdiff(fmt::format("convert llama2c --checkpoint '{}' --tokenizer '{}' --out st",
-                            (data / "stories260K" / "stories260K.bin").string(),
-                            (data / "stories260K" / "tok512.bin").string()),
-                dir.path());
+  const CommandResult convert = ConvertStories260K(data, dir.path(), "st");
   ASSERT_EQ(convert.exit_code, 0) << convert.err;
   const CommandResult r = RunKvdiff(
       fmt::format("check --model st --backends 'impl,plugin:{}' --cases 30", kEngine), dir.path());

@@ -152,10 +152,7 @@ TEST(RunCli, TextPromptsNeedATokenizer) {
 TEST(RunCli, TextPromptsOnAConvertedLlama2cModel) {
   KVDIFF_REQUIRE_SHARED_DATA(data);
   TempDir dir;
-  const auto conv = RunKvdiff(
-      "convert llama2c --checkpoint '" + (data / "stories260K" / "stories260K.bin").string() +
-          "' --tokenizer '" + (data / "stories260K" / "tok512.bin").string() + "' --out stories",
-      dir.path());
+  const auto conv = ConvertStories260K(data, dir.path(), "stories");
   ASSERT_EQ(conv.exit_code, 0) << conv.err;
   WriteFile(dir / "t.json", R"({"model": {"path": "stories"}, "backends": ["impl"],
     "steps": [{"op": "prefill", "text": "Once upon a time", "chunks": [2, 3]},
