@@ -121,7 +121,7 @@ std::vector<Mutant> Mutants() {
   // on positions. The shrinker drives every token to 0, so when this mutant's first failure is
   // the raw driver refusing to pass the capacity (the position it never reset kept growing) or
   // needed 2 layers, no smaller change fails and the shrink stops there: 9 to 13 tokens, or 2
-  // layers, in 4 of 3000 seeds (193, 194, 1153, 1263); the others shrink to 3-6 tokens. Property 4
+  // layers, in 4 of 3000 seeds (193, 194, 1153, 1263); the median is 3 tokens. Property 4
   // shrinks the same fault to at most 5 tokens on 1 layer in every seed, so this row claims power
   // only: caught, and caught again on replay.
   raw("truncate keeps position", DriverFault::kTruncateKeepsPosition, "6 stateful",
