@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 
+#include "format/scratch_dir.h"
 #include "plugin_host/isolated_engine.h"
 
 namespace kvdiff::cli {
@@ -18,8 +19,11 @@ namespace {
 std::atomic<bool> finished{false};
 std::FILE* report = nullptr;
 
-// Runs inside exit(): only async-signal-safe calls, then _exit so no later handler can undo it.
+// Runs inside exit(): only calls that neither allocate nor lock, then _exit so no later handler
+// can undo it. The scratch folders (an engine's model copy: 538 MB for smollm2) go either way:
+// after main returns none is alive, and after an engine's exit() no destructor will remove them.
 void OnExit() {
+  format::RemoveLiveScratchDirs();
   if (finished.load()) return;
   static const char kMessage[] =
       "kvdiff: engine failure: the process was ended by exit() before kvdiff finished its work "

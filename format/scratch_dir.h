@@ -3,39 +3,28 @@
 // directory for an engine plugin).
 #pragma once
 
-#include <fmt/format.h>
-#include <unistd.h>
-
-#include <atomic>
 #include <filesystem>
 #include <string>
-
-#include "format/error.h"
 
 namespace kvdiff::format {
 
 class ScratchDir {
  public:
-  explicit ScratchDir(const std::string& purpose = "scratch") {
-    static std::atomic<unsigned> counter{0};
-    const auto tmp = std::filesystem::temp_directory_path();
-    for (int attempt = 0; attempt < 100; ++attempt) {
-      path_ = tmp / fmt::format("kvdiff-{}-{}-{}", purpose, static_cast<long>(getpid()), counter++);
-      std::error_code ec;
-      if (std::filesystem::create_directory(path_, ec)) return;
-    }
-    throw InputError(fmt::format("cannot create a temporary folder in {}", tmp.string()));
-  }
-  ~ScratchDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
+  explicit ScratchDir(const std::string& purpose = "scratch");
+  ~ScratchDir();
   ScratchDir(const ScratchDir&) = delete;
   ScratchDir& operator=(const ScratchDir&) = delete;
   const std::filesystem::path& path() const { return path_; }
 
  private:
   std::filesystem::path path_;
+  int slot_ = -1;  // in the registry RemoveLiveScratchDirs reads; -1 when it was full
 };
+
+// Removes the files of every ScratchDir still alive, then the folders, without allocating or
+// locking: for an exit handler, which may run while another thread holds the allocator's lock (an
+// engine under test that calls exit() in kvdiff's process), where no destructor will run. The
+// folders' own subfolders are left (kvdiff writes none).
+void RemoveLiveScratchDirs() noexcept;
 
 }  // namespace kvdiff::format

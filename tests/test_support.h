@@ -34,7 +34,8 @@ inline std::filesystem::path NpmOracleDir() {
   return std::filesystem::path(home ? home : "/nonexistent") / ".cache" / "kvdiff" / "npm";
 }
 
-// A fresh, empty directory for one test, removed at the end of the test.
+// A fresh, empty directory for one test, removed at the end of the test (a static one, shared by
+// a test process's tests, when the process exits).
 class TempDir {
  public:
   TempDir() {
@@ -51,6 +52,8 @@ class TempDir {
     std::error_code ignored;
     std::filesystem::remove_all(path_, ignored);
   }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
   const std::filesystem::path& path() const { return path_; }
   std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
 

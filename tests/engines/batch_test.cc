@@ -33,12 +33,11 @@ format::ModelWeights TinyWeights() {
 
 // The tiny model as a plugin reads it, written once per test process.
 const std::filesystem::path& TinyModelDir() {
-  static const testing::TempDir* dir = [] {
-    auto* d = new testing::TempDir();
-    format::SaveModel(d->path() / "tiny", TinyWeights(), format::DType::kF32);
-    return d;
+  static const testing::TempDir dir;  // removed when the process exits
+  static const std::filesystem::path path = [] {
+    format::SaveModel(dir / "tiny", TinyWeights(), format::DType::kF32);
+    return dir / "tiny";
   }();
-  static const std::filesystem::path path = dir->path() / "tiny";
   return path;
 }
 

@@ -27,14 +27,13 @@ using ::testing::Not;
 // tiny with head_dim 32 (and hidden 128, so 4 query heads still fill it): q8_0 and q4_0 blocks
 // fit a head. Written once per process.
 const std::filesystem::path& TinyHd32() {
-  static TempDir* dir = new TempDir();
+  static const TempDir dir;  // removed when the process exits
   static const std::filesystem::path path = [] {
     format::LlamaConfig c = format::PresetConfig("tiny");
     c.hidden_size = 128;
     c.head_dim = 32;
-    format::SaveModel(dir->path() / "tiny-hd32", format::MakeRandomModel(c, 3),
-                      format::DType::kF32);
-    return dir->path() / "tiny-hd32";
+    format::SaveModel(dir / "tiny-hd32", format::MakeRandomModel(c, 3), format::DType::kF32);
+    return dir / "tiny-hd32";
   }();
   return path;
 }

@@ -20,15 +20,20 @@ inline std::string Text(const uint8_t* data, size_t size) {
   return std::string(reinterpret_cast<const char*>(data), size);
 }
 
-// A scratch directory of this process, made once, for parsers that read files.
+// A scratch directory of this process, made once, for parsers that read files; removed when the
+// fuzzer exits normally (its time or run limit), kept when it stops on a finding.
 inline const std::filesystem::path& ScratchDir() {
-  static const std::filesystem::path dir = [] {
-    auto d = std::filesystem::temp_directory_path() /
-             ("kvdiff-fuzz-" + std::to_string(static_cast<long>(::getpid())));
-    std::filesystem::create_directories(d);
-    return d;
-  }();
-  return dir;
+  struct Dir {
+    std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                 ("kvdiff-fuzz-" + std::to_string(static_cast<long>(::getpid())));
+    Dir() { std::filesystem::create_directories(path); }
+    ~Dir() {
+      std::error_code ignored;
+      std::filesystem::remove_all(path, ignored);
+    }
+  };
+  static const Dir dir;
+  return dir.path;
 }
 
 // Writes the bytes to ScratchDir()/name and returns the path.
