@@ -155,7 +155,7 @@ bool CampaignWindows(const std::vector<std::string>& backend_names);
 // `backend_names` (every one for every case, on whichever of the `jobs` threads runs it). Its
 // history is capped by its own context, and its boundaries are the powers of two and declared sizes
 // below that context; the coverage's boundaries are the union of the cases' and its context the
-// largest (docs/campaigns.md, "Random shapes"). A backend that cannot be built for a shape (an
+// largest (docs/campaign-cases.md, "Random shapes"). A backend that cannot be built for a shape (an
 // engine that refuses it) fails that case, naming the backend and saying why. The report is the
 // same for any jobs.
 CampaignReport RunRandomShapeCampaign(const std::vector<std::string>& backend_names,

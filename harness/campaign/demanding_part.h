@@ -3,7 +3,7 @@
 // scores in the hundreds, hidden states whose float32 sum of squares overflows, logits in the
 // thousands), with ref64 beside the backends under test and a gate relative to the logits' scale.
 // Code that is right only for O(1) numbers (a softmax that does not subtract the row max, a naive
-// float32 RMSNorm) passes every other case and fails these (docs/campaigns.md, "The demanding
+// float32 RMSNorm) passes every other case and fails these (docs/campaign-cases.md, "The demanding
 // part").
 #pragma once
 

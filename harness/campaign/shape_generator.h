@@ -35,7 +35,7 @@ inline constexpr int64_t kMaxShapeWidth = 256;
 // contexts of 8192 to 32768 positions and, half the time, llama3 rope scaling from an original
 // context of 1024-8192, so that a case runs far into the scaled band within seconds. There the
 // RoPE angles' rounding grows with the position and cached and uncached paths share it, so only
-// the comparison with ref64 sees a port's error (docs/campaigns.md, "The long tier").
+// the comparison with ref64 sees a port's error (docs/campaign-cases.md, "The long tier").
 enum class ShapeTier { kSmall, kLong };
 inline constexpr int64_t kLongTierMinContext = 8192;
 inline constexpr int64_t kLongTierMaxContext = 32768;

@@ -20,7 +20,7 @@ double ResolveTolerance(const std::optional<double>& flag, std::optional<double>
 // The gate of a row: max |a - b| <= abs, or <= rel * max_i |b_i| when rel > 0. The relative part
 // is for models whose logits are in the thousands (make-model --scale demanding), where float32
 // rounding alone is ~1e-7 of the logits' size and an absolute 1e-4 means nothing
-// (docs/campaigns.md, "The demanding part"); rel = 0 is the plain absolute gate.
+// (docs/campaign-cases.md, "The demanding part"); rel = 0 is the plain absolute gate.
 //
 // kl_max > 0 gates the next-token distribution too: KL(softmax(oracle) || softmax(row)) <= kl_max.
 // A tolerance profile of a quantized cache sets it (tolerance_profile.h): there max |a-b| grows

@@ -186,7 +186,7 @@ TEST_F(ShiftAgainstRef64Test, ImplAgreesWithRef64AfterShifts) {
 }
 
 // The same over the rows after a shift in the default campaign's cases (GenerateCase with
-// shifts): the figure docs/campaigns.md gives.
+// shifts): the figure docs/campaign-cases.md gives.
 TEST_F(ShiftAgainstRef64Test, ImplAgreesWithRef64AfterTheCampaignsShifts) {
   const format::LlamaConfig& config = backends_[0]->config();
   GenerationOptions options;
