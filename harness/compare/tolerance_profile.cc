@@ -37,7 +37,7 @@ constexpr double kRopeF32PerPosition = 2e-6;
 // 11. llama.cpp crashes applying a K-shift to a quantized cache (SIGSEGV in
 // llama_kv_cache::build_rope_shift, this build), so the llama.cpp figures have no shifts; the
 // example engine's q8_0 (engines/example), which re-quantizes the keys it turns, is held to the
-// same profile with shifts. Each bound is ~1.5-2x the worst measured (docs/engines.md):
+// same profile with shifts. Each bound is ~1.5-2x the worst measured (docs/tolerance-profiles.md):
 //   q8_0: max |a-b| 5.5e-1, 8.7e-1 (check), 3.7e-1..4.6e-1 (long), 1.1e-1 (smollm2-135m shape,
 //         4 cases); KL max 2.5e-2; argmax agreement 96.4-97.8%; against its own forward 5.3e-2
 //         (tiny), 1.5e-2 (smollm2-135m shape).

@@ -2,7 +2,7 @@
 // gate (kDefaultTolerance, max |a-b| <= 1e-4 on logits) is for engines that keep K/V in float32;
 // an engine whose cache (or attention) rounds K/V to a narrower type cannot meet it, and is held
 // instead to a bound measured against ref64 across models and lengths, written down with its
-// numbers (docs/engines.md, "Tolerance profiles"). A profile is chosen by what the backend says it
+// numbers (docs/tolerance-profiles.md). A profile is chosen by what the backend says it
 // attends in (BackendInfo::cache_dtype) or computes in (BackendInfo::compute_dtype), never by its
 // name, and every report prints it. A
 // --tolerance flag wins over any profile.
