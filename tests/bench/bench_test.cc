@@ -47,6 +47,9 @@ TEST(BenchCli, JsonHasEveryAgreedKeyForImpl) {
   }
   EXPECT_TRUE(j.at("ref").is_null()) << "ref was not asked for";
   EXPECT_GT(j.at("impl_decode_fraction_of_limit").get<double>(), 0);
+  // Counting the cache a step at 512 reads too only adds bytes to the limit: a larger share.
+  EXPECT_GT(j.at("impl_decode_fraction_of_limit_ctx512_with_cache").get<double>(),
+            j.at("impl_decode_fraction_of_limit_ctx512").get<double>());
   // The peak of the impl child includes the model: more than the process had before loading it.
   EXPECT_GT(j.at("impl").at("peak_rss_mb").get<double>(),
             j.at("impl").at("baseline_rss_mb").get<double>());
