@@ -241,21 +241,20 @@ void RunFigures(const BenchArgs& args, const harness::ModelSpec& source,
     const double own = ImplBytesPerWeight(dtypes) / 4.0;
     const double fraction = f.decode_fraction_ctx64 * own;
     out["impl_decode_fraction_of_limit"] = fraction;
-    out["impl_decode_fraction_of_limit_ctx512"] = f.decode_fraction_ctx512 * own;
+    const double fraction_512 = f.decode_fraction_ctx512 * own;
+    out["impl_decode_fraction_of_limit_ctx512"] = fraction_512;
     out["impl_decode_bytes_per_token_mb"] = decode_mb * own;
     // At 512 a step also reads its 512 cached positions: with those bytes in the limit (read at
     // the same rate), the share is of everything the step must read, not of the weights alone.
     const double cache_mb_512 = 512 * bench::KvBytesPerPosition(config) / 1e6;
-    const double with_cache =
-        f.decode_fraction_ctx512 * own * (decode_mb * own + cache_mb_512) / (decode_mb * own);
+    const double with_cache = fraction_512 * (1 + cache_mb_512 / (decode_mb * own));
     out["impl_decode_fraction_of_limit_ctx512_with_cache"] = with_cache;
     fmt::print(
         "impl decode @ ctx 64: {:.1f} tok/s = {:.0f}% of its bandwidth limit ({:.1f} tok/s: "
         "{:.1f} MB of {} weights a step) (median over steps of read time / step time); "
         "@ ctx 512: {:.0f}% ({:.0f}% counting the {:.1f} MB of KV cache the step reads too)\n",
         f.decode_tok_s_ctx64, 100 * fraction, limit_tok_s / own, decode_mb * own,
-        own < 1 ? "16-bit" : "float32", 100 * f.decode_fraction_ctx512 * own, 100 * with_cache,
-        cache_mb_512);
+        own < 1 ? "16-bit" : "float32", 100 * fraction_512, 100 * with_cache, cache_mb_512);
     // Serving memory: the weights, the cache of the 513 positions decoded at, and the rest.
     const double kv_mb = 513 * bench::KvBytesPerPosition(config) / 1e6;
     const double budget = (weight_mb + kv_mb) * 1.10;
