@@ -1,6 +1,6 @@
-// `kvdiff tokenize` through the built binary on a hand-written tokenizer.json: ids, --decode,
-// --json, --chat, and exit code 2 with a message for bad files.
-#include <fmt/format.h>
+// `kvdiff tokenize` through the built binary on a hand-written tokenizer.json
+// (tokenizer_fixtures.h): ids, --decode, --json, --chat, and exit code 2 with a message for bad
+// files.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -11,6 +11,7 @@
 #include <string>
 #include <tuple>
 
+#include "tests/format/tokenizer_fixtures.h"
 #include "tests/test_support.h"
 
 namespace kvdiff::format {
@@ -21,49 +22,10 @@ using ::testing::HasSubstr;
 
 using Result = testing::CommandResult;
 
-// SentencePiece-style: <unk> <s> </s>, <0x00>..<0xFF> (ids 3..258), ▁ h i ▁h ▁hi (259..263).
-json TinyTokenizer() {
-  json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
-  for (int b = 0; b < 256; ++b) vocab[fmt::format("<0x{:02X}>", b)] = 3 + b;
-  vocab["▁"] = 259;
-  vocab["h"] = 260;
-  vocab["i"] = 261;
-  vocab["▁h"] = 262;
-  vocab["▁hi"] = 263;
-  return {{"added_tokens",
-           {{{"id", 1}, {"content", "<s>"}, {"special", true}},
-            {{"id", 2}, {"content", "</s>"}, {"special", true}}}},
-          {"normalizer",
-           {{"type", "Sequence"},
-            {"normalizers",
-             {{{"type", "Prepend"}, {"prepend", "▁"}},
-              {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "▁"}}}}}},
-          {"pre_tokenizer", nullptr},
-          {"post_processor",
-           {{"type", "TemplateProcessing"},
-            {"single",
-             {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
-              {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
-            {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}},
-          {"decoder",
-           {{"type", "Sequence"},
-            {"decoders",
-             {{{"type", "Replace"}, {"pattern", {{"String", "▁"}}}, {"content", " "}},
-              {{"type", "ByteFallback"}},
-              {{"type", "Fuse"}},
-              {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
-          {"model",
-           {{"type", "BPE"},
-            {"unk_token", "<unk>"},
-            {"byte_fallback", true},
-            {"vocab", vocab},
-            {"merges", {"▁ h", "▁h i"}}}}};
-}
-
 class TokenizeCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::ofstream(dir_ / "tokenizer.json") << TinyTokenizer().dump();
+    std::ofstream(dir_ / "tokenizer.json") << testing::ByteFallbackFile().dump();
     std::ofstream(dir_ / "tokenizer_config.json")
         << json({{"bos_token", "<s>"},
                  {"eos_token", "</s>"},
@@ -111,14 +73,14 @@ TEST_F(TokenizeCli, BadFilesExitTwoWithTheReason) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("tokenizer.json: tokenizer.json: invalid JSON"));
 
-  json t = TinyTokenizer();
+  json t = testing::ByteFallbackFile();
   t["pre_tokenizer"] = {{"type", "BertPreTokenizer"}};
   std::ofstream(dir_ / "tokenizer.json") << t.dump();
   r = Run("--text hi");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("pre_tokenizer: type \"BertPreTokenizer\" is not implemented"));
 
-  std::ofstream(dir_ / "tokenizer.json") << TinyTokenizer().dump();
+  std::ofstream(dir_ / "tokenizer.json") << testing::ByteFallbackFile().dump();
   std::ofstream(dir_ / "tokenizer_config.json")
       << json({{"chat_template", "{% macro x %}"}}).dump();
   std::ofstream(dir_ / "chat.txt") << "user: hi\n";

@@ -3,6 +3,7 @@
 // tokenizer_oracle_test.cc.
 #include "format/tokenizer_json.h"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -13,10 +14,12 @@
 
 #include "format/error.h"
 #include "format/tokenizer.h"
+#include "tests/format/tokenizer_fixtures.h"
 
 namespace kvdiff::format {
 namespace {
 
+using kvdiff::testing::ByteFallbackFile;
 using nlohmann::json;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -63,51 +66,6 @@ json ByteLevelFile(bool pair_merges = false) {
       {"post_processor", {{"type", "ByteLevel"}}},
       {"decoder", {{"type", "ByteLevel"}}},
       {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merge_list}}}};
-}
-
-// SentencePiece-style: <unk> <s> </s>, the 256 <0xNN> tokens (ids 3..258), then ▁ h i ▁h ▁hi.
-json ByteFallbackFile() {
-  json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
-  for (int b = 0; b < 256; ++b) vocab[fmt::format("<0x{:02X}>", b)] = 3 + b;
-  vocab["▁"] = 259;
-  vocab["h"] = 260;
-  vocab["i"] = 261;
-  vocab["▁h"] = 262;
-  vocab["▁hi"] = 263;
-  json added = json::array();
-  for (int id = 0; id < 3; ++id) {
-    added.push_back({{"id", id},
-                     {"content", std::vector<std::string>{"<unk>", "<s>", "</s>"}[id]},
-                     {"special", true},
-                     {"normalized", false}});
-  }
-  return {{"added_tokens", added},
-          {"normalizer",
-           {{"type", "Sequence"},
-            {"normalizers",
-             {{{"type", "Prepend"}, {"prepend", "▁"}},
-              {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "▁"}}}}}},
-          {"pre_tokenizer", nullptr},
-          {"post_processor",
-           {{"type", "TemplateProcessing"},
-            {"single",
-             {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
-              {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
-            {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}},
-          {"decoder",
-           {{"type", "Sequence"},
-            {"decoders",
-             {{{"type", "Replace"}, {"pattern", {{"String", "▁"}}}, {"content", " "}},
-              {{"type", "ByteFallback"}},
-              {{"type", "Fuse"}},
-              {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
-          {"model",
-           {{"type", "BPE"},
-            {"unk_token", "<unk>"},
-            {"fuse_unk", true},
-            {"byte_fallback", true},
-            {"vocab", vocab},
-            {"merges", {"▁ h", "▁h i"}}}}};
 }
 
 HfTokenizer Make(const json& j) { return HfTokenizer::Parse(j.dump()); }
