@@ -299,9 +299,9 @@ std::shared_ptr<HostProcess> Spawn(const EngineProcessSpec& spec) {
 // hello, open, info: the version handshake, then the engine opened on the model.
 EngineInfo OpenIn(HostProcess& host, const EngineProcessSpec& spec) {
   std::string payload;
-  // hello measures the start of a process (kvdiff engine-host loads LibTorch; a Python engine
-  // imports numpy), not an engine call: it gets kStartSeconds even under a shorter time-out, so a
-  // loaded machine does not fail the start. The plugin itself is loaded in open, under the
+  // hello measures the start of a process (a Python engine imports numpy; kvdiff engine-host
+  // starts in ~0.03 s), not an engine call: it gets kStartSeconds even under a shorter time-out, so
+  // a loaded machine does not fail the start. The plugin itself is loaded in open, under the
   // time-out.
   constexpr double kStartSeconds = 10;
   const double call_seconds = host.timeout_seconds;

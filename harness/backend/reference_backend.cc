@@ -1,31 +1,61 @@
-// The LibTorch backends ("ref" float32, "ref64" float64): a ReferenceModel behind the Backend
+// The LibTorch backends ("ref" float32, "ref64" float64): the reference behind the Backend
 // interface. A session is what a transformers user holds between calls: the model and one
 // DynamicCache; the raw call is model(input_ids, past_key_values=cache), which reads the position
 // from the cache; a batched call is one forward of a left-padded batch with an attention mask and
-// per-row position_ids (ReferenceModel::ForwardBatch). Compiled only with KVDIFF_WITH_TORCH; it
-// includes reference/'s torch-free header.
+// per-row position_ids (ReferenceModel::ForwardBatch). Compiled only with KVDIFF_WITH_TORCH. The
+// reference itself is the module kvdiff_reference_module, loaded when the first ref or ref64
+// backend is built (reference/reference_module.h says why); this file sees its torch-free header.
+#include <dlfcn.h>
 #include <fmt/format.h>
 
+#include <mutex>
 #include <string>
 #include <utility>
 
 #include "format/error.h"
 #include "harness/backend/model_backend.h"
 #include "harness/backend/registry.h"
-#include "reference/reference_model.h"
+#include "reference/reference_module.h"
 
 namespace kvdiff::harness {
 namespace {
 
+// The module's entry, loaded once per process on first use and never unloaded (the logits,
+// errors and caches it made may outlive any one backend). A module that cannot be loaded is an
+// installation fault, reported as bad input: exit 2, naming the file and what dlopen said.
+ref::MakeModuleModel ReferenceModule() {
+  static std::once_flag once;
+  static ref::MakeModuleModel make = nullptr;
+  static std::string error;
+  std::call_once(once, [] {
+    void* module = ::dlopen(KVDIFF_REFERENCE_MODULE_PATH, RTLD_NOW | RTLD_LOCAL);
+    if (module == nullptr) {
+      error = fmt::format("cannot load the LibTorch reference module that ref and ref64 need: {}",
+                          ::dlerror());
+      return;
+    }
+    using Entry = ref::MakeModuleModel (*)();
+    auto* entry = reinterpret_cast<Entry>(::dlsym(module, ref::kKvdiffReferenceEntry));
+    if (entry == nullptr) {
+      error = fmt::format("the LibTorch reference module {} has no {}: it is of another kvdiff",
+                          KVDIFF_REFERENCE_MODULE_PATH, ref::kKvdiffReferenceEntry);
+      return;
+    }
+    make = entry();
+  });
+  if (make == nullptr) throw InputError(error);
+  return make;
+}
+
 // The reference as a transformers user drives it: the model, and how that user's batched calls
 // make position_ids (right, or not at all: `ref?batch=no-position-ids`).
 struct ReferenceUser {
-  ref::ReferenceModel model;
+  std::unique_ptr<ref::ModuleModel> model;
   ref::BatchPositions batch_positions;
 
-  const format::LlamaConfig& config() const { return model.config(); }
+  const format::LlamaConfig& config() const { return model->config(); }
   Logits ForwardFull(const Tokens& tokens, ForwardTrace* trace) const {
-    return model.ForwardFull(tokens, trace);
+    return model->ForwardFull(tokens, trace);
   }
 };
 
@@ -33,37 +63,37 @@ struct ReferenceUser {
 // cache: model(input_ids, past_key_values=cache) reads the position from the cache length.
 struct ReferenceOps {
   using Model = ReferenceUser;
-  using Session = ref::DynamicCache;
-  using Cache = ref::DynamicCache;
-  static Session NewSession(const Model&) { return ref::DynamicCache(); }
+  using Session = std::unique_ptr<ref::ModuleCache>;
+  using Cache = std::unique_ptr<ref::ModuleCache>;
+  static Session NewSession(const Model& user) { return user.model->NewCache(); }
   static Logits Append(const Model& user, Session& cache, const Tokens& tokens,
                        ForwardTrace* trace) {
-    return user.model.Forward(tokens, cache, trace);
+    return user.model->Forward(tokens, *cache, trace);
   }
-  static void Truncate(Session& cache, int64_t length) { cache.Crop(length); }
-  static void Reset(Session& cache) { cache.Reset(); }
+  static void Truncate(Session& cache, int64_t length) { cache->Crop(length); }
+  static void Reset(Session& cache) { cache->Reset(); }
   static void Shift(const Model& user, Session& cache, int64_t keep, int64_t discard) {
-    user.model.Shift(cache, keep, discard);
+    user.model->Shift(*cache, keep, discard);
   }
-  static Cache NewCache(const Model&) { return ref::DynamicCache(); }
-  static int64_t Length(const Cache& cache) { return cache.GetSeqLength(); }
-  static void Crop(Cache& cache, int64_t length) { cache.Crop(length); }
-  static void Clear(Cache& cache) { cache.Reset(); }
-  static Cache Fork(const Cache& cache) { return cache.Fork(); }
+  static Cache NewCache(const Model& user) { return user.model->NewCache(); }
+  static int64_t Length(const Cache& cache) { return cache->GetSeqLength(); }
+  static void Crop(Cache& cache, int64_t length) { cache->Crop(length); }
+  static void Clear(Cache& cache) { cache->Reset(); }
+  static Cache Fork(const Cache& cache) { return cache->Fork(); }
   // transformers takes no position: index_pos is ignored, as RawCall::kPositionFromCache says.
   static Logits Forward(const Model& user, const Tokens& tokens, int64_t /*index_pos*/,
                         Cache& cache, ForwardTrace* trace) {
-    return user.model.Forward(tokens, cache, trace);
+    return user.model->Forward(tokens, *cache, trace);
   }
   // transformers' padded batch: the items' caches and tokens left-padded, one forward.
   static constexpr bool kBatched = true;
   static std::vector<Logits> AppendBatch(const Model& user, const std::vector<Session*>& caches,
                                          const std::vector<BatchItem>& items) {
-    std::vector<ref::BatchPart> parts;
+    std::vector<ref::ModuleBatchPart> parts;
     for (size_t i = 0; i < items.size(); ++i) {
-      parts.push_back({caches[i], &items[i].tokens, items[i].output});
+      parts.push_back({caches[i]->get(), &items[i].tokens, items[i].output});
     }
-    return user.model.ForwardBatch(parts, user.batch_positions);
+    return user.model->ForwardBatch(parts, user.batch_positions);
   }
 };
 using ReferenceBackend = ModelBackend<ReferenceOps>;
@@ -123,7 +153,7 @@ std::pair<BackendInfo, BackendFactory> ReferenceEntry(const Variant& v, const st
                                                const BackendOptions& options) {
     return std::make_unique<ReferenceBackend>(
         info, std::make_shared<const ReferenceUser>(ReferenceUser{
-                  ref::ReferenceModel(std::move(w), precision, options.threads), positions}));
+                  ReferenceModule()(std::move(w), precision, options.threads), positions}));
   };
   return {std::move(info), std::move(make)};
 }

@@ -1,7 +1,11 @@
 // The "ref"/"ref64" backends: the Backend/BackendSession interface over ReferenceModel and
-// DynamicCache (Append = forward with the cache, Length, Truncate = Crop, Fork, Reset).
+// DynamicCache (Append = forward with the cache, Length, Truncate = Crop, Fork, Reset), loaded as
+// a module when the first of them is built.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
 
 #include "format/error.h"
 #include "harness/backend/registry.h"
@@ -18,6 +22,34 @@ using ::kvdiff::testing::TinyConfig;
 using ::testing::HasSubstr;
 
 constexpr double kTolerance = 1e-4;
+
+// Whether this process has LibTorch's main library mapped.
+bool LibTorchIsLoaded() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find("/libtorch_cpu.so") != std::string::npos) return true;
+  }
+  return false;
+}
+
+// kvdiff links no LibTorch: the reference module (reference/reference_module.h) is loaded when the
+// first ref backend is built, so a process that never builds one (`kvdiff --version`, a refusal,
+// an isolated engine's child) does not pay LibTorch's start. ctest runs each test in a process of
+// its own; this one is also the binary's first, so a whole-binary run holds it too.
+TEST(ReferenceBackend, LibTorchIsLoadedOnlyWhenARefBackendIsBuilt) {
+  EXPECT_FALSE(LibTorchIsLoaded()) << "LibTorch was loaded at the process's start";
+  auto weights = MakeWeights(TinyConfig(true), 1);
+  auto impl = MakeBackend("impl", weights, 1);
+  EXPECT_TRUE(BackendRegistry::Global().Info("ref").in_default_set);
+  EXPECT_FALSE(LibTorchIsLoaded()) << "LibTorch was loaded before any ref backend was built";
+  auto ref = MakeBackend("ref", weights, 1);
+  EXPECT_TRUE(LibTorchIsLoaded());
+  const Tokens tokens = {5, 9, 2};
+  EXPECT_LT(MaxAbsDiff(ref->NewSession()->Append(tokens), impl->NewSession()->Append(tokens),
+                       "ref against impl"),
+            kTolerance);
+}
 
 TEST(ReferenceBackend, NamesAndConfig) {
   auto weights = MakeWeights(TinyConfig(true), 1);
