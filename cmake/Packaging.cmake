@@ -7,6 +7,11 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 install(TARGETS kvdiff RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+if(TARGET kvdiff_reference_module)
+  # LibTorch's reference, loaded by kvdiff when a ref backend is first built; it looks for it
+  # here, relative to its own executable (harness/backend/reference_backend.cc).
+  install(TARGETS kvdiff_reference_module LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}/kvdiff)
+endif()
 install(FILES ${PROJECT_SOURCE_DIR}/include/kvdiff/engine.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvdiff)
 
@@ -27,8 +32,8 @@ set(CPACK_PACKAGE_DESCRIPTION_SUMMARY
     "Differential tester of KV-cache inference for Llama models, with a CMake package for ctest")
 set(CPACK_PACKAGE_CONTACT "kvdiff maintainers <kvdiff@users.noreply.github.com>")
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
-# The shared libraries the binary links (LibTorch, fmt, OpenBLAS through libblas.so.3, ...) become
-# the package's Depends, read by dpkg-shlibdeps.
+# The shared libraries the binary and the reference module link (LibTorch, fmt, OpenBLAS through
+# libblas.so.3, ...) become the package's Depends, read by dpkg-shlibdeps.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS libopenblas0-pthread)  # a fast libblas.so.3 for ref

@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -20,6 +21,20 @@
 namespace kvdiff::harness {
 namespace {
 
+// Where the module is: installed (cmake --install, the .deb) beside the installed executable, in
+// <prefix>/<libdir>/kvdiff/ (cmake/Packaging.cmake); else where this build tree made it.
+std::string ReferenceModulePath() {
+  std::error_code error;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (!error) {
+    const std::filesystem::path installed = exe.parent_path().parent_path() /
+                                            KVDIFF_INSTALL_LIBDIR / "kvdiff" /
+                                            KVDIFF_REFERENCE_MODULE_FILE;
+    if (std::filesystem::exists(installed, error)) return installed.string();
+  }
+  return KVDIFF_REFERENCE_MODULE_PATH;
+}
+
 // The module's entry, loaded once per process on first use and never unloaded (the logits,
 // errors and caches it made may outlive any one backend). A module that cannot be loaded is an
 // installation fault, reported as bad input: exit 2, naming the file and what dlopen said.
@@ -28,7 +43,8 @@ ref::MakeModuleModel ReferenceModule() {
   static ref::MakeModuleModel make = nullptr;
   static std::string error;
   std::call_once(once, [] {
-    void* module = ::dlopen(KVDIFF_REFERENCE_MODULE_PATH, RTLD_NOW | RTLD_LOCAL);
+    const std::string path = ReferenceModulePath();
+    void* module = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (module == nullptr) {
       error = fmt::format("cannot load the LibTorch reference module that ref and ref64 need: {}",
                           ::dlerror());
@@ -38,7 +54,7 @@ ref::MakeModuleModel ReferenceModule() {
     auto* entry = reinterpret_cast<Entry>(::dlsym(module, ref::kKvdiffReferenceEntry));
     if (entry == nullptr) {
       error = fmt::format("the LibTorch reference module {} has no {}: it is of another kvdiff",
-                          KVDIFF_REFERENCE_MODULE_PATH, ref::kKvdiffReferenceEntry);
+                          path, ref::kKvdiffReferenceEntry);
       return;
     }
     make = entry();
