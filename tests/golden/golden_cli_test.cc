@@ -316,6 +316,16 @@ TEST(GoldenCli, InterruptedRegenLeavesEveryFileOldOrNew) {
   for (int k = 1; k <= 6; ++k) {
     const fs::path run = dir / ("kill" + std::to_string(k));
     fs::copy(dir / "base", run, fs::copy_options::recursive);
+    // The killed regen's scratch folder (RowsFileBytes) is left where it was: in the test's own
+    // folder, not the machine's temporary one.
+    fs::create_directories(run / "tmp");
+    std::vector<std::string> env = {"TMPDIR=" + (run / "tmp").string()};
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (std::string(*e).rfind("TMPDIR=", 0) != 0) env.push_back(*e);
+    }
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
     const pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
@@ -328,7 +338,7 @@ TEST(GoldenCli, InterruptedRegenLeavesEveryFileOldOrNew) {
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
-      execv(KVDIFF_BINARY, argv.data());
+      execve(KVDIFF_BINARY, argv.data(), envp.data());
       _exit(127);
     }
     std::this_thread::sleep_for(std::chrono::duration<double>(seconds * k / 7.0));
