@@ -17,12 +17,24 @@ namespace kvdiff::cli {
 namespace {
 
 std::atomic<bool> finished{false};
+std::atomic<bool> exiting{false};
 std::FILE* report = nullptr;
 
+// glibc unlocks its list of exit handlers while it runs each one: a second thread calling exit()
+// while the first is inside OnExit walks on through the handlers behind it and ends the process
+// with its own status (in CI, a plugin's exit(0) on both campaign workers ended kvdiff with 0).
+// So OnExit is registered this many times: each thread that calls exit() meets a copy of its own.
+constexpr int kGuardCopies = 64;
+
 // Runs inside exit(): only calls that neither allocate nor lock, then _exit so no later handler
-// can undo it. The scratch folders (an engine's model copy: 538 MB for smollm2) go either way:
-// after main returns none is alive, and after an engine's exit() no destructor will remove them.
+// can undo it. The first thread in does the work; any other parks until that _exit ends them all.
+// The scratch folders (an engine's model copy: 538 MB for smollm2) go either way: after main
+// returns none is alive, and after an engine's exit() no destructor will remove them.
 void OnExit() {
+  if (exiting.exchange(true)) {
+    if (finished.load()) return;
+    for (;;) pause();
+  }
   format::RemoveLiveScratchDirs();
   if (finished.load()) return;
   static const char kMessage[] =
@@ -35,8 +47,10 @@ void OnExit() {
 }  // namespace
 
 void InstallExitGuard() {
-  std::atexit(OnExit);
-  std::at_quick_exit(OnExit);
+  for (int i = 0; i < kGuardCopies; ++i) {
+    std::atexit(OnExit);
+    std::at_quick_exit(OnExit);
+  }
 }
 
 void MarkFinished() {

@@ -4,9 +4,10 @@
 //   - exit: a plugin calling exit(0) in process would end kvdiff with status 0 and no report. An
 //     exit handler, installed before any plugin is loaded, turns every exit that main did not
 //     reach into exit 1 with a message (in the engine-host child too, so the parent sees a
-//     failure). _exit() bypasses every handler: only isolation (the default) catches that. The
-//     handler also removes kvdiff's scratch folders (format::RemoveLiveScratchDirs), which the
-//     engine's exit() would otherwise leave in the temporary directory.
+//     failure), whichever thread calls exit() and however many at once. _exit() bypasses every
+//     handler: only isolation (the default) catches that. The handler also removes kvdiff's
+//     scratch folders (format::RemoveLiveScratchDirs), which the engine's exit() would otherwise
+//     leave in the temporary directory.
 //   - stdout: whatever an in-process engine prints (printf, std::cout, write(1)) must not be
 //     taken for kvdiff's report. Commands that load engines print their report to Report(), a
 //     private duplicate of the fd 1 kvdiff started with; fd 1 itself then points at stderr.

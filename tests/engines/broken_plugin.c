@@ -23,14 +23,17 @@
  * An engine that misbehaves on purpose, for the bad-input catalogue: fault=WHERE:WHAT strikes in
  * WHERE (open, info, close, or append once a session would pass 24 positions) by WHAT (exit0:
  * exit(0); exit3: exit(3); segv: SIGSEGV; hang: never returns; print: prints a "PASS: ..." line on
- * stdout and goes on). Faults before any option can be read are chosen when building: with
- * KVDIFF_FAULT_AT_LOAD=WHAT the library's ELF constructor strikes, with KVDIFF_GARBAGE_ENTRY the
- * entry point returns a pointer to nothing (tests/engines/CMakeLists.txt builds one of each).
- * and, independently, lie=NAME: length() lies while the cache is right, as a plugin that counts
- * its positions wrong: lie=plus1 (length+1), lie=zero, lie=minus1 (-1), lie=max (INT64_MAX).
+ * stdout and goes on; exit0race: exit(0), and a second thread's exit(0) while the first runs the
+ * exit handlers, as two of kvdiff's campaign workers can do). Faults before any option can be read
+ * are chosen when building: with KVDIFF_FAULT_AT_LOAD=WHAT the library's ELF constructor strikes,
+ * with KVDIFF_GARBAGE_ENTRY the entry point returns a pointer to nothing
+ * (tests/engines/CMakeLists.txt builds one of each). and, independently, lie=NAME: length() lies
+ * while the cache is right, as a plugin that counts its positions wrong: lie=plus1 (length+1),
+ * lie=zero, lie=minus1 (-1), lie=max (INT64_MAX).
  *
  * `kvdiff conform` and `kvdiff check` must catch both bugs (tests/engines/conform_cli_test.cc). */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -46,10 +49,25 @@ enum lie { LIE_NONE, LIE_PLUS1, LIE_ZERO, LIE_MINUS1, LIE_MAX };
 enum { kBugLength = 24 }; /* where bug=crash and bug=hang strike */
 
 enum where { AT_NOWHERE, AT_OPEN, AT_INFO, AT_CLOSE, AT_APPEND };
-enum what { DO_NOTHING, DO_EXIT0, DO_EXIT3, DO_SEGV, DO_HANG, DO_PRINT };
+enum what { DO_NOTHING, DO_EXIT0, DO_EXIT3, DO_SEGV, DO_HANG, DO_PRINT, DO_EXIT0_RACE };
+
+static void* ExitZero(void* unused) {
+  (void)unused;
+  exit(0);
+}
+
+/* Registered last, so run first by exit(): starts the second exit(0) and returns at once, so the
+ * first thread goes on to kvdiff's own handler while the second walks the list behind it. */
+static void StartSecondExit(void) {
+  pthread_t thread;
+  if (pthread_create(&thread, NULL, ExitZero, NULL) == 0) pthread_detach(thread);
+}
 
 static void Strike(enum what what) {
   switch (what) {
+    case DO_EXIT0_RACE:
+      atexit(StartSecondExit);
+      exit(0);
     case DO_EXIT0:
       exit(0);
     case DO_EXIT3:
@@ -75,10 +93,10 @@ __attribute__((constructor)) static void OnLoad(void) { Strike(KVDIFF_FAULT_AT_L
 /* "open:segv" -> AT_OPEN, DO_SEGV; 0 when either half is unknown. */
 static int ParseFault(const char* text, enum where* where, enum what* what) {
   static const char* const kWhere[] = {"", "open:", "info:", "close:", "append:"};
-  static const char* const kWhat[] = {"", "exit0", "exit3", "segv", "hang", "print"};
+  static const char* const kWhat[] = {"", "exit0", "exit3", "segv", "hang", "print", "exit0race"};
   for (int w = 1; w < 5; ++w) {
     if (strncmp(text, kWhere[w], strlen(kWhere[w])) != 0) continue;
-    for (int d = 1; d < 6; ++d) {
+    for (int d = 1; d < 7; ++d) {
       if (strcmp(text + strlen(kWhere[w]), kWhat[d]) != 0) continue;
       *where = (enum where)w;
       *what = (enum what)d;
@@ -184,7 +202,8 @@ static kvdiff_status Open(const char* model_dir, const char* options, kvdiff_eng
     snprintf(
         e->error, sizeof e->error,
         "broken: option bug: expected truncate, fork, crash, hang, shift or none; option fault: "
-        "expected open, info, close or append, ':', then exit0, exit3, segv, hang or print; "
+        "expected open, info, close or append, ':', then exit0, exit3, segv, hang, print or "
+        "exit0race; "
         "option lie: expected plus1, zero, minus1, max or none");
     return KVDIFF_INVALID_INPUT;
   }
