@@ -17,7 +17,10 @@ namespace kvdiff::cli {
 namespace {
 
 std::atomic<bool> finished{false};
+std::atomic<int> verdict{0};  // main's exit code, once finished
 std::atomic<bool> exiting{false};
+thread_local bool exits_here = false;     // this thread is the one ending the process
+thread_local bool finished_here = false;  // this thread reached the verdict (main's)
 std::FILE* report = nullptr;
 
 // glibc unlocks its list of exit handlers while it runs each one: a second thread calling exit()
@@ -27,16 +30,24 @@ std::FILE* report = nullptr;
 constexpr int kGuardCopies = 64;
 
 // Runs inside exit(): only calls that neither allocate nor lock, then _exit so no later handler
-// can undo it. The first thread in does the work; any other parks until that _exit ends them all.
-// The scratch folders (an engine's model copy: 538 MB for smollm2) go either way: after main
-// returns none is alive, and after an engine's exit() no destructor will remove them.
+// can undo it. The first thread in ends the process; any other parks until it has. The scratch
+// folders (an engine's model copy: 538 MB for smollm2) go either way: after main returns none is
+// alive, and after an engine's exit() no destructor will remove them.
+//   - before the verdict: exit 1 and a message, whatever status the engine gave;
+//   - after it, from main: the normal exit (static destructors, the sanitizers' leak check);
+//   - after it, from another thread (an engine's leftover thread): _exit with main's verdict.
 void OnExit() {
-  if (exiting.exchange(true)) {
-    if (finished.load()) return;
-    for (;;) pause();
+  if (!exits_here) {
+    if (exiting.exchange(true)) {
+      for (;;) pause();
+    }
+    exits_here = true;
+    format::RemoveLiveScratchDirs();
   }
-  format::RemoveLiveScratchDirs();
-  if (finished.load()) return;
+  if (finished.load()) {
+    if (finished_here) return;
+    _exit(verdict.load());
+  }
   static const char kMessage[] =
       "kvdiff: engine failure: the process was ended by exit() before kvdiff finished its work "
       "(an engine in this process called exit()?); no verdict was reached, so this run fails\n";
@@ -53,8 +64,10 @@ void InstallExitGuard() {
   }
 }
 
-void MarkFinished() {
+void MarkFinished(int exit_code) {
   if (report) std::fflush(report);
+  verdict.store(exit_code);
+  finished_here = true;
   finished.store(true);
 }
 

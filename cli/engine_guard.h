@@ -19,9 +19,10 @@
 
 namespace kvdiff::cli {
 
-// Call first thing in main; MarkFinished just before main returns its exit code.
+// Call first thing in main; MarkFinished just before main returns its exit code, with that code
+// (the status the process ends with, whichever thread calls exit() afterwards).
 void InstallExitGuard();
-void MarkFinished();
+void MarkFinished(int exit_code);
 
 // kvdiff's report stream: stdout until SeparateReportFromEngines, its private duplicate after.
 std::FILE* Report();

@@ -145,6 +145,6 @@ int main(int argc, char** argv) {
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (!ec) kvdiff::harness::SetEngineHost(self);
   const int exit_code = Main(argc, argv);
-  kvdiff::cli::MarkFinished();
+  kvdiff::cli::MarkFinished(exit_code);
   return exit_code;
 }
