@@ -26,8 +26,10 @@ std::FILE* report = nullptr;
 // glibc unlocks its list of exit handlers while it runs each one: a second thread calling exit()
 // while the first is inside OnExit walks on through the handlers behind it and ends the process
 // with its own status (in CI, a plugin's exit(0) on both campaign workers ended kvdiff with 0).
-// So OnExit is registered this many times: each thread that calls exit() meets a copy of its own.
-constexpr int kGuardCopies = 64;
+// So OnExit is registered this many times: each thread that calls exit() meets a copy of its own
+// (a copy is used up by the thread that takes it): twice the most campaign workers kvdiff runs
+// (--jobs 256), so an engine's own threads have room too. 1,024 registrations: microseconds.
+constexpr int kGuardCopies = 512;
 
 // Runs inside exit(): only calls that neither allocate nor lock, then _exit so no later handler
 // can undo it. The first thread in ends the process; any other parks until it has. The scratch

@@ -76,6 +76,19 @@ TEST(ExitGuard, TwoThreadsExitingAtOnceBeforeTheVerdictEndItWithOne) {
   }
 }
 
+// Every thread that exits takes a copy of the guard and parks in it: 300 at once (more than the
+// 256 campaign workers --jobs allows), while the first removes the 2,000 files.
+TEST(ExitGuard, ThreeHundredThreadsExitingAtOnceEndItWithOne) {
+  EXPECT_EQ(ExitStatusOf([] {
+              auto* scratch = new format::ScratchDir("guard-test");
+              for (int f = 0; f < 2000; ++f)
+                std::ofstream(scratch->path() / std::to_string(f)) << f;
+              for (int t = 0; t < 300; ++t) StartExitZero();
+              pause();
+            }),
+            1);
+}
+
 TEST(ExitGuard, MainsVerdictIsTheStatus) {
   EXPECT_EQ(ExitStatusOf([] {
               cli::MarkFinished(0);
