@@ -27,7 +27,7 @@
  * exit handlers, as two of kvdiff's campaign workers can do). Faults before any option can be read
  * are chosen when building: with KVDIFF_FAULT_AT_LOAD=WHAT the library's ELF constructor strikes,
  * with KVDIFF_GARBAGE_ENTRY the entry point returns a pointer to nothing
- * (tests/engines/CMakeLists.txt builds one of each). and, independently, lie=NAME: length() lies
+ * (tests/engines/CMakeLists.txt builds one of each). And, independently, lie=NAME: length() lies
  * while the cache is right, as a plugin that counts its positions wrong: lie=plus1 (length+1),
  * lie=zero, lie=minus1 (-1), lie=max (INT64_MAX).
  *
@@ -203,8 +203,7 @@ static kvdiff_status Open(const char* model_dir, const char* options, kvdiff_eng
         e->error, sizeof e->error,
         "broken: option bug: expected truncate, fork, crash, hang, shift or none; option fault: "
         "expected open, info, close or append, ':', then exit0, exit3, segv, hang, print or "
-        "exit0race; "
-        "option lie: expected plus1, zero, minus1, max or none");
+        "exit0race; option lie: expected plus1, zero, minus1, max or none");
     return KVDIFF_INVALID_INPUT;
   }
   if (e->fault_at == AT_OPEN) Strike(e->fault);

@@ -32,9 +32,16 @@ int ExitStatusOf(const std::function<void()>& body) {
 }
 
 void* ExitZero(void*) { std::exit(0); }
+// Starts a thread that calls exit(0).
 void StartExitZero() {
   pthread_t thread;
   if (pthread_create(&thread, nullptr, ExitZero, nullptr) == 0) pthread_detach(thread);
+}
+// A live scratch folder of 2,000 files (never destroyed: the guard is to remove it), which makes
+// the guard's work slow enough for a thread behind it to lose every race without the fix.
+void LeaveAScratchFolderOf2000Files() {
+  auto* scratch = new format::ScratchDir("guard-test");
+  for (int f = 0; f < 2000; ++f) std::ofstream(scratch->path() / std::to_string(f)) << f;
 }
 // Registered after the guard, so the exiting thread runs it first: another thread's exit(0)
 // begins while this one is held (as an engine's thread does while kvdiff exits).
@@ -56,20 +63,14 @@ TEST(ExitGuard, AnExitFromAnotherThreadBeforeTheVerdictEndsItWithOne) {
             1);
 }
 
-// Registered after the guard: the second exit(0) begins, and this thread goes on at once to the
-// guard, which removes the scratch folder while the second walks the handlers behind it.
-void StartExitZeroAndGoOn() { StartExitZero(); }
-
 // As an engine's exit(0) on two campaign workers did in CI: the thread in the guard was removing
-// an engine's model copy while the other reached _exit(0). The scratch folder's 2,000 files make
-// that removal slow enough for the race to be lost every time without the fix.
+// an engine's model copy while the other reached _exit(0). StartExitZero, registered after the
+// guard, starts the second exit(0), and this thread goes on at once into the guard.
 TEST(ExitGuard, TwoThreadsExitingAtOnceBeforeTheVerdictEndItWithOne) {
   for (int i = 0; i < 5; ++i) {
     EXPECT_EQ(ExitStatusOf([] {
-                auto* scratch = new format::ScratchDir("guard-test");
-                for (int f = 0; f < 2000; ++f)
-                  std::ofstream(scratch->path() / std::to_string(f)) << f;
-                std::atexit(StartExitZeroAndGoOn);
+                LeaveAScratchFolderOf2000Files();
+                std::atexit(StartExitZero);
                 std::exit(0);
               }),
               1);
@@ -80,9 +81,7 @@ TEST(ExitGuard, TwoThreadsExitingAtOnceBeforeTheVerdictEndItWithOne) {
 // 256 campaign workers --jobs allows), while the first removes the 2,000 files.
 TEST(ExitGuard, ThreeHundredThreadsExitingAtOnceEndItWithOne) {
   EXPECT_EQ(ExitStatusOf([] {
-              auto* scratch = new format::ScratchDir("guard-test");
-              for (int f = 0; f < 2000; ++f)
-                std::ofstream(scratch->path() / std::to_string(f)) << f;
+              LeaveAScratchFolderOf2000Files();
               for (int t = 0; t < 300; ++t) StartExitZero();
               pause();
             }),
