@@ -19,6 +19,7 @@
 
 #include "format/chat_template.h"
 #include "format/error.h"
+#include "format/sanitizer_runtime.h"
 #include "format/tokenizer.h"
 #include "format/tokenizer_json.h"
 #include "harness/backend/registry.h"
@@ -30,24 +31,15 @@
 namespace kvdiff::harness {
 namespace {
 
-// A sanitizer's allocator in place of glibc's: glibc's malloc_trim has nothing of ours to trim,
-// and its first call initializes glibc's unused arenas, which two jobs calling it at once raced
-// on (ASan build, CI: SEGV in mtrim).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define KVDIFF_SANITIZER_ALLOCATOR
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
-    __has_feature(memory_sanitizer)
-#define KVDIFF_SANITIZER_ALLOCATOR
-#endif
-#endif
-
 // Gives the pages of freed blocks back to the system (glibc keeps them for its next allocation).
 // A replay frees its sessions' caches and an oracle pass its ForwardFull's logits (200 MB for a
 // 1024-token history on smollm2-135m) while the recordings stay: without this, what the next
 // phase or the other job allocates comes on top of what this one no longer uses.
+// Not under a sanitizer's allocator: glibc's malloc_trim has nothing of ours to trim then, and its
+// first call initializes glibc's unused arenas, which two jobs calling it at once raced on (ASan
+// build, CI: SEGV in mtrim).
 void ReleaseFreedMemory() {
-#if defined(__GLIBC__) && !defined(KVDIFF_SANITIZER_ALLOCATOR)
+#if defined(__GLIBC__) && !defined(KVDIFF_SANITIZER_RUNTIME)
   malloc_trim(0);
 #endif
 }

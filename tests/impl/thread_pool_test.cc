@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "format/error.h"
+#include "format/sanitizer_runtime.h"
 
 namespace kvdiff::impl {
 namespace {
@@ -25,20 +26,12 @@ TEST(ThreadPoolBounds, RefusesMoreThanKMaxThreadsAndNegativeCounts) {
   EXPECT_LE(pool.Size(), kMaxThreads);
 }
 
-#if defined(__SANITIZE_ADDRESS__)
-#define KVDIFF_UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define KVDIFF_UNDER_ASAN 1
-#endif
-#endif
-
 // In a child with so little address space that thread stacks run out after a few threads: the
 // constructor must throw std::system_error (after joining the workers it started) instead of
 // hanging on them or terminating. The parent gives the child 20 seconds.
 TEST(ThreadPoolBounds, ARefusedThreadUnwindsCleanly) {
-#ifdef KVDIFF_UNDER_ASAN
-  GTEST_SKIP() << "AddressSanitizer reserves terabytes of address space; RLIMIT_AS cannot be used";
+#ifdef KVDIFF_SANITIZER_RUNTIME
+  GTEST_SKIP() << "the sanitizer reserves terabytes of address space; RLIMIT_AS cannot be used";
 #else
   const pid_t child = fork();
   ASSERT_GE(child, 0);
