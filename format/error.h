@@ -30,6 +30,15 @@ class EngineError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An engine in another process that did not answer a call within its time-out (--isolate-timeout):
+// it was killed, and the backend calls it no more, since a new process would most likely hang
+// as long again. A replay stops that backend for the rest of the scenario, and a campaign does
+// not shrink such a case (each candidate would wait for the time-out).
+class EngineHungError : public EngineError {
+ public:
+  using EngineError::EngineError;
+};
+
 }  // namespace kvdiff
 
 // KVDIFF_CHECK(cond, "fmt {}", args...): argument check at an API boundary; throws InputError.

@@ -102,6 +102,7 @@ struct HostProcess {
   int64_t vocab_size = 0;           // as the info said, once the engine is open
   bool shifts = false;              // the info said it answers shift
   std::optional<std::string> dead;  // why the child is gone
+  bool hung = false;                // it went because a call outlasted the time-out
 
   // Closing the socket tells the child to free its sessions, close the engine and exit 0; a child
   // that crashes, exits otherwise or hangs there is a fault of the engine's close, kept for main.
@@ -138,9 +139,10 @@ struct HostProcess {
   // One request (its header, then `body`) and its reply, whose payload may be at most
   // `max_payload` bytes (or wire::kMaxTextBytes, for an error message). Throws what the engine
   // threw; EngineError when the child died, timed out or broke the protocol during the call (and
-  // the child is then gone for good).
+  // the child is then gone for good); EngineHungError when it timed out, then or before.
   Reply Call(const Request& request, std::string_view body, std::string& payload,
              int64_t max_payload = 0) {
+    if (hung) throw EngineHungError(NotCalledAgain());
     if (dead) throw EngineError(fmt::format("{}: {}", name, *dead));
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
@@ -219,8 +221,20 @@ struct HostProcess {
     }
     pid = -1;
     dead = fmt::format("{} {} during {}", who, what, DescribeCall(request));
+    if (timed_out) {
+      hung = true;
+      throw EngineHungError(fmt::format(
+          "{}: {}; it is not called again: a new process would likely wait as long (raise "
+          "--isolate-timeout for an engine that is only slow)",
+          name, *dead));
+    }
     throw EngineError(fmt::format(
         "{}: {}; its sessions are gone, a new session starts a new process", name, *dead));
+  }
+
+  // What every call after a time-out throws, at once: waiting again would only repeat it.
+  std::string NotCalledAgain() const {
+    return fmt::format("{}: not called: earlier, {}; it is not called again", name, *dead);
   }
 
   // A version this kvdiff does not speak: refused as bad input, and the child goes.
@@ -366,7 +380,9 @@ IsolatedEngine IsolatedEngine::StartProcess(EngineProcessSpec spec) {
 }
 
 IsolatedSession IsolatedEngine::NewSession() const {
-  if (host_->dead) {
+  // After a crash a new process may well serve the next conversation; after a time-out it would
+  // most likely hang as long again, so the engine stays down (HostProcess::Call throws).
+  if (host_->dead && !host_->hung) {
     host_ = Spawn(spec_);
     OpenIn(*host_, spec_);
   }

@@ -98,7 +98,8 @@ class IsolatedEngine {
   static IsolatedEngine StartProgram(const EngineProgramSpec& spec);
   static IsolatedEngine StartProcess(EngineProcessSpec spec);
   const EngineInfo& Info() const { return info_; }
-  // A new session; starts a new child first when the last one died.
+  // A new session; starts a new child first when the last one died. After a call outlasted the
+  // time-out, every call (this one included) throws EngineHungError at once, starting nothing.
   IsolatedSession NewSession() const;
   // ABI 2: whether the plugin has append_batch.
   bool HasBatch() const { return info_.abi_version >= 2; }

@@ -266,6 +266,7 @@ CaseResult RunCase(const Scenario& sc, const std::vector<const Backend*>& backen
   if (!run.Passed()) {
     result.failure = FailureLine(run, demanding);
     result.threw = !run.first_divergence.has_value();
+    result.hung_backends = run.hung_backends;
     result.scenario_file = WriteFailingCase(options, k, sc);
   }
   return result;
@@ -294,8 +295,16 @@ void ShrinkFirstFailures(const format::LlamaConfig& config, const std::vector<Sc
     CaseResult& r = results[i];
     if (r.passed) continue;
     --*shrinks_left;
-    // A case whose one run outlasts the budget (an engine that hangs until --isolate-timeout)
-    // would spend it on its first candidate and find nothing smaller.
+    // A backend that outlasted its time-out is not called again, and a new one would wait as long
+    // for every candidate: there is nothing to shrink with.
+    if (!r.hung_backends.empty()) {
+      r.not_shrunk =
+          "not shrunk: a backend did not answer within its time-out (--isolate-timeout); each "
+          "candidate would wait for it again";
+      continue;
+    }
+    // A case whose one run outlasts the budget would spend it on its first candidate and find
+    // nothing smaller.
     if (r.seconds > options.shrink_budget.max_seconds) {
       r.not_shrunk = fmt::format(
           "not shrunk: one run of it took {:.3g} s, more than the shrink budget of {:.3g} s "
@@ -310,7 +319,9 @@ void ShrinkFirstFailures(const format::LlamaConfig& config, const std::vector<Sc
     auto still_fails = [&](const Scenario& candidate) {
       try {
         const RunReport run = RunScenario(candidate, backends, options.run);
-        if (run.Passed() || run.first_divergence.has_value() == r.threw) return false;
+        if (run.Passed() || !run.hung_backends.empty() ||
+            run.first_divergence.has_value() == r.threw)
+          return false;
         failure = FailureLine(run, r.demanding);
         return true;
       } catch (const std::exception&) {

@@ -66,12 +66,13 @@ struct CaseResult {
   bool passed = true;
   int64_t steps = 0, rows_compared = 0;
   double worst_diff = 0;
-  bool demanding = false;          // run on the demanding model (DemandingPart)
-  double worst_relative_diff = 0;  // max |a-b| / max |logit| over its rows
-  WorstRow worst;                  // the row of worst_diff, with its gate
-  std::string failure;             // first divergence or error, one line
-  bool threw = false;              // the failure is a backend's error, not a divergence
-  std::string scenario_file;       // written when it failed
+  bool demanding = false;                  // run on the demanding model (DemandingPart)
+  double worst_relative_diff = 0;          // max |a-b| / max |logit| over its rows
+  WorstRow worst;                          // the row of worst_diff, with its gate
+  std::string failure;                     // first divergence or error, one line
+  bool threw = false;                      // the failure is a backend's error, not a divergence
+  std::vector<std::string> hung_backends;  // outlasted their time-out in it (RunReport's)
+  std::string scenario_file;               // written when it failed
   // When the failing case was shrunk (CampaignOptions::shrink_cases): the smallest failing
   // scenario found, its file and first failure, its steps, and the replays it took.
   struct Shrunk {
@@ -80,8 +81,8 @@ struct CaseResult {
     bool exhausted = false;  // the budget ran out first: a smaller one may exist
   };
   std::optional<Shrunk> shrunk;
-  // Why a failing case among the first shrink_cases was not shrunk (e.g. one run of it outlasts
-  // the whole shrink budget, as an engine's hang does); else empty.
+  // Why a failing case among the first shrink_cases was not shrunk (a backend hung in it, or one
+  // run of it outlasts the whole shrink budget); else empty.
   std::string not_shrunk;
   double seconds = 0;  // wall time of the case's run on its backends
   std::string shape;   // --shapes random: the case's model (ShapeParams); else empty

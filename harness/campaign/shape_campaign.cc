@@ -8,6 +8,8 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 
 #include "format/error.h"
 #include "harness/backend/registry.h"
@@ -32,6 +34,27 @@ struct ShapeCase {
   std::string shift_limit;  // CampaignShiftLimit of this case's backends
 };
 
+// The backends that outlasted their time-out, each with the first case it hung in: every case
+// builds its backends anew, and a new engine process would most likely wait as long again, so
+// the later cases do not start them (as a fixed campaign's backend calls a hung engine no more).
+class HungBackends {
+ public:
+  std::optional<int64_t> CaseOf(const std::string& name) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = first_case_.find(name);
+    if (it == first_case_.end()) return std::nullopt;
+    return it->second;
+  }
+  void Add(const std::string& name, int64_t k) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    first_case_.emplace(name, k);
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::string, int64_t> first_case_;
+};
+
 }  // namespace
 
 bool CampaignWindows(const std::vector<std::string>& backend_names) {
@@ -45,7 +68,7 @@ namespace {
 // Case k: its model, its backends (each of `names`, built by the registry), then the case as the
 // fixed campaign runs one.
 ShapeCase RunShapeCase(const std::vector<std::string>& names, const BackendOptions& backend_options,
-                       const CampaignOptions& options, int64_t k) {
+                       const CampaignOptions& options, int64_t k, HungBackends& hung) {
   const ModelSpec model = ShapeModel(options.seed, k, options.shape_tier, CampaignWindows(names));
   const format::LlamaConfig& config = *model.config;
   ShapeCase out;
@@ -69,18 +92,29 @@ ShapeCase RunShapeCase(const std::vector<std::string>& names, const BackendOptio
     return sc;
   };
   for (const std::string& name : names) {
-    try {
-      owned.push_back(BackendRegistry::Global().Make(name, weights, backend_options));
-      backends.push_back(owned.back().get());
-    } catch (const std::exception& e) {
-      // An engine that refuses this shape: the case fails saying so, and its file (the steps it
-      // would have run) reproduces the refusal with `kvdiff run`.
+    std::string refused;
+    if (const std::optional<int64_t> hung_in = hung.CaseOf(name)) {
+      refused = fmt::format(
+          "backend {} is not started: it did not answer within its time-out in case {} "
+          "(--isolate-timeout)",
+          name, *hung_in);
+    } else {
+      try {
+        owned.push_back(BackendRegistry::Global().Make(name, weights, backend_options));
+        backends.push_back(owned.back().get());
+      } catch (const std::exception& e) {
+        refused = fmt::format("backend {} could not be built for this shape: {}", name, e.what());
+        if (dynamic_cast<const EngineHungError*>(&e) != nullptr) hung.Add(name, k);
+      }
+    }
+    if (!refused.empty()) {
+      // An engine that refuses this shape (or hung): the case fails saying so, and its file (the
+      // steps it would have run) reproduces the refusal with `kvdiff run`.
       generation.boundaries = CampaignBoundaries({}, out.context);
       out.scenario = new_case();
       out.result.passed = false;
       out.result.steps = static_cast<int64_t>(out.scenario.steps.size());
-      out.result.failure =
-          fmt::format("backend {} could not be built for this shape: {}", name, e.what());
+      out.result.failure = refused;
       out.result.scenario_file = campaign_detail::WriteFailingCase(options, k, out.scenario);
       return out;
     }
@@ -97,6 +131,7 @@ ShapeCase RunShapeCase(const std::vector<std::string>& names, const BackendOptio
   const std::string shape = std::move(out.result.shape);
   out.result = campaign_detail::RunCase(out.scenario, backends, options, k);
   out.result.shape = shape;
+  for (const std::string& name : out.result.hung_backends) hung.Add(name, k);
   out.ran = true;
   return out;
 }
@@ -150,11 +185,12 @@ CampaignReport RunRandomShapeCampaign(const std::vector<std::string>& backend_na
   const std::vector<int64_t> indices = ShardCases(options.cases, options.shard);
   // As in the fixed campaign: results land in case order, the report is folded from them after.
   std::vector<ShapeCase> cases(indices.size());
+  HungBackends hung;
   int64_t done = 0, failures = 0;
   RunJobs(
       static_cast<int64_t>(indices.size()), jobs,
       [&](int /*job*/, int64_t i) {
-        cases[i] = RunShapeCase(backend_names, backend_options, options, indices[i]);
+        cases[i] = RunShapeCase(backend_names, backend_options, options, indices[i], hung);
       },
       [&](int64_t i) {
         ++done;

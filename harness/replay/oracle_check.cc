@@ -25,36 +25,58 @@ OracleCheck CheckAgainstOracle(const Recording& recording, const Backend& oracle
   return CheckAgainstOracle(recording, oracle, [&](int64_t) { return tolerance; });
 }
 
+namespace {
+
+// The rows of one history (`rows`, indices into rec.rows, positions up to `last`) against one
+// ForwardFull over it, into check.rows; "" when it ran, else why it failed.
+std::string CheckHistory(const Recording& rec, const Backend& oracle, const GateAt& gate,
+                         size_t history, const std::vector<size_t>& rows, OracleCheck& check) {
+  const int64_t vocab = oracle.config().vocab_size;
+  int64_t last = 0;
+  for (size_t k : rows) last = std::max(last, rec.rows[k].position);
+  try {
+    const Tokens prefix(rec.histories[history].begin(),
+                        rec.histories[history].begin() + last + 1);
+    const Logits full = oracle.ForwardFull(prefix);  // (last + 1, vocab)
+    KVDIFF_CHECK(full.rows() == last + 1 && full.cols() == vocab,
+                 "backend {} ForwardFull returned [{}, {}]; expected [{}, {}]", oracle.Name(),
+                 full.rows(), full.cols(), last + 1, vocab);
+    for (size_t k : rows) {
+      const RecordedRow& row = rec.rows[k];
+      const float* want = full.row(row.position).data();
+      const std::string bad = DescribeNonFinite(want, vocab);
+      KVDIFF_CHECK(bad.empty(), "non-finite logits: backend {} ForwardFull, position {}, {}",
+                   oracle.Name(), row.position, bad);
+      check.rows[k] = CompareRows(row.logits.data(), want, vocab, gate(row.position));
+    }
+  } catch (const std::exception& e) {
+    check.hung = dynamic_cast<const EngineHungError*>(&e) != nullptr;
+    return fmt::format("the oracle ForwardFull failed: {}", e.what());
+  }
+  return "";
+}
+
+}  // namespace
+
 OracleCheck CheckAgainstOracle(const Recording& rec, const Backend& oracle, const GateAt& gate) {
   OracleCheck check;
   check.rows.resize(rec.rows.size());
   check.failures.resize(rec.steps.size());
-  const int64_t vocab = oracle.config().vocab_size;
+  if (rec.hung_at && oracle.Name() == rec.backend) {
+    check.not_run =
+        fmt::format("not checked against {} ForwardFull: it stopped answering at step {}",
+                    oracle.Name(), *rec.hung_at);
+    return check;
+  }
   std::vector<std::vector<size_t>> rows_of(rec.histories.size());
   for (size_t k = 0; k < rec.rows.size(); ++k)
     if (!rec.rows[k].after_shift) rows_of[rec.rows[k].history].push_back(k);
+  std::string hung_failure;  // once the oracle hung: its failure, given to the later histories
   for (size_t h = 0; h < rows_of.size(); ++h) {
     if (rows_of[h].empty()) continue;
-    int64_t last = 0;
-    for (size_t k : rows_of[h]) last = std::max(last, rec.rows[k].position);
-    std::string failure;
-    try {
-      const Tokens prefix(rec.histories[h].begin(), rec.histories[h].begin() + last + 1);
-      const Logits full = oracle.ForwardFull(prefix);  // (last + 1, vocab)
-      KVDIFF_CHECK(full.rows() == last + 1 && full.cols() == vocab,
-                   "backend {} ForwardFull returned [{}, {}]; expected [{}, {}]", oracle.Name(),
-                   full.rows(), full.cols(), last + 1, vocab);
-      for (size_t k : rows_of[h]) {
-        const RecordedRow& row = rec.rows[k];
-        const float* want = full.row(row.position).data();
-        const std::string bad = DescribeNonFinite(want, vocab);
-        KVDIFF_CHECK(bad.empty(), "non-finite logits: backend {} ForwardFull, position {}, {}",
-                     oracle.Name(), row.position, bad);
-        check.rows[k] = CompareRows(row.logits.data(), want, vocab, gate(row.position));
-      }
-    } catch (const std::exception& e) {
-      failure = fmt::format("the oracle ForwardFull failed: {}", e.what());
-    }
+    const std::string failure =
+        check.hung ? hung_failure : CheckHistory(rec, oracle, gate, h, rows_of[h], check);
+    if (check.hung) hung_failure = failure;
     if (failure.empty()) continue;
     // No row of a history is judged when its oracle failed, and each step that ran is failed by
     // the first history that let it down.

@@ -24,6 +24,11 @@ struct OracleCheck {
   // Parallel to Recording::steps: why rows of a step that ran could not be checked ("the oracle
   // ForwardFull failed: ..."); empty for every other step.
   std::vector<std::string> failures;
+  // Why no row was checked: the recording's own backend stopped answering (Recording::hung_at),
+  // so the pass did not call it; the rows are compared across backends only. Else empty.
+  std::string not_run;
+  // The oracle outlasted its time-out (EngineHungError): the histories after it were not run.
+  bool hung = false;
 
   // What failed step i: the replay's error, else the oracle's; nullopt when neither did.
   std::optional<std::string> StepError(const Recording& recording, size_t i) const;
@@ -37,7 +42,8 @@ using GateAt = std::function<Tolerance(int64_t position)>;
 // ForwardFull is causal (row p depends on tokens 0..p only), so one ForwardFull over a history
 // checks every recorded row of it. It runs once per history, not once per step, so a case costs
 // O(length) oracle tokens. `oracle` is the recording's own backend for a run; conform holds an
-// engine to another one.
+// engine to another one. An oracle that outlasts its time-out (EngineHungError) is called no more:
+// the histories after it fail with that error.
 OracleCheck CheckAgainstOracle(const Recording& recording, const Backend& oracle,
                                const Tolerance& tolerance);
 OracleCheck CheckAgainstOracle(const Recording& recording, const Backend& oracle,

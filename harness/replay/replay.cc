@@ -38,10 +38,17 @@ class Replayer {
         backend_(backend),
         trace_(trace),
         after_step_(after_step),
-        vocab_(backend.config().vocab_size),
-        driver_(MakeDriver(sc.driver, backend)) {
+        vocab_(backend.config().vocab_size) {
     rec_.backend = backend.Name();
     replayed_["main"] = ReplayedConversation{};
+    // The driver opens the main conversation: an engine that fails there (its process died and
+    // a new one cannot start, or it hung before) fails the first step, like any engine error.
+    try {
+      driver_ = MakeDriver(sc.driver, backend);
+    } catch (const EngineError& e) {
+      start_error_ = e.what();
+      if (dynamic_cast<const EngineHungError*>(&e) != nullptr) rec_.hung_at = 0;
+    }
   }
 
   Recording Run() {
@@ -55,7 +62,15 @@ class Replayer {
     StepRecord sr;
     sr.rows_begin = step_begin_ = rec_.rows.size();
     const std::string stopped = StoppedSource(step);
-    if (!stopped.empty()) {
+    if (!driver_) {
+      sr.status = i == 0 ? StepStatus::kError : StepStatus::kSkipped;
+      sr.message = i == 0 ? start_error_
+                          : fmt::format("not run: {} could not start the scenario", rec_.backend);
+    } else if (rec_.hung_at) {
+      sr.status = StepStatus::kSkipped;
+      sr.message =
+          fmt::format("not run: {} stopped answering at step {}", rec_.backend, *rec_.hung_at);
+    } else if (!stopped.empty()) {
       sr.status = StepStatus::kSkipped;
       sr.message = stopped;
       // What the step would have made of its conversations did not happen: they stop too.
@@ -66,6 +81,8 @@ class Replayer {
       } catch (const std::exception& e) {
         sr.status = StepStatus::kError;
         sr.message = e.what();
+        if (dynamic_cast<const EngineHungError*>(&e) != nullptr)
+          rec_.hung_at = static_cast<size_t>(i);
         const std::string why = fmt::format("conversation \"{}\" failed at step {} ({})",
                                             step.conversation, i, step.ParamString());
         for (const std::string& name : step.ConversationsActedOn()) {
@@ -331,8 +348,9 @@ class Replayer {
   TraceRequest* trace_;
   const AfterStep& after_step_;
   const int64_t vocab_;
-  std::unique_ptr<Driver> driver_;
-  Conversations convs_;  // the lengths, moved on step by step
+  std::unique_ptr<Driver> driver_;  // null when the backend failed to start the scenario
+  std::string start_error_;         // why
+  Conversations convs_;             // the lengths, moved on step by step
   std::map<std::string, ReplayedConversation> replayed_;
   Recording rec_;
   size_t step_begin_ = 0;  // the current step's first row

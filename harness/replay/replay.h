@@ -6,6 +6,8 @@
 // After an error a scenario goes on as a program would: the step that threw stops its
 // conversation (later steps on it, and forks of it, are skipped and say why), and the other
 // conversations go on. A row with a NaN or inf logit is such an error ("non-finite logits: ...").
+// A backend that outlasted its time-out (EngineHungError) is the exception: every later step of
+// the scenario is skipped (Recording::hung_at).
 #pragma once
 
 #include <cstdint>
@@ -65,6 +67,9 @@ struct Recording {
   // fork, truncate, reset or shift sends it to a new one, so each is a leaf of the conversation
   // tree. After a shift, a history holds the tokens the cache still holds, in their new order.
   std::vector<Tokens> histories;
+  // The step at which the backend outlasted its time-out (EngineHungError): that step failed, and
+  // the later ones were not run, since each would wait as long (or be refused at once).
+  std::optional<size_t> hung_at;
 
   // The index of the first step that failed, if any.
   std::optional<size_t> FirstError() const;

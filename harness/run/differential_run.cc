@@ -76,6 +76,9 @@ PathOutcome OracleOutcome(const Backend& backend, const Recording& rec, const Or
     o.message = *error;
   } else if (sr.status == StepStatus::kSkipped) {
     o.status = PathStatus::kSkipped;
+  } else if (!oracle.not_run.empty() && sr.rows_end > sr.rows_begin) {
+    o.status = PathStatus::kSkipped;
+    o.message = oracle.not_run;
   } else if (after_shift > 0 && o.rows.empty()) {
     o.status = PathStatus::kSkipped;
     o.message = kAfterShiftNote;
@@ -357,6 +360,9 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
   Replayed replayed = ReplayAndCompare(sc, backends, options);
   const std::vector<Recording>& recs = replayed.recs;
   const std::vector<OracleCheck>& oracles = replayed.oracles;
+  for (size_t b = 0; b < backends.size(); ++b) {
+    if (recs[b].hung_at || oracles[b].hung) report.hung_backends.push_back(backends[b]->Name());
+  }
   for (const Step& s : sc.steps) {
     if (s.op != Op::kShift || s.discard == 0) continue;
     report.notes.push_back(fmt::format(

@@ -128,6 +128,9 @@ struct RunReport {
   // and KL metrics over every compared row.
   std::map<std::string, DistributionStats> distributions;
 
+  // The backends that outlasted their time-out (EngineHungError) in their replay or their oracle
+  // pass: killed, and not called again (Recording::hung_at, OracleCheck::hung).
+  std::vector<std::string> hung_backends;
   bool Passed() const { return !first_divergence && !first_error; }
   int ExitCode() const { return Passed() ? 0 : 1; }
 };

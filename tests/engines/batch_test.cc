@@ -305,6 +305,12 @@ TEST(IsolatedEngineBatchTest, AHangInAppendBatchIsKilledAfterTheTimeout3s) {
       [&] { engine.AppendBatch(items); },
       {"did not answer within 3 s (killed) during append_batch of 1 item (30 tokens)"});
   ExpectEngineError([&] { a.Append({1}); }, {"did not answer within 3 s"});
+  // Unlike after a crash, a new session starts no new child (it would most likely hang as long):
+  // it is refused at once, with the time-out's type and story.
+  EXPECT_THROW(engine.NewSession(), EngineHungError);
+  ExpectEngineError([&] { engine.NewSession(); },
+                    {"not called: earlier, the isolated engine process did not answer within 3 s "
+                     "(killed) during append_batch of 1 item (30 tokens); it is not called again"});
 }
 
 // The child's reply to append_batch, rewritten by tests/engines/lying_engine_host.cc.

@@ -327,7 +327,9 @@ TEST(RandomModelScale, DemandingReachesScoresInTheHundredsAndLogitsInTheThousand
     const Tensor& embed = m.Get("model.embed_tokens.weight");
     float naive = 0;
     for (int64_t i = 0; i < c.hidden_size; ++i) naive += embed.data[i] * embed.data[i];
-    if (!tie) EXPECT_TRUE(std::isinf(naive)) << "a float32 sum of squares of one embedding row";
+    if (!tie) {
+      EXPECT_TRUE(std::isinf(naive)) << "a float32 sum of squares of one embedding row";
+    }
     std::cout << fmt::format(
         "demanding tiny ({}): score std {:.1f}, logit std {:.0f}, spread {:.0f}, "
         "mean max attention {:.2f}\n",
