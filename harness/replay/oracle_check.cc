@@ -35,8 +35,7 @@ std::string CheckHistory(const Recording& rec, const Backend& oracle, const Gate
   int64_t last = 0;
   for (size_t k : rows) last = std::max(last, rec.rows[k].position);
   try {
-    const Tokens prefix(rec.histories[history].begin(),
-                        rec.histories[history].begin() + last + 1);
+    const Tokens prefix(rec.histories[history].begin(), rec.histories[history].begin() + last + 1);
     const Logits full = oracle.ForwardFull(prefix);  // (last + 1, vocab)
     KVDIFF_CHECK(full.rows() == last + 1 && full.cols() == vocab,
                  "backend {} ForwardFull returned [{}, {}]; expected [{}, {}]", oracle.Name(),

@@ -89,6 +89,36 @@ TEST(Isolate, AHangingPluginIsKilledAfterTheTimeoutAndNotCalledAgain) {
   EXPECT_EQ(not_shrunk, 3) << r.out;  // the first three failing cases (--shrink 3)
 }
 
+// --shapes random builds every case's backends anew: after the hang, the later cases do not start
+// the engine (each new process would hang as long), and say in which case it hung.
+TEST(Isolate, ARandomShapeCampaignStartsAHungEngineNoMore) {
+  TempDir dir;
+  const CommandResult r = RunKvdiff(
+      "check --shapes random --cases 6 --jobs 1 --isolate-timeout 1 --json report.json "
+      "--backends " +
+          Broken("hang"),
+      dir.path());
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  const auto json = nlohmann::json::parse(ReadFile(dir.path() / "report.json"));
+  int64_t hung_in = -1, waited = 0, not_started = 0;
+  for (const auto& c : json["results"]) {
+    if (c["passed"] == true) continue;
+    const std::string failure = c["failure"];
+    if (failure.find("the isolated engine process did not answer within 1 s") !=
+        std::string::npos) {
+      ++waited;
+      hung_in = c["case"];
+    } else if (failure.find("is not started: it did not answer within its time-out in case") !=
+               std::string::npos) {
+      EXPECT_THAT(failure, HasSubstr(fmt::format("in case {} (--isolate-timeout)", hung_in)));
+      EXPECT_GT(c["case"].get<int64_t>(), hung_in);
+      ++not_started;
+    }
+  }
+  EXPECT_EQ(waited, 1) << r.out;
+  EXPECT_GT(not_started, 0) << r.out;
+}
+
 TEST(Isolate, WithoutAFaultTheReportIsTheInProcessReport) {
   TempDir dir;
   const CommandResult in_process =

@@ -23,9 +23,9 @@ using ::testing::HasSubstr;
 
 // What a HangingBackend was asked, and when it hangs.
 struct Calls {
-  int64_t hang_past = 0;    // an append that would take a session past this many positions hangs
+  int64_t hang_past = 0;  // an append that would take a session past this many positions hangs
   int64_t hang_forward_full_past = 1 << 30;  // so does a ForwardFull of more tokens than this
-  bool hung_error = true;   // false: it throws a plain EngineError instead (a crash, say)
+  bool hung_error = true;  // false: it throws a plain EngineError instead (a crash, say)
   int64_t appends = 0, new_sessions = 0, forward_fulls = 0;
 };
 
