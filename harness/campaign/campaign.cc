@@ -75,10 +75,13 @@ std::string CampaignReport::Summary() const {
   out += DistributionLines(distributions);
   out += demanding.Text();
   out += WorstLine();
+  int64_t not_run = 0;
+  for (const auto& r : results) not_run += r.not_run ? 1 : 0;
   out += fmt::format(
-      "{}: {} of {} cases run (shard {}/{}, seed {}), {} failed; {} rows compared; "
+      "{}: {} of {} cases run (shard {}/{}, seed {}), {} failed{}; {} rows compared; "
       "{:.2f} s\n",
       Passed() ? "PASS" : "FAIL", results.size(), cases, shard.index, shard.count, seed, Failures(),
+      not_run == 0 ? "" : fmt::format(" ({} not run: a backend hung before them)", not_run),
       rows_compared, seconds);
   return out;
 }
@@ -115,6 +118,7 @@ nlohmann::json CampaignReport::ToJson() const {
                        {"budget_spent", r.shrunk->exhausted}};
       }
       if (!r.not_shrunk.empty()) j["not_shrunk"] = r.not_shrunk;
+      if (r.not_run) j["not_run"] = true;
     }
     cases_json.push_back(j);
   }
@@ -245,9 +249,48 @@ Scenario NewCase(const format::LlamaConfig& config, const ModelSpec& model,
   return sc;
 }
 
+void HungBackends::Add(const std::string& name, int64_t k) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  first_case_.emplace(name, k);
+}
+
+std::optional<HungBackends::Hang> HungBackends::FirstOf(
+    const std::vector<std::string>& names) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const std::string& name : names) {
+    const auto it = first_case_.find(name);
+    if (it != first_case_.end()) return Hang{name, it->second};
+  }
+  return std::nullopt;
+}
+
+std::string HungBackends::Hang::Refusal() const {
+  return fmt::format(
+      "not run: backend {} did not answer within its time-out in case {} (--isolate-timeout), "
+      "and is not started again",
+      backend, first_case);
+}
+
 CaseResult RunCase(const Scenario& sc, const std::vector<const Backend*>& backends,
                    const CampaignOptions& options, int64_t k, bool demanding,
-                   const ForEachBackend& for_each_backend) {
+                   const ForEachBackend& for_each_backend, HungBackends* hung) {
+  if (hung != nullptr) {
+    std::vector<std::string> names;
+    for (const Backend* b : backends) names.push_back(b->Name());
+    if (const std::optional<HungBackends::Hang> hang = hung->FirstOf(names)) {
+      CaseResult result;
+      result.index = k;
+      result.passed = false;
+      result.steps = static_cast<int64_t>(sc.steps.size());
+      result.demanding = demanding;
+      result.failure = hang->Refusal();
+      result.threw = true;
+      result.hung_backends = {hang->backend};  // not shrunk either
+      result.not_run = true;
+      result.scenario_file = WriteFailingCase(options, k, sc);
+      return result;
+    }
+  }
   const auto start = std::chrono::steady_clock::now();
   RunOptions run_options = options.run;
   if (for_each_backend) run_options.for_each_backend = for_each_backend;
@@ -268,6 +311,9 @@ CaseResult RunCase(const Scenario& sc, const std::vector<const Backend*>& backen
     result.threw = !run.first_divergence.has_value();
     result.hung_backends = run.hung_backends;
     result.scenario_file = WriteFailingCase(options, k, sc);
+  }
+  if (hung != nullptr) {
+    for (const std::string& name : result.hung_backends) hung->Add(name, k);
   }
   return result;
 }
@@ -431,6 +477,7 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model, PartBackends ordinary,
   std::vector<CaseResult> results(indices.size());
   std::vector<Scenario> scenarios(indices.size());
   int64_t done = 0, failures = 0, shrinks_left = options.shrink_cases;
+  campaign_detail::HungBackends hung;  // across the jobs and both parts
   auto run_part = [&](const std::vector<size_t>& part,
                       const std::vector<std::vector<const Backend*>>& part_jobs,
                       const ModelSpec& part_model, const std::vector<std::string>& names,
@@ -459,7 +506,7 @@ CampaignReport RunCampaignOnJobs(const ModelSpec& model, PartBackends ordinary,
             });
           };
           results[i] = campaign_detail::RunCase(scenarios[i], part_jobs[job], options, indices[i],
-                                                demanding_part, on_any_job);
+                                                demanding_part, on_any_job, &hung);
         },
         [&](int64_t p) {
           ++done;

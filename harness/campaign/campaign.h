@@ -72,7 +72,8 @@ struct CaseResult {
   std::string failure;                     // first divergence or error, one line
   bool threw = false;                      // the failure is a backend's error, not a divergence
   std::vector<std::string> hung_backends;  // outlasted their time-out in it (RunReport's)
-  std::string scenario_file;               // written when it failed
+  bool not_run = false;  // failed unrun: a backend of it hung in an earlier case (HungBackends)
+  std::string scenario_file;  // written when it failed
   // When the failing case was shrunk (CampaignOptions::shrink_cases): the smallest failing
   // scenario found, its file and first failure, its steps, and the replays it took.
   struct Shrunk {

@@ -5,6 +5,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +20,27 @@ void CheckOptions(const CampaignOptions& options);
 // The report's seed, cases, shard, tolerance and backends; its cases and figures come after.
 CampaignReport NewReport(const std::vector<std::string>& backend_names,
                          const CampaignOptions& options);
+// The backends that outlasted their time-out in a campaign (RunReport::hung_backends), each with
+// the first case it hung in, shared by the jobs and the parts. A new process of a hung engine would
+// most likely hang as long again, so the cases that start after it do not run (RunCase), and
+// --shapes random does not start it (RunShapeCase): the time-out is waited for once, not once a
+// case (only cases already running on other jobs may wait too).
+class HungBackends {
+ public:
+  struct Hang {
+    std::string backend;
+    int64_t first_case = 0;
+    std::string Refusal() const;  // "not run: backend X did not answer ... in case K ..."
+  };
+  void Add(const std::string& name, int64_t k);
+  // The first of these backends that hung, if one did.
+  std::optional<Hang> FirstOf(const std::vector<std::string>& names) const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::string, int64_t> first_case_;
+};
+
 // Case k's scenario on `model` (whose config is `config`), with the campaign's backends and
 // gate, validated (a generator bug must not pass as a backend bug). A demanding case
 // (harness/campaign/demanding_part.h) also has the relative gate tolerance_rel.
@@ -24,10 +48,11 @@ Scenario NewCase(const format::LlamaConfig& config, const ModelSpec& model,
                  const std::vector<std::string>& backend_names, const CampaignOptions& options,
                  const GenerationOptions& generation, int64_t k, double tolerance_rel = 0);
 // Runs case k's scenario on one job's backends (or, through for_each_backend, some replays on an
-// idle job's equal ones); writes its file when it fails.
+// idle job's equal ones); writes its file when it fails. With `hung`: not run when one of its
+// backends hung before (failing, saying so), and its own hangs are added.
 CaseResult RunCase(const Scenario& sc, const std::vector<const Backend*>& backends,
                    const CampaignOptions& options, int64_t k, bool demanding = false,
-                   const ForEachBackend& for_each_backend = {});
+                   const ForEachBackend& for_each_backend = {}, HungBackends* hung = nullptr);
 // Writes case k's scenario into options.out_dir as check-seedS-caseK<suffix>.json (safe from
 // several jobs); returns its path.
 std::string WriteFailingCase(const CampaignOptions& options, int64_t k, const Scenario& sc,

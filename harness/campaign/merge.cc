@@ -62,6 +62,7 @@ CaseResult CaseFromJson(const json& j) {
                              s.at("replays").get<int64_t>(), s.at("budget_spent").get<bool>()};
     }
     r.not_shrunk = j.value("not_shrunk", "");
+    r.not_run = j.value("not_run", false);  // a backend hung in an earlier case (or absent)
   }
   return r;
 }

@@ -8,8 +8,6 @@
 #include <chrono>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <optional>
 
 #include "format/error.h"
 #include "harness/backend/registry.h"
@@ -34,27 +32,6 @@ struct ShapeCase {
   std::string shift_limit;  // CampaignShiftLimit of this case's backends
 };
 
-// The backends that outlasted their time-out, each with the first case it hung in: every case
-// builds its backends anew, and a new engine process would most likely wait as long again, so
-// the later cases do not start them (as a fixed campaign's backend calls a hung engine no more).
-class HungBackends {
- public:
-  std::optional<int64_t> CaseOf(const std::string& name) const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const auto it = first_case_.find(name);
-    if (it == first_case_.end()) return std::nullopt;
-    return it->second;
-  }
-  void Add(const std::string& name, int64_t k) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    first_case_.emplace(name, k);
-  }
-
- private:
-  mutable std::mutex mutex_;
-  std::map<std::string, int64_t> first_case_;
-};
-
 }  // namespace
 
 bool CampaignWindows(const std::vector<std::string>& backend_names) {
@@ -68,7 +45,8 @@ namespace {
 // Case k: its model, its backends (each of `names`, built by the registry), then the case as the
 // fixed campaign runs one.
 ShapeCase RunShapeCase(const std::vector<std::string>& names, const BackendOptions& backend_options,
-                       const CampaignOptions& options, int64_t k, HungBackends& hung) {
+                       const CampaignOptions& options, int64_t k,
+                       campaign_detail::HungBackends& hung) {
   const ModelSpec model = ShapeModel(options.seed, k, options.shape_tier, CampaignWindows(names));
   const format::LlamaConfig& config = *model.config;
   ShapeCase out;
@@ -93,11 +71,8 @@ ShapeCase RunShapeCase(const std::vector<std::string>& names, const BackendOptio
   };
   for (const std::string& name : names) {
     std::string refused;
-    if (const std::optional<int64_t> hung_in = hung.CaseOf(name)) {
-      refused = fmt::format(
-          "backend {} is not started: it did not answer within its time-out in case {} "
-          "(--isolate-timeout)",
-          name, *hung_in);
+    if (const auto hang = hung.FirstOf({name})) {
+      refused = hang->Refusal();
     } else {
       try {
         owned.push_back(BackendRegistry::Global().Make(name, weights, backend_options));
@@ -129,9 +104,8 @@ ShapeCase RunShapeCase(const std::vector<std::string>& names, const BackendOptio
   out.shift_limit = CampaignShiftLimit(backends, generation.shift_percent);
   out.scenario = new_case();
   const std::string shape = std::move(out.result.shape);
-  out.result = campaign_detail::RunCase(out.scenario, backends, options, k);
+  out.result = campaign_detail::RunCase(out.scenario, backends, options, k, false, {}, &hung);
   out.result.shape = shape;
-  for (const std::string& name : out.result.hung_backends) hung.Add(name, k);
   out.ran = true;
   return out;
 }
@@ -185,7 +159,7 @@ CampaignReport RunRandomShapeCampaign(const std::vector<std::string>& backend_na
   const std::vector<int64_t> indices = ShardCases(options.cases, options.shard);
   // As in the fixed campaign: results land in case order, the report is folded from them after.
   std::vector<ShapeCase> cases(indices.size());
-  HungBackends hung;
+  campaign_detail::HungBackends hung;
   int64_t done = 0, failures = 0;
   RunJobs(
       static_cast<int64_t>(indices.size()), jobs,
