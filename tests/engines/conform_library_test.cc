@@ -20,6 +20,7 @@
 #include "harness/run/differential_run.h"
 #include "tests/engines/conform_table.h"
 #include "tests/harness/harness_test_util.h"
+#include "tests/harness/wrapped_backend.h"
 #include "tests/test_support.h"
 
 namespace kvdiff::testing {
@@ -69,22 +70,9 @@ TEST_F(Conform, ImplConformsAgainstItself) {
 // impl without its batched forward: Backend::AppendBatch's default runs the items one after
 // another, and refuses what a session would refuse halfway before the first item runs, so a
 // backend with no batched call of its own passes the batch checks, refusals included.
-class OneAfterAnother : public harness::Backend {
+class OneAfterAnother : public WrappedBackend {
  public:
-  OneAfterAnother(std::unique_ptr<harness::Backend> inner, harness::BackendInfo info)
-      : inner_(std::move(inner)), info_(std::move(info)) {}
-  const harness::BackendInfo& Info() const override { return info_; }
-  const format::LlamaConfig& config() const override { return inner_->config(); }
-  Logits ForwardFull(const Tokens& tokens, ForwardTrace* trace) const override {
-    return inner_->ForwardFull(tokens, trace);
-  }
-  std::unique_ptr<harness::BackendSession> NewSession() const override {
-    return inner_->NewSession();
-  }
-
- protected:
-  std::unique_ptr<harness::Backend> inner_;
-  harness::BackendInfo info_;
+  using WrappedBackend::WrappedBackend;
 };
 
 // impl's batched forward with a serving engine's bug: the first rows of items 0 and 1 change
@@ -93,7 +81,7 @@ class RowsSwapped : public OneAfterAnother {
  public:
   using OneAfterAnother::OneAfterAnother;
   std::vector<Logits> AppendBatch(const std::vector<harness::BatchItem>& items) const override {
-    std::vector<Logits> out = inner_->AppendBatch(items);
+    std::vector<Logits> out = inner().AppendBatch(items);
     if (out.size() >= 2 && out[0].rows() > 0 && out[1].rows() > 0) {
       const Eigen::RowVectorXf first = out[0].row(0);
       out[0].row(0) = out[1].row(0);
@@ -130,7 +118,7 @@ class BadTruncate : public OneAfterAnother {
   BadTruncate(std::unique_ptr<harness::Backend> inner, harness::BackendInfo info, How how)
       : OneAfterAnother(std::move(inner), std::move(info)), how_(how) {}
   std::unique_ptr<harness::BackendSession> NewSession() const override {
-    return std::make_unique<Session>(inner_->NewSession(), how_);
+    return std::make_unique<Session>(inner().NewSession(), how_);
   }
 
  private:
@@ -180,7 +168,7 @@ class LaxShift : public OneAfterAnother {
  public:
   using OneAfterAnother::OneAfterAnother;
   std::unique_ptr<harness::BackendSession> NewSession() const override {
-    return std::make_unique<Session>(inner_->NewSession());
+    return std::make_unique<Session>(inner().NewSession());
   }
 
  private:

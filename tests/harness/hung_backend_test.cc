@@ -14,6 +14,7 @@
 #include "harness/replay/replay.h"
 #include "harness/run/differential_run.h"
 #include "harness/scenario/scenario.h"
+#include "tests/harness/wrapped_backend.h"
 
 namespace kvdiff::testing {
 namespace {
@@ -55,28 +56,21 @@ class HangingSession : public BackendSession {
   Calls& calls_;
 };
 
-class HangingBackend : public Backend {
+class HangingBackend : public WrappedBackend {
  public:
   HangingBackend(std::unique_ptr<Backend> inner, Calls& calls)
-      : inner_(std::move(inner)), calls_(calls) {
-    info_.name = "hanging";
-    info_.dtype = "float32";
-  }
-  const BackendInfo& Info() const override { return info_; }
-  const format::LlamaConfig& config() const override { return inner_->config(); }
+      : WrappedBackend(std::move(inner), "hanging"), calls_(calls) {}
   Logits ForwardFull(const Tokens& t, ForwardTrace* trace) const override {
     ++calls_.forward_fulls;
     if (static_cast<int64_t>(t.size()) > calls_.hang_forward_full_past) Hang(calls_);
-    return inner_->ForwardFull(t, trace);
+    return inner().ForwardFull(t, trace);
   }
   std::unique_ptr<BackendSession> NewSession() const override {
     ++calls_.new_sessions;
-    return std::make_unique<HangingSession>(inner_->NewSession(), calls_);
+    return std::make_unique<HangingSession>(inner().NewSession(), calls_);
   }
 
  private:
-  BackendInfo info_;
-  std::unique_ptr<Backend> inner_;
   Calls& calls_;
 };
 

@@ -14,6 +14,7 @@
 #include "harness/replay/replay.h"
 #include "harness/run/differential_run.h"
 #include "harness/scenario/scenario.h"
+#include "tests/harness/wrapped_backend.h"
 
 namespace kvdiff::testing {
 namespace {
@@ -22,24 +23,16 @@ using namespace kvdiff::harness;
 using ::testing::HasSubstr;
 
 // impl, whose ForwardFull refuses histories longer than `longest`.
-class ShortOracle : public Backend {
+class ShortOracle : public WrappedBackend {
  public:
   ShortOracle(std::unique_ptr<Backend> inner, int64_t longest)
-      : inner_(std::move(inner)), longest_(longest) {
-    info_.name = "short-oracle";
-    info_.dtype = "float32";
-  }
-  const BackendInfo& Info() const override { return info_; }
-  const format::LlamaConfig& config() const override { return inner_->config(); }
+      : WrappedBackend(std::move(inner), "short-oracle"), longest_(longest) {}
   Logits ForwardFull(const Tokens& t, ForwardTrace* trace) const override {
     if (static_cast<int64_t>(t.size()) > longest_) throw EngineError("history too long");
-    return inner_->ForwardFull(t, trace);
+    return inner().ForwardFull(t, trace);
   }
-  std::unique_ptr<BackendSession> NewSession() const override { return inner_->NewSession(); }
 
  private:
-  BackendInfo info_;
-  std::unique_ptr<Backend> inner_;
   int64_t longest_;
 };
 
