@@ -115,11 +115,13 @@ struct HostProcess {
     }
   }
 
+  // The calls that start a child: hello, open and info.
+  static bool Starting(const Request& request) {
+    return request.op == Op::kHello || request.op == Op::kOpen || request.op == Op::kInfo;
+  }
   // What a request was, for messages: "append of 8 tokens", "append_batch of 2 items (9 tokens)".
   std::string DescribeCall(const Request& request) const {
-    const bool starting =
-        request.op == Op::kHello || request.op == Op::kOpen || request.op == Op::kInfo;
-    if (starting && !start_call.empty()) return start_call;
+    if (Starting(request) && !start_call.empty()) return start_call;
     std::string call = wire::OpName(request.op);
     const auto plural = [](int64_t n) { return n == 1 ? "" : "s"; };
     if (request.op == Op::kAppend) {
@@ -228,6 +230,8 @@ struct HostProcess {
           "--isolate-timeout for an engine that is only slow)",
           name, *dead));
     }
+    // A child that dies while starting has no sessions, and whoever started it learns of it here.
+    if (Starting(request)) throw EngineError(fmt::format("{}: {}", name, *dead));
     throw EngineError(fmt::format(
         "{}: {}; its sessions are gone, a new session starts a new process", name, *dead));
   }

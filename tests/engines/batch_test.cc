@@ -26,6 +26,7 @@ namespace kvdiff::engines {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 format::ModelWeights TinyWeights() {
   return format::MakeRandomModel(format::PresetConfig("tiny"), 3);
@@ -294,6 +295,21 @@ TEST(IsolatedEngineBatchTest, ACrashInAppendBatchIsAnEngineErrorAndEverySessionO
   ExpectRefusals<IsolatedBatchItem>(
       engine, {{{{&b, {1}, {}}}, "batch item 0 is not a session of this engine"}});
   EXPECT_EQ(engine.AppendBatch({{&c, Range(4, 3), {false, true, false}}})[0].rows(), 1);
+}
+
+TEST(IsolatedEngineBatchTest, ACrashWhileStartingPromisesNoNewProcess) {
+  // No engine came up: there are no sessions to lose, and the caller learns of it from Start.
+  // (The crash of a running engine says "its sessions are gone, a new session starts a new
+  // process", which is what NewSession then does.)
+  try {
+    StartIsolated(KVDIFF_BROKEN_ENGINE, "fault=open:segv");
+    ADD_FAILURE() << "a plugin that crashes in open started";
+  } catch (const EngineError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("libkvdiff_engine_broken.so: the isolated engine process was "
+                                    "killed by signal "));
+    EXPECT_THAT(e.what(), HasSubstr("during loading the plugin and opening the engine"));
+    EXPECT_THAT(e.what(), Not(HasSubstr("session")));
+  }
 }
 
 // 3 s: room for the child to start (a kvdiff process, LibTorch and all) on a loaded machine.
