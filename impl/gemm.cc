@@ -221,7 +221,7 @@ constexpr int kRowBlock = kGemmRowBlock;
 // AVX2 has 16 vector registers, too few for a block of the whole 32-column panel: the panel goes
 // through in two halves of 16 columns, each a 6 x 16 block of C in 12 registers, with 2 for the
 // panel's row and 1 for the broadcast. (The plain C++ below, vectorized by the compiler, kept
-// 4 x 32 sums and spilled them: prefill ran at 0.56x llama.cpp's speed, docs/performance.md.)
+// 4 x 32 sums and spilled them: prefill ran at 0.56x llama.cpp's speed, docs/kernels.md.)
 template <int M>
 void HalfPanelKernel(const float* x, int64_t x_stride, const float* panel, int64_t k, float* c,
                      int64_t c_stride, int64_t cols, const Prefetch& prefetch) {
