@@ -17,7 +17,7 @@ BackendRegistry& BackendRegistry::Global() {
     r->RegisterFamily(kPluginPrefix, ResolvePluginBackend);
     r->RegisterFamily(kExecPrefix, ResolveExecBackend);
 #ifdef KVDIFF_LLAMACPP_ENGINE_PATH
-    // Flash attention off and an f32 cache: the settings held to the 1e-4 gate (docs/engines.md,
+    // Flash attention off and an f32 cache: the settings held to the 1e-4 gate (docs/llama-cpp.md,
     // "Testing llama.cpp").
     RegisterNamedPlugin(
         *r, "llama.cpp", "llama.cpp through its C API, f32 KV cache", KVDIFF_LLAMACPP_ENGINE_PATH,

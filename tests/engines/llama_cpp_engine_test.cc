@@ -470,7 +470,7 @@ TEST(LlamaCppStoriesTest, Stories260KMatchesImplCachedInChunks) {
   EXPECT_LE(worst, kTolerance);
 }
 
-// Not gated: measured and printed, so docs/engines.md's figures come from a run.
+// Not gated: measured and printed, so docs/llama-cpp.md's figures come from a run.
 TEST_F(LlamaCppEngineTest, MeasuredF16Q8AndFlashAttentionFigures) {
   const std::pair<const char*, const char*> runs[] = {
       {"tiny", "kv=f16,flash_attn=off"},      {"tiny", "kv=f32,flash_attn=on"},

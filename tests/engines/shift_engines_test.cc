@@ -53,7 +53,7 @@ std::string Numpy() {
 
 // The engines that shift, as suite parameters (the strings live as long as the program).
 // llama.cpp's twins sit in other cells of its unified memory: measured up to 4.1e-6 apart (as
-// docs/engines.md's twins in one batch call, 3.3e-6).
+// docs/llama-cpp.md's twins in one batch call, 3.3e-6).
 std::vector<ShiftSuiteBackend> ShiftingEngines() {
   static const std::vector<std::string> names = {
       Example(), "in-process:" + Example(),
