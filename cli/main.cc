@@ -4,10 +4,13 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <limits>
 #include <new>
 #include <string>
 
@@ -40,7 +43,12 @@ void SharedOptionChecks(CLI::App& app) {
       [](std::string& s) {
         const bool digits =
             !s.empty() && s.size() <= 20 && s.find_first_not_of("0123456789") == std::string::npos;
-        return digits ? std::string() : "expected a whole number >= 0, got \"" + s + "\"";
+        if (!digits) return "expected a whole number >= 0, got \"" + s + "\"";
+        // 20 digits may pass 2^64 - 1, which CLI11 would then clamp to it without a word.
+        const std::string max = std::to_string(std::numeric_limits<uint64_t>::max());
+        const bool fits = s.size() < max.size() || s <= max;
+        return fits ? std::string()
+                    : "expected a whole number from 0 to " + max + ", got \"" + s + "\"";
       },
       "SEED");
   const CLI::Validator not_empty(
@@ -51,9 +59,22 @@ void SharedOptionChecks(CLI::App& app) {
                          : std::string();
       },
       "LIST");
+  // CLI::Range compares the value with its bounds, and every comparison with NaN is false, so
+  // "nan" passed every range (--isolate-timeout nan killed a correct engine at once).
+  const CLI::Validator not_nan(
+      [](std::string& s) {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        return end != s.c_str() && *end == '\0' && std::isnan(v)
+                   ? "expected a number, got \"" + s + "\""
+                   : std::string();
+      },
+      "NOTNAN");
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
     for (CLI::Option* opt : sub->get_options()) {
       const std::string name = opt->get_name();
+      // A range's description is "TYPE in [LOW - HIGH]" (CLI11 2.1).
+      if (opt->get_type_name().find(" in [") != std::string::npos) opt->check(not_nan);
       // CLI11 2.1 files NonNegativeNumber's "NONNEGATIVE" as its description, not its name.
       try {
         for (int i = 0;; ++i) {

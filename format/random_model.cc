@@ -3,6 +3,7 @@
 // saving checkpoints is in model_files.cc.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -101,6 +102,27 @@ int64_t LayerOf(const std::string& name) {
 
 // std::sqrt is correctly rounded by IEEE 754 (unlike exp or log), so these scales are the same
 // everywhere; with -ffp-contract=off (CMakeLists.txt) so is every product below.
+// A config passes Validate() with every dimension below 2^31, so its tensors' product can ask for
+// terabytes from a 300-byte scenario; the weights are written whole before anything runs. Refused
+// when the float32 tensors alone need more than this machine's memory, naming the sizes.
+void CheckRandomWeightsFitInMemory(const LlamaConfig& c) {
+  double floats = 0;  // double: exact enough, and no overflow for 2^31-sized dimensions
+  for (const TensorSpec& spec : ExpectedTensors(c)) {
+    double n = 1;
+    for (int64_t d : spec.shape) n *= static_cast<double>(d);
+    floats += n;
+  }
+  const double bytes = 4 * floats;
+  const double memory =
+      static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  KVDIFF_CHECK(memory <= 0 || bytes <= memory,
+               "config: a random model of hidden_size {}, intermediate_size {}, {} layers and "
+               "vocab_size {} has {:.3g} parameters, {:.3g} GB of float32 weights, more than this "
+               "machine's memory ({:.3g} GB)",
+               c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size, floats,
+               bytes / 1e9, memory / 1e9);
+}
+
 void FillRandom(Tensor& t, const std::string& name, uint64_t seed, double scale, double offset) {
   Xoshiro256 rng = Xoshiro256::ForStream(seed, name);
   for (float& value : t.data) {
@@ -240,6 +262,7 @@ ModelWeights MakeRandomModel(const LlamaConfig& config, uint64_t seed,
                              const RandomModelScale& scale) {
   config.Validate();
   ValidateRandomModelScale(scale, "MakeRandomModel: scale");
+  CheckRandomWeightsFitInMemory(config);
   const WeightScales s = ScalesFor(config, scale);
   ModelWeights model;
   model.config = config;
