@@ -3,14 +3,17 @@
 #include <fmt/format.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <vector>
 
 #include "format/error.h"
+#include "plugin_host/engine_text.h"
 
 namespace kvdiff::engines::wire {
 namespace {
@@ -193,30 +196,43 @@ int64_t RequestBodyBytes(const Request& request) {
 
 namespace {
 
-// Waits until `fd` is ready for `events` or the deadline passes; false (and `timed_out`) then.
+// True when process `pid` (our child) has exited; it is not reaped (WNOWAIT), its status is left
+// for whoever buries it.
+bool Exited(pid_t pid) {
+  siginfo_t info{};
+  return waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+         info.si_pid == pid;
+}
+
+// Waits until `fd` is ready for `events` or the deadline passes (false, and `timed_out`), or, with
+// `peer`, until that process has exited (false): checked every kPeerCheckMs of silence.
 bool WaitReady(int fd, short events, std::chrono::steady_clock::time_point deadline,
-               bool* timed_out) {
+               bool* timed_out, pid_t peer) {
+  constexpr int64_t kPeerCheckMs = 100;
   while (true) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    pollfd pfd{fd, events, 0};
-    const int ready = left.count() > 0 ? poll(&pfd, 1, static_cast<int>(left.count())) : 0;
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready == 0) {
+    if (left.count() <= 0) {
       if (timed_out) *timed_out = true;
       return false;
     }
-    return true;  // ready, or an error the read or write will report
+    pollfd pfd{fd, events, 0};
+    const int64_t wait_ms = peer > 0 ? std::min<int64_t>(left.count(), kPeerCheckMs) : left.count();
+    const int ready = poll(&pfd, 1, static_cast<int>(wait_ms));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready != 0) return true;  // ready, or an error the read or write will report
+    if (peer > 0 && Exited(peer)) return false;
   }
 }
 
 }  // namespace
 
 bool SendAll(int fd, const void* data, size_t size,
-             std::optional<std::chrono::steady_clock::time_point> deadline, bool* timed_out) {
+             std::optional<std::chrono::steady_clock::time_point> deadline, bool* timed_out,
+             pid_t peer) {
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
-    if (deadline && !WaitReady(fd, POLLOUT, *deadline, timed_out)) return false;
+    if (deadline && !WaitReady(fd, POLLOUT, *deadline, timed_out, peer)) return false;
     const ssize_t n = send(fd, p, size, MSG_NOSIGNAL | (deadline ? MSG_DONTWAIT : 0));
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (n < 0 && errno == EINTR) continue;
@@ -229,11 +245,11 @@ bool SendAll(int fd, const void* data, size_t size,
 
 bool ReadAll(int fd, void* data, size_t size,
              std::optional<std::chrono::steady_clock::time_point> deadline, bool* timed_out,
-             size_t* got) {
+             size_t* got, pid_t peer) {
   char* p = static_cast<char*>(data);
   if (got) *got = 0;
   while (size > 0) {
-    if (deadline && !WaitReady(fd, POLLIN, *deadline, timed_out)) return false;
+    if (deadline && !WaitReady(fd, POLLIN, *deadline, timed_out, peer)) return false;
     const ssize_t n = read(fd, p, size);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return false;
@@ -284,8 +300,8 @@ EngineInfo DecodeInfo(const std::string& text) {
         lines.size()));
   }
   EngineInfo info;
-  info.name = lines[0];
-  info.version = lines[1];
+  info.name = EngineText(lines[0]);
+  info.version = EngineText(lines[1]);
   const int64_t abi = ParseInfoInt(lines[2], "abi_version (line 3)");
   if (abi < 1 || abi > 3) {
     throw EngineError(
@@ -296,7 +312,7 @@ EngineInfo DecodeInfo(const std::string& text) {
   info.abi_version = static_cast<uint32_t>(abi);
   info.vocab_size = ParseInfoInt(lines[3], "vocab_size (line 4)");
   info.max_length = ParseInfoInt(lines[4], "max_length (line 5)");
-  info.cache_dtype = lines[5];
+  info.cache_dtype = EngineText(lines[5]);
   info.max_sessions = ParseInfoInt(lines[6], "max_sessions (line 7)");
   info.max_batch_tokens = ParseInfoInt(lines[7], "max_batch_tokens (line 8)");
   if (info.vocab_size <= 0 || info.vocab_size > kMaxVocab) {

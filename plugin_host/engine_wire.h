@@ -16,6 +16,8 @@
 // without bound.
 #pragma once
 
+#include <sys/types.h>
+
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -114,16 +116,19 @@ int64_t RequestBodyBytes(const Request& request);
 
 // Whole writes; false when the other side is gone. MSG_NOSIGNAL: a dead peer is an error to
 // report, not a SIGPIPE that kills the process. With a deadline, also false when it passes before
-// the peer has taken everything (a peer that stops reading): `timed_out` says which.
+// the peer has taken everything (a peer that stops reading): `timed_out` says which. With `peer`
+// (the child process at the other end), also false as soon as that process has exited: a helper
+// it started may hold the socket open, and then no end of stream would come before the deadline.
 bool SendAll(int fd, const void* data, size_t size,
              std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt,
-             bool* timed_out = nullptr);
+             bool* timed_out = nullptr, pid_t peer = -1);
 
 // Whole reads; false at end of file or an error. With a deadline, also false when it passes
-// (`timed_out` says which). `got`, when given, receives how many bytes did arrive.
+// (`timed_out` says which); with `peer`, when that process has exited (as SendAll). `got`, when
+// given, receives how many bytes did arrive.
 bool ReadAll(int fd, void* data, size_t size,
              std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt,
-             bool* timed_out = nullptr, size_t* got = nullptr);
+             bool* timed_out = nullptr, size_t* got = nullptr, pid_t peer = -1);
 
 // The info as a small text: name, version, abi_version and the numbers one a line (abi_version 3
 // adds whether the engine shifts), then one "name value" line per interesting size; and back.

@@ -14,10 +14,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <string_view>
 #include <thread>
 #include <utility>
@@ -25,6 +27,7 @@
 
 #include "format/error.h"
 #include "plugin_host/batch_items.h"
+#include "plugin_host/engine_text.h"
 #include "plugin_host/engine_wire.h"
 
 extern char** environ;
@@ -46,6 +49,33 @@ std::string DescribeExit(int status) {
   }
   if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
   return "stopped";
+}
+
+// The shell reports a command killed by signal N as exit code 128 + N: say which signal it was.
+std::string ShellExit(const std::string& ended) {
+  const std::string prefix = "exited with code ";
+  if (ended.rfind(prefix, 0) != 0) return ended;
+  const int code = std::atoi(ended.c_str() + prefix.size());
+  if (code <= 128 || code > 128 + 64) return ended;
+  const int sig = code - 128;
+  const char* abbrev = sigabbrev_np(sig);
+  return fmt::format("{} (the shell's report of its command killed by signal {}: SIG{}, {})", ended,
+                     sig, abbrev ? abbrev : "?", strsignal(sig));
+}
+
+// An engine program's command as /bin/sh runs it: a plain command (words, quotes, no shell syntax)
+// with `exec`, so that the engine is the child itself: its death is its own (not the shell's exit
+// code), and no shell keeps the socket open once the engine has closed it. Commands that use the
+// shell's syntax (`cd dir && ./engine`, `VAR=1 engine`, pipes, redirections) run as they are.
+std::string ShellCommand(const std::string& command) {
+  const size_t start = command.find_first_not_of(" \t");
+  if (start == std::string::npos) return command;
+  const std::string first = command.substr(start, command.find_first_of(" \t", start) - start);
+  const bool plain = command.find_first_of(";&|<>()$`\n") == std::string::npos &&
+                     first.find('=') == std::string::npos && first != "if" && first != "for" &&
+                     first != "while" && first != "until" && first != "case" && first != "{" &&
+                     first != "!" && first != "exec";
+  return plain ? "exec " + command : command;
 }
 
 // Waits for `pid` at most `seconds`, then kills it (and its process group, when it leads one). ""
@@ -76,6 +106,11 @@ std::string Reap(pid_t pid, double seconds, bool group) {
 
 std::mutex close_faults_mutex;
 std::vector<std::string> close_faults;
+// The engines (by plugin file or command) whose close outlasted the time-out once. Every job and
+// every model has a process of its own, each closed in turn: the later ones get kCloseGraceSeconds,
+// not the whole time-out again (which was paid once per process: --jobs or cases x the time-out).
+std::set<std::string> close_hung;
+constexpr double kCloseGraceSeconds = 2;
 
 void RecordCloseFault(std::string message) {
   std::lock_guard<std::mutex> lock(close_faults_mutex);
@@ -93,10 +128,12 @@ std::vector<std::string> TakeCloseFaults() {
 
 struct HostProcess {
   std::string name;  // the plugin file or the command, for messages until the engine says its name
-  std::string who;   // "the isolated engine process", "the engine program"
+  std::string engine;      // the plugin file or the command, always
+  std::string who;         // "the isolated engine process", "the engine program"
   std::string start_call;  // how hello, open and info are named in messages, when not empty
   pid_t pid = -1;
-  bool own_group = false;  // the child leads its own process group (a shell and its children)
+  bool own_group = false;  // the child leads its own process group (with what it starts)
+  bool shell = false;      // the child is /bin/sh running an engine program's command
   int fd = -1;
   double timeout_seconds = 600;
   int64_t vocab_size = 0;           // as the info said, once the engine is open
@@ -109,10 +146,24 @@ struct HostProcess {
   ~HostProcess() {
     if (fd >= 0) close(fd);
     if (pid <= 0) return;
-    const std::string what = Reap(pid, timeout_seconds, own_group);
-    if (!what.empty()) {
-      RecordCloseFault(fmt::format("{}: {} {} while closing the engine", name, who, what));
+    bool hung_before = false;
+    {
+      std::lock_guard<std::mutex> lock(close_faults_mutex);
+      hung_before = close_hung.count(engine) > 0;
     }
+    const double seconds =
+        hung_before ? std::min(timeout_seconds, kCloseGraceSeconds) : timeout_seconds;
+    const std::string what = Reap(pid, seconds, own_group);
+    if (what.empty()) return;
+    const bool hung = what.rfind("did not finish", 0) == 0;
+    if (hung && !hung_before) {
+      std::lock_guard<std::mutex> lock(close_faults_mutex);
+      close_hung.insert(engine);
+    }
+    RecordCloseFault(fmt::format(
+        "{}: {} {} while closing the engine{}", name, who, what,
+        hung && hung_before ? " (its close outlasted the time-out before: not waited for again)"
+                            : ""));
   }
 
   // The calls that start a child: hello, open and info.
@@ -150,16 +201,16 @@ struct HostProcess {
                           std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
     bool timed_out = false;
     const auto header = wire::EncodeRequest(request);
-    bool sent = wire::SendAll(fd, header.data(), header.size(), deadline, &timed_out);
+    bool sent = wire::SendAll(fd, header.data(), header.size(), deadline, &timed_out, pid);
     if (sent && !body.empty()) {
-      sent = wire::SendAll(fd, body.data(), body.size(), deadline, &timed_out);
+      sent = wire::SendAll(fd, body.data(), body.size(), deadline, &timed_out, pid);
     }
     if (!sent) Bury(request, timed_out);
     // The header in two reads: status and reserved first, so that a peer writing text (or any
     // garbage) is refused as soon as 8 bytes have come, not after a time-out.
     char head[wire::kReplyHeaderBytes] = {};
     size_t got = 0;
-    if (!wire::ReadAll(fd, head, 8, deadline, &timed_out, &got)) {
+    if (!wire::ReadAll(fd, head, 8, deadline, &timed_out, &got, pid)) {
       Bury(request, timed_out, "", Partial(head, got, "of a reply header"));
     }
     const uint32_t status = static_cast<uint32_t>(wire::DecodeReply(head).status);
@@ -170,7 +221,8 @@ struct HostProcess {
                        "engine protocol (killed)",
                        wire::Hex(head, 8), Printable(head, 8), status));
     }
-    if (!wire::ReadAll(fd, head + 8, wire::kReplyHeaderBytes - 8, deadline, &timed_out, &got)) {
+    if (!wire::ReadAll(fd, head + 8, wire::kReplyHeaderBytes - 8, deadline, &timed_out, &got,
+                       pid)) {
       Bury(request, timed_out, "", Partial(head, 8 + got, "of a reply header"));
     }
     const Reply reply = wire::DecodeReply(head);
@@ -183,13 +235,13 @@ struct HostProcess {
                        reply.bytes, limit));
     }
     payload.resize(static_cast<size_t>(reply.bytes));
-    if (!wire::ReadAll(fd, payload.data(), payload.size(), deadline, &timed_out, &got)) {
+    if (!wire::ReadAll(fd, payload.data(), payload.size(), deadline, &timed_out, &got, pid)) {
       Bury(request, timed_out, "",
            fmt::format("sent {} of the {} bytes of payload its reply header announced", got,
                        payload.size()));
     }
-    if (reply.status == Status::kInputError) throw InputError(payload);
-    if (reply.status == Status::kEngineError) throw EngineError(payload);
+    if (reply.status == Status::kInputError) throw InputError(EngineText(payload));
+    if (reply.status == Status::kEngineError) throw EngineError(EngineText(payload));
     return reply;
   }
   Reply Call(const Request& request, std::string& payload) { return Call(request, {}, payload); }
@@ -211,11 +263,11 @@ struct HostProcess {
       } else if (ended.rfind("did not finish", 0) == 0) {
         what = fmt::format("closed its end of the stream and did not exit within {} s (killed)",
                            kGraceSeconds);
-      } else if (own_group && ended == "exited with code 127") {
+      } else if (shell && ended == "exited with code 127") {
         // The shell's code for a command it could not find or run: its message is above.
         what = "exited with code 127 (the shell could not run the command: see its message)";
       } else {
-        what = ended;
+        what = shell ? ShellExit(ended) : ended;
       }
       if (!partial.empty()) what = fmt::format("{}, then {}", partial, what);
     } else {
@@ -276,13 +328,14 @@ std::shared_ptr<HostProcess> Spawn(const EngineProcessSpec& spec) {
   posix_spawn_file_actions_init(&actions);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
+  // Its own process group, so that burying it also ends whatever it started (a shell's command, a
+  // plugin's helper process), which could otherwise hold the socket and our stderr open.
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
   if (spec.protocol_on_stdio) {
-    // An engine program: the socket is its stdin and its stdout; its stderr is ours. Its own
-    // process group, so that a time-out kills the shell and whatever it started.
+    // An engine program: the socket is its stdin and its stdout; its stderr is ours.
     posix_spawn_file_actions_adddup2(&actions, fds[1], 0);
     posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-    posix_spawnattr_setpgroup(&attr, 0);
   } else {
     // The engine host gets its end as fd 3 (dup2 clears close-on-exec) and our stderr as its
     // stdout, so nothing the plugin prints mixes with kvdiff's reports.
@@ -305,10 +358,12 @@ std::shared_ptr<HostProcess> Spawn(const EngineProcessSpec& spec) {
   }
   auto host = std::make_shared<HostProcess>();
   host->name = spec.name;
+  host->engine = spec.name;
   host->who = spec.who;
   host->start_call = spec.start_call;
   host->pid = pid;
-  host->own_group = spec.protocol_on_stdio;
+  host->own_group = true;
+  host->shell = spec.protocol_on_stdio;
   host->fd = fds[0];
   host->timeout_seconds = spec.timeout_seconds;
   return host;
@@ -367,7 +422,7 @@ IsolatedEngine IsolatedEngine::Start(const IsolatedEngineSpec& spec) {
 
 IsolatedEngine IsolatedEngine::StartProgram(const EngineProgramSpec& spec) {
   EngineProcessSpec process;
-  process.argv = {"/bin/sh", "-c", spec.command};
+  process.argv = {"/bin/sh", "-c", ShellCommand(spec.command)};
   process.protocol_on_stdio = true;
   process.name = "exec:" + spec.command;
   process.who = "the engine program";
@@ -400,7 +455,7 @@ std::vector<Logits> IsolatedEngine::AppendBatch(const std::vector<IsolatedBatchI
                info_.abi_version);
   // A session of a child that died and was replaced is not this engine's any more.
   CheckBatchItems(info_.name, items, [&](const IsolatedSession* s) {
-    return s != nullptr && s->host_ == host_ && s->id_ >= 0;
+    return s != nullptr && s->host_ == host_;  // a moved-from session has no host
   });
   // The body (wire::BatchItemHeader): the items, then every token, then every output flag.
   std::string body, tokens, flags;
@@ -464,7 +519,8 @@ IsolatedSession& IsolatedSession::operator=(IsolatedSession&& other) noexcept {
 }
 
 IsolatedSession::~IsolatedSession() {
-  if (!host_ || id_ < 0 || host_->dead) return;
+  // A moved-from session has no host; every id is the engine's (docs/protocol.md: any i64).
+  if (!host_ || host_->dead) return;
   std::string payload;
   try {
     host_->Call(Request{Op::kFree, id_}, payload);

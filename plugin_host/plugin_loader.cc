@@ -7,6 +7,7 @@
 
 #include "kvdiff/engine.h"
 #include "plugin_host/batch_items.h"
+#include "plugin_host/engine_text.h"
 
 namespace kvdiff::engines {
 
@@ -32,7 +33,8 @@ namespace {
 // Turns a non-OK status into the exception it stands for; `error` is the object's error string.
 void Check(kvdiff_status status, const std::string& engine_name, const char* error) {
   if (status == KVDIFF_OK) return;
-  const std::string message = fmt::format("{}: {}", engine_name, error ? error : "(no message)");
+  const std::string message =
+      fmt::format("{}: {}", engine_name, error ? EngineText(error) : "(no message)");
   if (status == KVDIFF_INVALID_INPUT) throw InputError(message);
   if (status == KVDIFF_ENGINE_FAILURE) throw EngineError(message);
   throw EngineError(
@@ -105,8 +107,8 @@ Plugin Plugin::Load(const std::filesystem::path& path) {
                                    path.string(), member));
     }
   }
-  lib->name = a.name;
-  lib->version = a.version;
+  lib->name = EngineText(a.name);
+  lib->version = EngineText(a.version);
   return Plugin(std::move(lib));
 }
 

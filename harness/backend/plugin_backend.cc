@@ -76,9 +76,13 @@ class PluginBackend : public Backend {
     format::SaveModel(dir_.path(), *weights_, format::DType::kF32);
     engine_ = std::make_unique<EngineT>(open(dir_.path()));
     const engines::EngineInfo& e = engine_->Info();
-    KVDIFF_CHECK(e.vocab_size == weights_->config.vocab_size,
-                 "backend {}: the engine reports vocab_size {}, the model has {}", info_.name,
-                 e.vocab_size, weights_->config.vocab_size);
+    // kvdiff wrote the model the engine opened: a vocabulary that differs is the engine's fault
+    // (a failing engine, exit 1), not bad input.
+    if (e.vocab_size != weights_->config.vocab_size) {
+      throw EngineError(
+          fmt::format("backend {}: the engine reports vocab_size {}, the model has {}", info_.name,
+                      e.vocab_size, weights_->config.vocab_size));
+    }
     const bool isolated = std::is_same_v<EngineT, engines::IsolatedEngine>;
     info_.description =
         fmt::format("{} {} {}, {} cache{}", kind, e.name, e.version, e.cache_dtype,

@@ -347,6 +347,22 @@ TEST(IsolatedEngineBatchTest, AReplyWithRowsTheFlagsDoNotAskForIsRefused) {
   }
 }
 
+// docs/protocol.md lets the engine choose any i64 as a session's id, negative ones too: the lying
+// host tells each id as -id - 100 and maps it back. Batches, forks and frees work with them (the
+// parent took -1 for "no session": batches were refused and no session was ever freed).
+TEST(IsolatedEngineBatchTest, NegativeSessionIdsWorkAsAnyOther) {
+  const IsolatedEngine engine =
+      StartIsolated(KVDIFF_EXAMPLE_ENGINE, "host_lie=negative_ids", 600, KVDIFF_LYING_ENGINE_HOST);
+  const std::vector<Part> parts = EveryLastNone();
+  auto sessions = SessionsWithPrefixes(engine, parts);
+  ExpectSameBits(Batched(engine, sessions, parts), OneAtATime(engine, parts), "negative ids");
+  IsolatedSession fork = sessions[0].Fork();
+  EXPECT_EQ(fork.Length(), sessions[0].Length());
+  // The lying host holds at most 8 sessions at once: a few hundred come and go only if each is
+  // freed.
+  for (int i = 0; i < 300; ++i) engine.NewSession().Append({1});
+}
+
 TEST(IsolatedEngineBatchTest, AReplyLargerThanTheCallCanTakeKillsTheChild) {
   const IsolatedEngine engine =
       StartIsolated(KVDIFF_EXAMPLE_ENGINE, "host_lie=huge", 600, KVDIFF_LYING_ENGINE_HOST);

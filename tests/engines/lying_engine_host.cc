@@ -6,6 +6,10 @@
 //   host_lie=rows   claims one row more than it sends (the payload is the real one)
 //   host_lie=short  drops the last row: a consistent reply of one row too few
 //   host_lie=huge   announces a reply of 2^50 bytes and sends nothing more
+//   host_lie=negative_ids  tells kvdiff every session id as -id - 100 (the protocol lets an engine
+//                   choose any i64) and maps them back on the way in: no lie, a correct engine
+//                   that holds at most 8 sessions at once (so a parent that never frees one runs
+//                   out)
 //
 // The parent must refuse each with an EngineError and never allocate what `huge` announces. The
 // child's code is kvdiff's, but it shares its process with the plugin under test: a wild write
@@ -16,6 +20,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <thread>
 
@@ -68,6 +73,22 @@ bool Lie(const std::string& lie, Reply& reply, std::string& payload) {
   return true;
 }
 
+// host_lie=negative_ids: the engine's id as the parent sees it, and back (an involution).
+int64_t FlipId(int64_t id) { return -id - 100; }
+
+// The request's session ids (its own, and each batch item's) back to the engine's.
+void FlipRequestIds(Request& request, std::string& body) {
+  if (request.session != -1) request.session = FlipId(request.session);
+  if (request.op != Op::kAppendBatch) return;
+  for (int64_t i = 0; i < request.arg; ++i) {
+    int64_t id = 0;
+    char* at = body.data() + i * static_cast<int64_t>(sizeof(wire::BatchItemHeader));
+    std::memcpy(&id, at, sizeof id);
+    id = FlipId(id);
+    std::memcpy(at, &id, sizeof id);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -85,6 +106,8 @@ int main(int argc, char** argv) {
   });
 
   std::string lie;
+  constexpr int kMaxLive = 8;
+  int live = 0;  // sessions alive (host_lie=negative_ids)
   char head[wire::kRequestHeaderBytes];
   while (wire::ReadAll(kParentFd, head, sizeof head)) {
     Request request = wire::DecodeRequest(head);
@@ -99,6 +122,18 @@ int main(int argc, char** argv) {
       body = body.substr(0, static_cast<size_t>(request.arg)) + options;
       request.count = static_cast<int64_t>(options.size());
     }
+    if (lie == "negative_ids") FlipRequestIds(request, body);
+    const bool new_id = request.op == Op::kNewSession || request.op == Op::kFork;
+    if (lie == "negative_ids" && new_id && live >= kMaxLive) {
+      const std::string message = "lying host: 8 sessions alive at once, the most it holds";
+      const auto refusal =
+          wire::EncodeReply(Reply{Status::kEngineError, 0, static_cast<int64_t>(message.size())});
+      if (!wire::SendAll(kParentFd, refusal.data(), refusal.size()) ||
+          !wire::SendAll(kParentFd, message.data(), message.size())) {
+        break;
+      }
+      continue;
+    }
     const auto out = wire::EncodeRequest(request);
     char reply_head[wire::kReplyHeaderBytes];
     if (!wire::SendAll(inner[0], out.data(), out.size()) ||
@@ -109,6 +144,11 @@ int main(int argc, char** argv) {
     Reply reply = wire::DecodeReply(reply_head);
     std::string payload(static_cast<size_t>(reply.bytes), '\0');
     if (!wire::ReadAll(inner[0], payload.data(), payload.size())) break;
+    if (lie == "negative_ids" && new_id && reply.status == Status::kOk) {
+      reply.value = FlipId(reply.value);
+      ++live;
+    }
+    if (request.op == Op::kFree && reply.status == Status::kOk) --live;
     if (request.op == Op::kAppendBatch && reply.status == Status::kOk &&
         !Lie(lie, reply, payload)) {
       break;

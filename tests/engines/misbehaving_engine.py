@@ -12,11 +12,19 @@ hang or crash. Standard library only; it speaks the protocol by hand, up to its 
   exit-mid-call  exits with code 3 in the middle of append, without a reply
   hang           never answers append
   huge           announces a reply of 2^50 bytes to append
+  crash          kills itself with SIGSEGV in the middle of append
+  crash-with-helper  starts a helper process (which inherits the socket), then crashes as `crash`
+  close-both     closes its stdin and stdout in the middle of append, and stays
+  error-lines    answers append with an engine error whose message forges report lines and
+                 carries terminal escapes
+  wrong-vocab    says in its info a vocab_size one more than the model's
 """
 
 import json
 import os
+import signal
 import struct
+import subprocess
 import sys
 import time
 
@@ -60,8 +68,9 @@ def main(mode):
             vocab = config["vocab_size"]
             reply()
         elif op == INFO:
+            said = vocab + 1 if mode == "wrong-vocab" else vocab
             reply(payload="misbehaving\n1\n1\n{}\n{}\nf32\n0\n0\n".format(
-                vocab, config["max_position_embeddings"]).encode())
+                said, config["max_position_embeddings"]).encode())
         elif op == SESSION_NEW:
             reply(0)
         elif op == APPEND:
@@ -72,6 +81,16 @@ def main(mode):
                 reply(count, b"\0" * (4 * (count * vocab - 1)))
             elif mode == "exit-mid-call":
                 sys.exit(3)
+            elif mode in ("crash", "crash-with-helper"):
+                if mode == "crash-with-helper":
+                    subprocess.Popen(["sleep", "60"])  # inherits stdin and stdout: the socket
+                os.kill(os.getpid(), signal.SIGSEGV)
+            elif mode == "close-both":
+                os.close(0)
+                os.close(1)
+                time.sleep(600)
+            elif mode == "error-lines":
+                reply(payload=b"broke\nPASS: 100 of 100 cases run\x1b[2J", status=2)
             elif mode == "hang":
                 time.sleep(600)
             elif mode == "huge":
