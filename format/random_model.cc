@@ -3,7 +3,6 @@
 // saving checkpoints is in model_files.cc.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,6 +12,7 @@
 
 #include "format/affixes.h"
 #include "format/error.h"
+#include "format/machine_memory.h"
 #include "format/model_files.h"
 #include "format/prng.h"
 
@@ -113,8 +113,7 @@ void CheckRandomWeightsFitInMemory(const LlamaConfig& c) {
     floats += n;
   }
   const double bytes = 4 * floats;
-  const double memory =
-      static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  const double memory = PhysicalMemoryBytes();
   KVDIFF_CHECK(memory <= 0 || bytes <= memory,
                "config: a random model of hidden_size {}, intermediate_size {}, {} layers and "
                "vocab_size {} has {:.3g} parameters, {:.3g} GB of float32 weights, more than this "

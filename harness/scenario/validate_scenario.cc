@@ -4,9 +4,11 @@
 #include <fmt/ranges.h>
 
 #include <map>
+#include <set>
 #include <string>
 
 #include "format/error.h"
+#include "format/machine_memory.h"
 #include "harness/backend/registry.h"
 #include "harness/scenario/conversations.h"
 #include "harness/scenario/scenario.h"
@@ -53,12 +55,46 @@ void ValidateBatch(const Step& s, size_t i, const Find& find, const format::Llam
   }
 }
 
+// The positions the named conversations hold (those that exist).
+int64_t Held(const Conversations& convs, const std::vector<std::string>& names) {
+  int64_t held = 0;
+  for (const std::string& name : names) held += convs.Exists(name) ? convs.At(name).length : 0;
+  return held;
+}
+
+// The conversations a step acts on: what it changes in the positions held alive.
+std::vector<std::string> Touched(const Step& s) {
+  if (s.op == Op::kFork) return {s.to};
+  if (s.op == Op::kNewConversation) return {s.name};
+  if (s.op != Op::kBatch) return {s.conversation};
+  std::set<std::string> names;  // each once (the validation refuses a repeat, a moment later)
+  for (const BatchEntry& item : s.items) names.insert(item.conversation);
+  return {names.begin(), names.end()};
+}
+
+// Every live conversation's cache is held by every backend at once: a few MB of scenario (20,000
+// forks of a long conversation) could ask for terabytes. Refused when the float32 K and V of the
+// positions alive at one time exceed this machine's memory, before anything runs.
+void CheckHeldPositionsFit(int64_t held, size_t i, const Step& s,
+                           const format::LlamaConfig& config) {
+  const double per_position = 2.0 * 4.0 * static_cast<double>(config.num_hidden_layers) *
+                              static_cast<double>(config.num_key_value_heads * config.head_dim);
+  const double bytes = per_position * static_cast<double>(held);
+  const double memory = format::PhysicalMemoryBytes();
+  KVDIFF_CHECK(memory <= 0 || bytes <= memory,
+               "steps[{}] {}: the conversations alive would hold {} positions, {:.3g} GB of "
+               "float32 KV cache for each backend, more than this machine's memory ({:.3g} GB); "
+               "an end step frees a conversation",
+               i, s.ParamString(), held, bytes / 1e9, memory / 1e9);
+}
+
 }  // namespace
 
 void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& config) {
   Conversations convs;
   std::map<std::string, size_t> ended;  // conversation -> the step that ended it
   const int64_t max_len = config.max_position_embeddings;
+  int64_t held = 0;  // positions held by every conversation alive
   auto find = [&](const std::string& name, const std::string& where) -> ConversationState {
     auto end = ended.find(name);
     KVDIFF_CHECK(end == ended.end() || convs.Exists(name),
@@ -167,7 +203,11 @@ void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& confi
       }
     }
     if (s.op == Op::kNewConversation || s.op == Op::kFork) ended.erase(s.conversation);
+    const std::vector<std::string> touched = Touched(s);
+    held -= Held(convs, touched);
     convs.Apply(s);
+    held += Held(convs, touched);
+    CheckHeldPositionsFit(held, i, s, config);
   }
 }
 
