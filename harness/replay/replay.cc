@@ -317,6 +317,12 @@ class Replayer {
     kept.insert(kept.end(), old.begin() + keep + discard, old.begin() + length);
     rec_.histories.push_back(std::move(kept));
     conv.history = static_cast<int64_t>(rec_.histories.size()) - 1;
+    if (keep + discard >= length) {
+      // Nothing moved: the tail is dropped as a truncate to keep drops it, and the positions left
+      // are what they were (an uncached forward's, unless an earlier shift moved them).
+      if (!conv.shifted || keep <= conv.unshifted_prefix) conv = Unshifted(conv);
+      return;
+    }
     conv.unshifted_prefix = conv.shifted ? std::min(conv.unshifted_prefix, keep) : keep;
     conv.shifted = true;
   }

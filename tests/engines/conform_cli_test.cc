@@ -62,7 +62,7 @@ TEST(ConformCli, TheExampleEnginePassesEveryCheck) {
   // Rows after a shift are held to ref64 (with LibTorch), else to impl, which shifts too.
   EXPECT_THAT(
       RowOf(r.out, "shift"),
-      HasSubstr(fmt::format("13 rows after a shift against {}, max |a-b| ",
+      HasSubstr(fmt::format("10 rows after a shift against {}, max |a-b| ",
                             harness::BackendRegistry::Global().Has("ref64") ? "ref64" : "impl")));
   EXPECT_THAT(RowOf(r.out, "shift-beyond"),
               HasSubstr("refused: example: shift(keep=7, discard=7): expected 0 <= keep"));
