@@ -29,8 +29,9 @@ struct MergedCampaign {
 };
 
 // reports: (file name, parsed JSON). InputError naming the file for a report that is not a
-// `check --json` report, or that belongs to another campaign (seed, cases, shard count, model,
-// backends, tolerance, version) than the first.
+// `check --json` report (ReadShardReport: a field of the wrong type or range, or one that
+// contradicts the report's cases), or that belongs to another campaign (seed, cases, shard count,
+// model, backends, tolerance, version) than the first.
 MergedCampaign MergeCampaignReports(
     const std::vector<std::pair<std::string, nlohmann::json>>& reports);
 
