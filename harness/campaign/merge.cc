@@ -84,6 +84,17 @@ CampaignReport::Demanding MergeDemandingPart(const CampaignReport::Demanding& he
   return d;
 }
 
+// The shard indices in 1..count that no report gave: how many, and the first kListedMissing of
+// them. The count comes from the report (check takes any n, even past the cases), so the work is
+// bounded by the reports given, not by it.
+void FindMissing(const std::map<int64_t, const ShardReport*>& by_index, int64_t count,
+                 MergedCampaign& m) {
+  m.missing_count = count - static_cast<int64_t>(by_index.size());
+  for (int64_t i = 1; i <= count && m.missing.size() < MergedCampaign::kListedMissing; ++i) {
+    if (by_index.count(i) == 0) m.missing.push_back(i);
+  }
+}
+
 }  // namespace
 
 MergedCampaign MergeCampaignReports(const std::vector<std::pair<std::string, json>>& reports) {
@@ -112,9 +123,7 @@ MergedCampaign MergeCampaignReports(const std::vector<std::pair<std::string, jso
   }
   std::sort(m.duplicated.begin(), m.duplicated.end());
   m.duplicated.erase(std::unique(m.duplicated.begin(), m.duplicated.end()), m.duplicated.end());
-  for (int64_t i = 1; i <= first.shard.count; ++i) {
-    if (by_index.count(i) == 0) m.missing.push_back(i);
-  }
+  FindMissing(by_index, first.shard.count, m);
 
   // Every case once (a duplicated shard's first report), in case order, verbatim.
   std::vector<std::pair<int64_t, json>> case_json;
@@ -177,6 +186,7 @@ MergedCampaign MergeCampaignReports(const std::vector<std::pair<std::string, jso
   m.report["merge"] = {{"shards", first.shard.count},
                        {"files", m.files},
                        {"missing", m.missing},
+                       {"missing_count", m.missing_count},
                        {"duplicated", m.duplicated}};
   return m;
 }
@@ -195,7 +205,7 @@ MergedCampaign MergeCampaignReportFiles(const std::vector<std::string>& files) {
 std::string MergedCampaign::Summary() const {
   const int64_t count = report.at("merge").at("shards").get<int64_t>();
   std::string out = campaign.Summary();
-  if (!missing.empty() || !duplicated.empty()) {
+  if (missing_count > 0 || !duplicated.empty()) {
     // The cases present may all pass; the campaign still did not run as a whole.
     const size_t last = out.rfind('\n', out.size() - 2) + 1;
     if (out.compare(last, 5, "PASS:") == 0) out.replace(last, 4, "INCOMPLETE");
@@ -204,15 +214,20 @@ std::string MergedCampaign::Summary() const {
     out += fmt::format("FAIL shard {}/{}: missing (no report): its {} cases did not run\n", i,
                        count, ShardCaseCount(campaign.cases, Shard{i, count}));
   }
+  if (missing_count > static_cast<int64_t>(missing.size())) {
+    out += fmt::format("FAIL {} more shards missing after shard {}/{} (listed: the first {})\n",
+                       missing_count - static_cast<int64_t>(missing.size()), missing.back(), count,
+                       missing.size());
+  }
   for (int64_t i : duplicated) {
     out += fmt::format("FAIL shard {}/{}: given by more than one report (merged once)\n", i, count);
   }
   out += fmt::format(
       "{}: {} reports merged, {} of {} shards present{}\n", Passed() ? "PASS" : "FAIL",
-      files.size(), count - missing.size(), count,
-      missing.empty() && duplicated.empty()
+      files.size(), count - missing_count, count,
+      missing_count == 0 && duplicated.empty()
           ? ""
-          : fmt::format(" ({} missing, {} duplicated)", missing.size(), duplicated.size()));
+          : fmt::format(" ({} missing, {} duplicated)", missing_count, duplicated.size()));
   return out;
 }
 
@@ -225,6 +240,16 @@ std::string MergedCampaign::ToJUnit() const {
     c.outcome = JUnitOutcome::kFailure;
     c.type = "missing_shard";
     c.message = fmt::format("shard {}/{}: no report; its cases did not run", i, count);
+    suite.cases.push_back(std::move(c));
+  }
+  if (missing_count > static_cast<int64_t>(missing.size())) {
+    JUnitCase c;
+    c.name = fmt::format("shards after {}/{}", missing.back(), count);
+    c.outcome = JUnitOutcome::kFailure;
+    c.type = "missing_shard";
+    c.message =
+        fmt::format("{} more shards after {}/{}: no report; their cases did not run",
+                    missing_count - static_cast<int64_t>(missing.size()), missing.back(), count);
     suite.cases.push_back(std::move(c));
   }
   for (int64_t i : duplicated) {
