@@ -306,10 +306,10 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
       "forks, resets) on the checked API; failing cases are written as scenario files");
   AddModelFlags(cmd, PresetUnlessModelSpelling(), args->model);
   // At least one (a campaign of none proves nothing), at most kMaxCases (docs/bad-input.md).
-  constexpr int64_t kMaxCases = 10'000'000;
-  cmd->add_option("--cases", args->cases, "Number of random scenarios (1 to 10000000)")
+  cmd->add_option("--cases", args->cases,
+                  fmt::format("Number of random scenarios (1 to {})", harness::kMaxCases))
       ->required()
-      ->check(CLI::Range(int64_t{1}, kMaxCases));
+      ->check(CLI::Range(int64_t{1}, harness::kMaxCases));
   cmd->add_option("--seed", args->seed, "Campaign seed: case k is generated from (seed, k)")
       ->default_val(0);
   cmd->add_option("--shard", args->shard,

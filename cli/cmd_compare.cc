@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,12 +48,15 @@ int RunCompare(const CompareOptions& o) {
   const std::vector<float> a = fa.ReadFloat(o.tensor);
   const std::vector<float> b = fb.ReadFloat(o.tensor);
 
-  std::vector<RowResult> results(static_cast<size_t>(rows));
+  // The table shows the first 10 rows, the first 5 beyond tolerance, and the last row: only
+  // those are kept (a row's result is ~140 bytes, more than a small vocabulary's logits).
+  constexpr int64_t kFirstRows = 10, kFirstBad = 5;
+  std::map<int64_t, RowResult> shown;
   int64_t first_bad = -1, num_bad = 0, argmax_agree = 0;
   double worst = 0;
   int64_t worst_row = 0;
   for (int64_t i = 0; i < rows; ++i) {
-    RowResult& r = results[i];
+    RowResult r;
     const float* ra = a.data() + i * cols;
     const float* rb = b.data() + i * cols;
     for (const auto& [name, row] : {std::pair{"a", ra}, std::pair{"b", rb}}) {
@@ -60,38 +64,31 @@ int RunCompare(const CompareOptions& o) {
       if (!bad.empty() && r.nonfinite.empty()) r.nonfinite = fmt::format("{}: {}", name, bad);
     }
     r.cmp = harness::CompareRows(ra, rb, cols, tolerance);
-    if (!r.cmp.within_tolerance) {
+    const bool bad = !r.cmp.within_tolerance;
+    if (bad) {
       ++num_bad;
       if (first_bad < 0) first_bad = i;
     }
-    if (!r.nonfinite.empty()) continue;
-    if (r.cmp.argmax_agrees()) ++argmax_agree;
-    if (r.cmp.max_abs_diff > worst) {
-      worst = r.cmp.max_abs_diff;
-      worst_row = i;
+    if (r.nonfinite.empty()) {
+      if (r.cmp.argmax_agrees()) ++argmax_agree;
+      if (r.cmp.max_abs_diff > worst) {
+        worst = r.cmp.max_abs_diff;
+        worst_row = i;
+      }
+    }
+    if (i < kFirstRows || (bad && num_bad <= kFirstBad) || i == rows - 1) {
+      shown.emplace(i, std::move(r));
     }
   }
 
   fmt::print("compare \"{}\" [{}] {}: {} vs {}, tolerance {}\n", o.tensor,
              fmt::join(va.shape, ", "), format::DTypeName(va.dtype), o.a, o.b, tolerance);
-  // The table: the first 10 rows, the first 5 rows beyond tolerance, and the last row.
-  std::vector<bool> show(static_cast<size_t>(rows), false);
-  for (int64_t i = 0; i < rows && i < 10; ++i) show[i] = true;
-  for (int64_t i = 0, shown_bad = 0; i < rows && shown_bad < 5; ++i) {
-    if (!results[i].cmp.within_tolerance) {
-      show[i] = true;
-      ++shown_bad;
-    }
-  }
-  show[rows - 1] = true;
   fmt::print("{:>6}  {:>11}  {:>7}  {:>8}  {:>8}  {:>5}  {:>9}  {}\n", "row", "max|a-b|", "at col",
              "argmax a", "argmax b", "top-5", "margin b", "status");
   int64_t last_shown = -1;
-  for (int64_t i = 0; i < rows; ++i) {
-    if (!show[i]) continue;
+  for (const auto& [i, r] : shown) {
     if (i != last_shown + 1) fmt::print("{:>6}\n", "...");
     last_shown = i;
-    const RowResult& r = results[i];
     if (!r.nonfinite.empty()) {
       fmt::print("{:>6}  {:>11}  {:>7}  {:>8}  {:>8}  {:>5}  {:>9}  non-finite logits ({})\n", i,
                  "-", r.cmp.nonfinite_index, "-", "-", "-", "-", r.nonfinite);
@@ -108,7 +105,7 @@ int RunCompare(const CompareOptions& o) {
   fmt::print("{} rows: {} within tolerance, argmax agrees on {}; max |a-b| = {:.3e} (row {})\n",
              rows, rows - num_bad, argmax_agree, worst, worst_row);
   if (first_bad < 0) return 0;
-  const RowResult& r = results[first_bad];
+  const RowResult& r = shown.at(first_bad);  // the first of the rows beyond tolerance shown
   if (!r.nonfinite.empty()) {
     const int64_t col = r.cmp.nonfinite_index;
     fmt::print(

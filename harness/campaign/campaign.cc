@@ -41,6 +41,11 @@ std::vector<int64_t> ShardCases(int64_t cases, const Shard& shard) {
   return out;
 }
 
+int64_t ShardCaseCount(int64_t cases, const Shard& shard) {
+  const int64_t first = shard.index - 1;
+  return first < cases ? (cases - 1 - first) / shard.count + 1 : 0;
+}
+
 int64_t CampaignReport::Failures() const {
   int64_t n = 0;
   for (const auto& r : results) n += r.passed ? 0 : 1;

@@ -31,6 +31,13 @@ struct Shard {
 Shard ParseShard(const std::string& text);
 // The case indices shard runs out of cases: k with k % count == index - 1, ascending.
 std::vector<int64_t> ShardCases(int64_t cases, const Shard& shard);
+// ShardCases(cases, shard).size(), without listing them (a shard count may exceed the cases).
+int64_t ShardCaseCount(int64_t cases, const Shard& shard);
+
+// The most cases one campaign holds: `check --cases` takes 1 to kMaxCases, and `merge` refuses a
+// report that says more. The campaign lists its cases' indices and results, so a count far past
+// this ran out of memory before the first case (docs/bad-input.md).
+constexpr int64_t kMaxCases = 10'000'000;
 
 struct CampaignOptions {
   uint64_t seed = 0;

@@ -14,6 +14,7 @@
 #include "format/json_document.h"
 #include "harness/campaign/campaign_detail.h"
 #include "harness/campaign/coverage.h"
+#include "harness/campaign/shard_report.h"
 #include "harness/report/junit.h"
 #include "harness/report/run_report.h"
 
@@ -34,95 +35,6 @@ constexpr const char* kDemandingSettings[] = {"skipped", "model", "backends", "f
 // `field` of `object` as its JSON text, or "absent".
 std::string FieldText(const json& object, const char* field) {
   return object.is_object() && object.contains(field) ? object.at(field).dump() : "absent";
-}
-
-double DiffOf(const json& value) {
-  return value.is_null() ? std::numeric_limits<double>::quiet_NaN() : value.get<double>();
-}
-
-CaseResult CaseFromJson(const json& j) {
-  CaseResult r;
-  r.index = j.at("case").get<int64_t>();
-  r.passed = j.at("passed").get<bool>();
-  r.steps = j.at("steps").get<int64_t>();
-  r.rows_compared = j.at("rows_compared").get<int64_t>();
-  r.worst_diff = DiffOf(j.at("worst_diff"));
-  if (j.contains("worst")) r.worst = WorstRowFromJson(j.at("worst"), "worst");  // since 0.1.0+
-  r.shape = j.value("shape", "");                                               // --shapes random
-  r.demanding = j.value("demanding", false);
-  if (r.demanding) r.worst_relative_diff = DiffOf(j.at("worst_relative_diff"));
-  if (!r.passed) {
-    r.failure = j.value("failure", "");
-    r.scenario_file = j.value("scenario_file", "");
-    if (j.contains("shrunk")) {  // since 0.3: the shrunk failing scenario
-      const json& s = j.at("shrunk");
-      r.shrunk =
-          CaseResult::Shrunk{s.at("scenario_file").get<std::string>(),
-                             s.at("failure").get<std::string>(), s.at("steps").get<int64_t>(),
-                             s.at("replays").get<int64_t>(), s.at("budget_spent").get<bool>()};
-    }
-    r.not_shrunk = j.value("not_shrunk", "");
-    r.not_run = j.value("not_run", false);  // a backend hung in an earlier case (or absent)
-  }
-  return r;
-}
-
-// One shard report, checked: it is a check report, and it ran exactly its shard's cases.
-struct ShardReport {
-  std::string file;
-  const json* root = nullptr;
-  Shard shard;
-  std::vector<CaseResult> results;
-};
-
-// A report's own verdict must be the one its cases give: merge recomputes the verdict from the
-// cases, so a report that says it failed while its cases pass (or the reverse) was edited or
-// truncated, and is refused rather than silently overruled.
-void CheckVerdictMatchesResults(const json& root, const std::vector<CaseResult>& results) {
-  int64_t failed = 0;
-  for (const CaseResult& r : results) failed += r.passed ? 0 : 1;
-  const json& passed = root.at("passed");
-  KVDIFF_CHECK(passed.is_boolean() && passed.get<bool>() == (failed == 0),
-               "\"passed\" is {} but its results say {} ({} of {} cases failed): a report that "
-               "contradicts itself",
-               passed.dump(), failed == 0, failed, results.size());
-  const json& failures = root.at("failures");
-  KVDIFF_CHECK(failures.is_number_integer() && failures.get<int64_t>() == failed,
-               "\"failures\" is {} but {} of its {} results failed: a report that contradicts "
-               "itself",
-               failures.dump(), failed, results.size());
-}
-
-ShardReport ReadShard(const std::string& file, const json& root) {
-  ShardReport s;
-  s.file = file;
-  s.root = &root;
-  try {
-    KVDIFF_CHECK(root.is_object() && root.value("command", "") == "check",
-                 "not a `kvdiff check --json` report (no \"command\": \"check\")");
-    for (const char* field : kCampaignFields) {
-      KVDIFF_CHECK(root.contains(field), "no \"{}\" field", field);
-    }
-    s.shard.index = root.at("shard").at("index").get<int64_t>();
-    s.shard.count = root.at("shard").at("count").get<int64_t>();
-    KVDIFF_CHECK(s.shard.count >= 1 && s.shard.index >= 1 && s.shard.index <= s.shard.count,
-                 "shard {}/{} is not a shard", s.shard.index, s.shard.count);
-    for (const json& c : root.at("results")) s.results.push_back(CaseFromJson(c));
-    std::vector<int64_t> ran;
-    for (const auto& r : s.results) ran.push_back(r.index);
-    const auto expected = ShardCases(root.at("cases").get<int64_t>(), s.shard);
-    KVDIFF_CHECK(ran == expected,
-                 "shard {}/{} of {} cases should hold {} results (cases {}...), it holds {}: a "
-                 "truncated or edited report",
-                 s.shard.index, s.shard.count, root.at("cases").get<int64_t>(), expected.size(),
-                 expected.empty() ? -1 : expected[0], ran.size());
-    CheckVerdictMatchesResults(root, s.results);
-  } catch (const json::exception& e) {
-    throw InputError(fmt::format("{}: not a `kvdiff check --json` report: {}", file, e.what()));
-  } catch (const InputError& e) {
-    throw InputError(fmt::format("{}: {}", file, e.what()));
-  }
-  return s;
 }
 
 // `field` must read the same in both reports (absent in both counts as the same).
@@ -151,31 +63,44 @@ void CheckSameCampaign(const ShardReport& s, const ShardReport& first) {
 }  // namespace
 
 namespace {
-// The demanding part's counts (harness/campaign/demanding_part.h) over every shard's cases: the
-// head report's "demanding" object describes its model, backends and gate, which the shards share.
-void MergeDemandingPart(const json& results, json& report) {
-  if (!report.contains("demanding") || report["demanding"].contains("skipped")) return;
-  int64_t cases = 0, failures = 0;
-  double worst = 0;
-  for (const json& r : results) {
-    if (!r.value("demanding", false)) continue;
-    ++cases;
-    failures += r.value("passed", true) ? 0 : 1;
-    const double rel = r.at("worst_relative_diff").is_null()
-                           ? std::numeric_limits<double>::infinity()
-                           : r.at("worst_relative_diff").get<double>();
-    if (!(rel <= worst)) worst = rel;
+
+// The demanding part over every shard's cases (harness/campaign/demanding_part.h): the head
+// report's settings, which the shards share, and the counts of all the cases.
+CampaignReport::Demanding MergeDemandingPart(const CampaignReport::Demanding& head,
+                                             const std::vector<CaseResult>& results) {
+  CampaignReport::Demanding d = head;
+  if (!d.skipped.empty()) return d;
+  d.cases = d.failures = 0;
+  d.worst_relative_diff = 0;
+  for (const CaseResult& r : results) {
+    if (!r.demanding) continue;
+    ++d.cases;
+    d.failures += r.passed ? 0 : 1;
+    const double rel = std::isfinite(r.worst_relative_diff)
+                           ? r.worst_relative_diff
+                           : std::numeric_limits<double>::infinity();
+    d.worst_relative_diff = std::max(d.worst_relative_diff, rel);
   }
-  report["demanding"]["cases"] = cases;
-  report["demanding"]["failures"] = failures;
-  report["demanding"]["worst_relative_diff"] = Number(worst);
+  return d;
 }
+
+// The shard indices in 1..count that no report gave: how many, and the first kListedMissing of
+// them. The count comes from the report (check takes any n, even past the cases), so the work is
+// bounded by the reports given, not by it.
+void FindMissing(const std::map<int64_t, const ShardReport*>& by_index, int64_t count,
+                 MergedCampaign& m) {
+  m.missing_count = count - static_cast<int64_t>(by_index.size());
+  for (int64_t i = 1; i <= count && m.missing.size() < MergedCampaign::kListedMissing; ++i) {
+    if (by_index.count(i) == 0) m.missing.push_back(i);
+  }
+}
+
 }  // namespace
 
 MergedCampaign MergeCampaignReports(const std::vector<std::pair<std::string, json>>& reports) {
   KVDIFF_CHECK(!reports.empty(), "merge: expected at least one `check --json` report");
   std::vector<ShardReport> shards;
-  for (const auto& [file, root] : reports) shards.push_back(ReadShard(file, root));
+  for (const auto& [file, root] : reports) shards.push_back(ReadShardReport(file, root));
   const ShardReport& first = shards[0];
   for (const ShardReport& s : shards) {
     CheckSameCampaign(s, first);
@@ -185,27 +110,20 @@ MergedCampaign MergeCampaignReports(const std::vector<std::pair<std::string, jso
   }
 
   MergedCampaign m;
-  const json& head = *first.root;
   CampaignReport& c = m.campaign;
-  c.seed = head.at("seed").get<uint64_t>();
-  c.cases = head.at("cases").get<int64_t>();
-  c.tolerance = head.at("tolerance").at("abs").get<double>();
-  c.backends = head.at("backends").get<std::vector<std::string>>();
+  c.seed = first.seed;
+  c.cases = first.cases;
+  c.tolerance = first.tolerance;
+  c.backends = first.backends;
   c.shard = Shard{1, 1};
   std::map<int64_t, const ShardReport*> by_index;
   for (const ShardReport& s : shards) {
     m.files.push_back(s.file);
-    if (!by_index.emplace(s.shard.index, &s).second) {
-      if (m.duplicated.empty() || m.duplicated.back() != s.shard.index) {
-        m.duplicated.push_back(s.shard.index);
-      }
-    }
+    if (!by_index.emplace(s.shard.index, &s).second) m.duplicated.push_back(s.shard.index);
   }
   std::sort(m.duplicated.begin(), m.duplicated.end());
   m.duplicated.erase(std::unique(m.duplicated.begin(), m.duplicated.end()), m.duplicated.end());
-  for (int64_t i = 1; i <= first.shard.count; ++i) {
-    if (by_index.count(i) == 0) m.missing.push_back(i);
-  }
+  FindMissing(by_index, first.shard.count, m);
 
   // Every case once (a duplicated shard's first report), in case order, verbatim.
   std::vector<std::pair<int64_t, json>> case_json;
@@ -216,13 +134,12 @@ MergedCampaign MergeCampaignReports(const std::vector<std::pair<std::string, jso
       c.results.push_back(s->results[k]);
       case_json.emplace_back(s->results[k].index, results[k]);
     }
-    c.seconds += s->root->value("seconds", 0.0);
-    if (s->root->contains("coverage")) {
-      const Coverage shard = Coverage::FromJson(s->root->at("coverage"), s->file + ": coverage");
+    c.seconds += s->seconds;
+    if (s->coverage) {
       if (coverage) {
-        coverage->Merge(shard);
+        coverage->Merge(*s->coverage);
       } else {
-        coverage = shard;
+        coverage = s->coverage;
       }
     }
   }
@@ -236,7 +153,7 @@ MergedCampaign MergeCampaignReports(const std::vector<std::pair<std::string, jso
     if (!r.demanding) campaign_detail::AddWorst(c, r);
   }
 
-  m.report = head;  // fields a later kvdiff adds travel along
+  m.report = *first.root;  // fields a later kvdiff adds travel along
   json results = json::array();
   std::vector<int64_t> indices;
   for (auto& [index, j] : case_json) {
@@ -252,21 +169,14 @@ MergedCampaign MergeCampaignReports(const std::vector<std::pair<std::string, jso
   m.report["worst"] = WorstRowToJson(c.worst);
   m.report["worst_case"] = c.worst_case;
   m.report["seconds"] = c.seconds;
-  MergeDemandingPart(results, m.report);
-  if (m.report.contains("demanding")) {  // the summary's line, as the campaign prints it
-    const json& d = m.report["demanding"];
-    c.demanding.skipped = d.value("skipped", "");
-    c.demanding.notes = d.value("notes", std::vector<std::string>{});
-    c.demanding.model = d.value("model", "");
-    c.demanding.backends = d.value("backends", std::vector<std::string>{});
-    c.demanding.fraction = d.value("fraction", 0.0);
-    c.demanding.rtol = d.value("rtol", 0.0);
-    c.demanding.cases = d.value("cases", int64_t{0});
-    c.demanding.failures = d.value("failures", int64_t{0});
-    c.demanding.worst_relative_diff =
-        d.contains("worst_relative_diff") && !d.at("worst_relative_diff").is_null()
-            ? d.at("worst_relative_diff").get<double>()
-            : 0.0;
+  if (first.demanding) {  // the summary's line, as the campaign prints it, and the JSON's counts
+    c.demanding = MergeDemandingPart(*first.demanding, c.results);
+    if (c.demanding.skipped.empty()) {
+      json& d = m.report["demanding"];
+      d["cases"] = c.demanding.cases;
+      d["failures"] = c.demanding.failures;
+      d["worst_relative_diff"] = Number(c.demanding.worst_relative_diff);
+    }
   }
   m.report["results"] = std::move(results);
   if (coverage) {  // the terminal summary's coverage block as well as the JSON's
@@ -276,6 +186,7 @@ MergedCampaign MergeCampaignReports(const std::vector<std::pair<std::string, jso
   m.report["merge"] = {{"shards", first.shard.count},
                        {"files", m.files},
                        {"missing", m.missing},
+                       {"missing_count", m.missing_count},
                        {"duplicated", m.duplicated}};
   return m;
 }
@@ -294,24 +205,29 @@ MergedCampaign MergeCampaignReportFiles(const std::vector<std::string>& files) {
 std::string MergedCampaign::Summary() const {
   const int64_t count = report.at("merge").at("shards").get<int64_t>();
   std::string out = campaign.Summary();
-  if (!missing.empty() || !duplicated.empty()) {
+  if (missing_count > 0 || !duplicated.empty()) {
     // The cases present may all pass; the campaign still did not run as a whole.
     const size_t last = out.rfind('\n', out.size() - 2) + 1;
     if (out.compare(last, 5, "PASS:") == 0) out.replace(last, 4, "INCOMPLETE");
   }
   for (int64_t i : missing) {
     out += fmt::format("FAIL shard {}/{}: missing (no report): its {} cases did not run\n", i,
-                       count, ShardCases(campaign.cases, Shard{i, count}).size());
+                       count, ShardCaseCount(campaign.cases, Shard{i, count}));
+  }
+  if (missing_count > static_cast<int64_t>(missing.size())) {
+    out += fmt::format("FAIL {} more shards missing after shard {}/{} (listed: the first {})\n",
+                       missing_count - static_cast<int64_t>(missing.size()), missing.back(), count,
+                       missing.size());
   }
   for (int64_t i : duplicated) {
     out += fmt::format("FAIL shard {}/{}: given by more than one report (merged once)\n", i, count);
   }
   out += fmt::format(
       "{}: {} reports merged, {} of {} shards present{}\n", Passed() ? "PASS" : "FAIL",
-      files.size(), count - missing.size(), count,
-      missing.empty() && duplicated.empty()
+      files.size(), count - missing_count, count,
+      missing_count == 0 && duplicated.empty()
           ? ""
-          : fmt::format(" ({} missing, {} duplicated)", missing.size(), duplicated.size()));
+          : fmt::format(" ({} missing, {} duplicated)", missing_count, duplicated.size()));
   return out;
 }
 
@@ -324,6 +240,16 @@ std::string MergedCampaign::ToJUnit() const {
     c.outcome = JUnitOutcome::kFailure;
     c.type = "missing_shard";
     c.message = fmt::format("shard {}/{}: no report; its cases did not run", i, count);
+    suite.cases.push_back(std::move(c));
+  }
+  if (missing_count > static_cast<int64_t>(missing.size())) {
+    JUnitCase c;
+    c.name = fmt::format("shards after {}/{}", missing.back(), count);
+    c.outcome = JUnitOutcome::kFailure;
+    c.type = "missing_shard";
+    c.message =
+        fmt::format("{} more shards after {}/{}: no report; their cases did not run",
+                    missing_count - static_cast<int64_t>(missing.size()), missing.back(), count);
     suite.cases.push_back(std::move(c));
   }
   for (int64_t i : duplicated) {

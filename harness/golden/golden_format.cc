@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -338,8 +339,15 @@ Golden ParseGolden(const std::string& text, const std::string& where) {
   g.rows_sha256 = GetStr(root, "rows_sha256", where);
   const json& rows = Field(root, "rows", where);
   KVDIFF_CHECK(rows.is_array(), "{}.rows: expected an array", where);
+  // verify matches rows by (step, row): a second entry for one would hide a replay row unchecked.
+  std::map<std::pair<int64_t, int64_t>, size_t> index_of;
   for (size_t i = 0; i < rows.size(); ++i) {
     GoldenRow r = ParseRow(rows[i], fmt::format("{}: rows[{}]", where, i));
+    const auto [seen, added] = index_of.emplace(std::pair{r.step, r.row}, i);
+    KVDIFF_CHECK(added,
+                 "{}: rows[{}]: step {} row {} is listed twice (rows[{}] too; the file was edited? "
+                 "regenerate it with `{}`)",
+                 where, i, r.step, r.row, seen->second, g.regenerate);
     for (const auto& [id, logit] : r.top_k) {
       KVDIFF_CHECK(id >= 0 && id < g.vocab_size, "{}: rows[{}].top_k: id {} outside [0, {})", where,
                    i, id, g.vocab_size);

@@ -159,6 +159,7 @@ GoldenCheck CheckBackend(const GoldenInput& in, const Golden& g, const std::stri
       continue;
     }
     const RecordedRow& r = *it->second;
+    it->second = nullptr;  // matched; the rows left unmatched are checked by no golden row
     double diff = 0;
     std::string detail;
     if (r.position != gr.position || r.conversation != gr.conversation) {
@@ -191,6 +192,13 @@ GoldenCheck CheckBackend(const GoldenInput& in, const Golden& g, const std::stri
     c.status = PathStatus::kFail;
     c.message = fmt::format("the replay produced {} rows; the golden has {}", rec.rows.size(),
                             g.rows.size());
+  } else if (const auto left = std::find_if(replayed.begin(), replayed.end(),
+                                            [](const auto& kv) { return kv.second != nullptr; });
+             left != replayed.end()) {
+    // ParseGolden refuses a golden listing a row twice; this holds the verdict to the same rule.
+    c.status = PathStatus::kFail;
+    c.message = fmt::format("the replay's step {} row {} has no golden row: it was not checked",
+                            left->first.first, left->first.second);
   }
   return c;
 }

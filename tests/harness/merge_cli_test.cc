@@ -92,6 +92,7 @@ json MergeOfShards(const TempDir& dir, const std::vector<Env>& env, const std::s
 
 void ExpectMergeIsTheWhole(json merged, const json& whole) {
   EXPECT_EQ(merged.at("merge").at("missing"), json::array());
+  EXPECT_EQ(merged.at("merge").at("missing_count"), 0);
   EXPECT_EQ(merged.at("merge").at("duplicated"), json::array());
   merged.erase("merge");
   EXPECT_EQ(WithoutTimes(merged), WithoutTimes(whole));
@@ -174,10 +175,42 @@ TEST(MergeShards, AMissingShardFailsEvenWhenEveryCasePresentPassed) {
   const json merged = ReadJson(dir / "merged.json");
   EXPECT_EQ(merged.at("passed"), false);
   EXPECT_EQ(merged.at("merge").at("missing"), json::array({2}));
+  EXPECT_EQ(merged.at("merge").at("missing_count"), 1);
   const std::string xml = ReadFile(dir / "merged.xml");
   EXPECT_EQ(XmlProblem(xml, nullptr), "");
   EXPECT_THAT(xml, HasSubstr("type=\"missing_shard\""));
   EXPECT_THAT(xml, HasSubstr("tests=\"9\" failures=\"1\""));
+}
+
+// check takes any shard count, past the cases too: merge lists the first missing shards and counts
+// the rest, so its work (it listed all 10^15 and ran out of memory) and its report stay bounded.
+TEST(MergeShards, MissingShardsOfAHugeCountAreCountedAndTheFirstListed) {
+  TempDir dir;
+  const std::string count = "1000000000000000";
+  for (const std::string i : {"2", "150"}) {
+    ASSERT_EQ(RunKvdiff("check --cases 4 --backends impl --shard " + i + "/" + count + " --json s" +
+                            i + ".json",
+                        dir.path())
+                  .exit_code,
+              0);
+  }
+  const auto m =
+      RunKvdiff("merge s2.json s150.json --json merged.json --junit merged.xml", dir.path());
+  EXPECT_EQ(m.exit_code, 1) << m.out << m.err;
+  EXPECT_THAT(m.out, HasSubstr("FAIL shard 101/" + count + ": missing (no report): its 0 cases"));
+  EXPECT_THAT(m.out, HasSubstr("FAIL 999999999999898 more shards missing after shard 101/" + count +
+                               " (listed: the first 100)"));
+  EXPECT_THAT(m.out, HasSubstr("FAIL: 2 reports merged, 2 of " + count +
+                               " shards present (999999999999998 missing, 0 duplicated)"));
+  const json merge = ReadJson(dir / "merged.json").at("merge");
+  ASSERT_EQ(merge.at("missing").size(), 100u);
+  EXPECT_EQ(merge.at("missing")[0], 1);
+  EXPECT_EQ(merge.at("missing")[1], 3);  // shard 2 is present
+  EXPECT_EQ(merge.at("missing")[99], 101);
+  EXPECT_EQ(merge.at("missing_count"), 999999999999998);
+  const std::string xml = ReadFile(dir / "merged.xml");
+  EXPECT_EQ(XmlProblem(xml, nullptr), "");
+  EXPECT_THAT(xml, HasSubstr("999999999999898 more shards after 101/" + count));
 }
 
 TEST(MergeShards, ADuplicatedShardFails) {
