@@ -190,32 +190,6 @@ json WorstRowToJson(const WorstRow& w) {
           {"position", w.position}, {"within", w.within}};
 }
 
-WorstRow WorstRowFromJson(const json& j, const std::string& what) {
-  WorstRow w;
-  if (j.is_null()) return w;
-  try {
-    const auto number = [&](const char* key) {
-      return j.at(key).is_null() ? std::numeric_limits<double>::infinity()
-                                 : j.at(key).get<double>();
-    };
-    w.diff = number("diff");
-    w.gate = number("gate");
-    w.gate_basis = j.at("gate_basis").get<std::string>();
-    w.path = j.at("path").get<std::string>();
-    w.step = j.at("step").get<int64_t>();
-    w.conversation = j.at("conversation").get<std::string>();
-    w.position = j.at("position").get<int64_t>();
-    w.within = j.at("within").get<bool>();
-  } catch (const json::exception& e) {
-    throw InputError(
-        fmt::format("{}: expected an object with diff, gate, gate_basis, path, step, "
-                    "conversation, position and within ({})",
-                    what, e.what()));
-  }
-  KVDIFF_CHECK(w.step >= 0, "{}: step must be >= 0, got {}", what, w.step);
-  return w;
-}
-
 json Number(double value) { return std::isfinite(value) ? json(value) : json(nullptr); }
 
 json ComparisonToJson(const RowComparison& c) {

@@ -45,9 +45,9 @@ std::string Paint(const std::string& text, const char* colour, bool color);
 // failed); "0 (no row compared)".
 std::string WorstRowText(const WorstRow& worst);
 // {"diff", "gate", "gate_basis", "path", "step", "conversation", "position", "within"}; null when
-// no row was compared. WorstRowFromJson reads it back (InputError naming `what` when malformed).
+// no row was compared. `kvdiff merge` reads it back, every field checked
+// (harness/campaign/shard_report.cc).
 nlohmann::json WorstRowToJson(const WorstRow& worst);
-WorstRow WorstRowFromJson(const nlohmann::json& j, const std::string& what);
 
 // Writes text to a file, creating its folder; InputError naming the path when it cannot.
 void WriteTextFile(const std::filesystem::path& path, const std::string& text);
