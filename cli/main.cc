@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <limits>
 #include <new>
+#include <set>
 #include <string>
 
 #include "cli/commands.h"
@@ -70,6 +71,12 @@ void SharedOptionChecks(CLI::App& app) {
                    : std::string();
       },
       "NOTNAN");
+  // An empty value (`--model ''`, `--json "$UNSET"`) fell back to the default without a word; only
+  // the texts of a prompt or of token ids may be empty. (No description: the help stays as it was.)
+  const CLI::Validator not_blank(
+      [](std::string& s) { return s.empty() ? "expected a value, got an empty one" : ""; }, "");
+  static const std::set<std::string> may_be_empty = {
+      "--text", "--prompt", "--chat", "--decode", "--tokens", "--second", "--second-tokens"};
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
     for (CLI::Option* opt : sub->get_options()) {
       const std::string name = opt->get_name();
@@ -87,6 +94,7 @@ void SharedOptionChecks(CLI::App& app) {
       if (name == "--jobs") opt->check(CLI::Range(0, kvdiff::harness::kMaxJobs));
       if (name == "--seed" || name == "--model-seed") opt->check(seed);
       if (name == "--backends") opt->check(not_empty);
+      if (opt->get_type_size() != 0 && may_be_empty.count(name) == 0) opt->check(not_blank);
     }
     SharedOptionChecks(*sub);
   }
