@@ -293,6 +293,13 @@ struct HostProcess {
     return fmt::format("{}: not called: earlier, {}; it is not called again", name, *dead);
   }
 
+  // The child goes, for `why`, without a call having failed.
+  void Retire(const std::string& why) {
+    Reap(pid, 0, own_group);
+    pid = -1;
+    dead = why;
+  }
+
   // A version this kvdiff does not speak: refused as bad input, and the child goes.
   [[noreturn]] void Refuse(const std::string& message) {
     Reap(pid, 0, own_group);
@@ -406,6 +413,27 @@ EngineInfo OpenIn(HostProcess& host, const EngineProcessSpec& spec) {
   return info;
 }
 
+// A process started after a crash must be the engine the backend was built on: its info decided
+// the calls kvdiff makes (append_batch, shift) and the bounds it checks (max_length, sessions).
+void CheckSameEngine(const EngineInfo& first, const EngineInfo& now, const std::string& who) {
+  const auto text = [](const EngineInfo& i) {
+    std::string sizes;
+    for (const auto& [what, size] : i.sizes) sizes += fmt::format(" {}={}", what, size);
+    return fmt::format(
+        "name {}, version {}, abi_version {}, vocab_size {}, max_length {}, cache {}, "
+        "max_sessions {}, max_batch_tokens {}, shifts {}, sizes{}",
+        i.name, i.version, i.abi_version, i.vocab_size, i.max_length, i.cache_dtype, i.max_sessions,
+        i.max_batch_tokens, i.shifts, sizes.empty() ? " none" : sizes);
+  };
+  const std::string a = text(first), b = text(now);
+  if (a != b) {
+    throw EngineError(fmt::format(
+        "{}: {} started after a crash describes another engine: its info says {}, where the "
+        "first process said {}",
+        first.name, who, b, a));
+  }
+}
+
 }  // namespace
 
 IsolatedEngine IsolatedEngine::Start(const IsolatedEngineSpec& spec) {
@@ -443,7 +471,13 @@ IsolatedSession IsolatedEngine::NewSession() const {
   // most likely hang as long again, so the engine stays down (HostProcess::Call throws).
   if (host_->dead && !host_->hung) {
     host_ = Spawn(spec_);
-    OpenIn(*host_, spec_);
+    const EngineInfo now = OpenIn(*host_, spec_);
+    try {
+      CheckSameEngine(info_, now, host_->who);
+    } catch (const EngineError& e) {
+      host_->Retire(e.what());  // not called: the next session tries a new process again
+      throw;
+    }
   }
   std::string payload;
   const Reply reply = host_->Call(Request{Op::kNewSession}, payload);

@@ -18,6 +18,8 @@ hang or crash. Standard library only; it speaks the protocol by hand, up to its 
   error-lines    answers append with an engine error whose message forges report lines and
                  carries terminal escapes
   wrong-vocab    says in its info a vocab_size one more than the model's
+  other-after-crash  crashes in its first append, leaving a file "crashed" in the working
+                 directory; a process started where that file is says max_length 64 in its info
 """
 
 import json
@@ -69,8 +71,11 @@ def main(mode):
             reply()
         elif op == INFO:
             said = vocab + 1 if mode == "wrong-vocab" else vocab
+            max_length = config["max_position_embeddings"]
+            if mode == "other-after-crash" and os.path.exists("crashed"):
+                max_length = 64
             reply(payload="misbehaving\n1\n1\n{}\n{}\nf32\n0\n0\n".format(
-                said, config["max_position_embeddings"]).encode())
+                said, max_length).encode())
         elif op == SESSION_NEW:
             reply(0)
         elif op == APPEND:
@@ -81,6 +86,9 @@ def main(mode):
                 reply(count, b"\0" * (4 * (count * vocab - 1)))
             elif mode == "exit-mid-call":
                 sys.exit(3)
+            elif mode == "other-after-crash" and not os.path.exists("crashed"):
+                open("crashed", "w").close()
+                os.kill(os.getpid(), signal.SIGSEGV)
             elif mode in ("crash", "crash-with-helper"):
                 if mode == "crash-with-helper":
                     subprocess.Popen(["sleep", "60"])  # inherits stdin and stdout: the socket
