@@ -100,8 +100,6 @@ int64_t LayerOf(const std::string& name) {
   return std::stoll(name.substr(prefix.size()));
 }
 
-// std::sqrt is correctly rounded by IEEE 754 (unlike exp or log), so these scales are the same
-// everywhere; with -ffp-contract=off (CMakeLists.txt) so is every product below.
 // A config passes Validate() with every dimension below 2^31, so its tensors' product can ask for
 // terabytes from a 300-byte scenario; the weights are written whole before anything runs. Refused
 // when the float32 tensors alone need more than this machine's memory, naming the sizes.
@@ -122,6 +120,8 @@ void CheckRandomWeightsFitInMemory(const LlamaConfig& c) {
                bytes / 1e9, memory / 1e9);
 }
 
+// std::sqrt is correctly rounded by IEEE 754 (unlike exp or log), so these scales are the same
+// everywhere; with -ffp-contract=off (CMakeLists.txt) so is every product below.
 void FillRandom(Tensor& t, const std::string& name, uint64_t seed, double scale, double offset) {
   Xoshiro256 rng = Xoshiro256::ForStream(seed, name);
   for (float& value : t.data) {

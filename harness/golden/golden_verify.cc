@@ -154,7 +154,8 @@ GoldenCheck CheckBackend(const GoldenInput& in, const Golden& g, const std::stri
   int64_t missing = 0;
   for (const GoldenRow& gr : g.rows) {
     auto it = replayed.find({gr.step, gr.row});
-    if (it == replayed.end()) {
+    // Not replayed, or matched already (a second golden row for it: ParseGolden refuses those).
+    if (it == replayed.end() || it->second == nullptr) {
       ++missing;
       continue;
     }
