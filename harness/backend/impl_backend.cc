@@ -3,6 +3,7 @@
 // candle's llama.rs semantics, on the same model (no second copy of the weights).
 #include <fmt/format.h>
 
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -92,9 +93,13 @@ ImplOptions ParseImplOptions(const std::string& name) {
   ImplOptions options;
   const size_t q = name.find('?');
   if (q == std::string::npos) return options;
+  std::set<std::string> keys;
   for (const std::string& item : SplitOptionItems(name.substr(q + 1))) {
     const size_t eq = item.find('=');
     const std::string key = item.substr(0, eq);
+    KVDIFF_CHECK(keys.insert(key).second,
+                 "backend '{}': option \"{}\" is given twice (expected each key at most once)",
+                 name, key);
     const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
     if (key == "weights" && value == "auto") {
       options.storage = impl::WeightStorage::kAuto;

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -174,8 +175,20 @@ std::filesystem::path EngineHost() {
   return EngineHostPath();
 }
 
-// "key=value&key=value" (URL style, after the '?') as engine.h's "key=value,key=value".
-std::string EngineOptions(std::string query) {
+// "key=value&key=value" (URL style, after the '?') as engine.h's "key=value,key=value". A key
+// given twice is refused: the engine would take one of them and the tolerance profile maybe the
+// other, as a JSON key given twice would be (`spec` names the backend in the message).
+std::string EngineOptions(const std::string& spec, std::string query) {
+  std::set<std::string> keys;
+  for (size_t begin = 0; begin <= query.size();) {
+    const size_t end = std::min(query.find('&', begin), query.size());
+    const std::string item = query.substr(begin, end - begin);
+    const std::string key = item.substr(0, item.find('='));
+    KVDIFF_CHECK(item.empty() || keys.insert(key).second,
+                 "backend '{}': option \"{}\" is given twice (expected each key at most once)",
+                 spec, key);
+    begin = end + 1;
+  }
   for (char& c : query)
     if (c == '&') c = ',';
   return query;
@@ -212,7 +225,7 @@ std::pair<BackendInfo, BackendFactory> ResolveExecBackend(const std::string& spe
                "backend '{}': expected exec:COMMAND[?key=value&...], a command run by /bin/sh -c "
                "that speaks the kvdiff engine protocol on its stdin and stdout (docs/protocol.md)",
                spec);
-  const std::string options = q == std::string::npos ? "" : EngineOptions(rest.substr(q + 1));
+  const std::string options = q == std::string::npos ? "" : EngineOptions(spec, rest.substr(q + 1));
   BackendInfo info;
   info.name = spec;
   info.description = fmt::format("engine program {}", command);
@@ -243,7 +256,7 @@ std::pair<BackendInfo, BackendFactory> ResolvePluginBackend(const std::string& s
   const size_t q = rest.find('?');
   const std::filesystem::path path = rest.substr(0, q);
   KVDIFF_CHECK(!path.empty(), "backend '{}': expected plugin:PATH[?key=value&...]", spec);
-  const std::string options = q == std::string::npos ? "" : EngineOptions(rest.substr(q + 1));
+  const std::string options = q == std::string::npos ? "" : EngineOptions(spec, rest.substr(q + 1));
   // Only the path is checked here (a FIFO would block dlopen, a directory is no plugin): loading
   // runs the plugin's code, which belongs to the process the options choose (the factory).
   format::CheckInputFile(path, "engine plugin");
@@ -299,7 +312,7 @@ void RegisterNamedPlugin(BackendRegistry& registry, const std::string& name,
     info.raw_call = RawCall::kNone;
     const size_t q = spec.find('?');
     std::string all = options;
-    if (q != std::string::npos) all += "," + EngineOptions(spec.substr(q + 1));
+    if (q != std::string::npos) all += "," + EngineOptions(spec, spec.substr(q + 1));
     info.compute_dtype = ComputeDtypeOf(all, known);
     BackendFactory make = [path, all](const BackendInfo& info,
                                       std::shared_ptr<const format::ModelWeights> weights,
