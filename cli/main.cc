@@ -70,7 +70,7 @@ void SharedOptionChecks(CLI::App& app) {
                    ? "expected a number, got \"" + s + "\""
                    : std::string();
       },
-      "NOTNAN");
+      "");  // no description: the help's "FLOAT in [LOW - HIGH]" says enough
   // An empty value (`--model ''`, `--json "$UNSET"`) fell back to the default without a word; only
   // the texts of a prompt or of token ids may be empty. (No description: the help stays as it was.)
   const CLI::Validator not_blank(
