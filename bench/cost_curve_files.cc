@@ -12,6 +12,7 @@
 #include "bench/bench.h"
 #include "format/affixes.h"
 #include "format/error.h"
+#include "format/input_file.h"
 #include "harness/report/run_report.h"
 
 namespace kvdiff::bench {
@@ -44,8 +45,8 @@ void WriteCostCsv(const std::filesystem::path& path, const CostCurve& curve) {
 }
 
 CostCurve ReadCostCsv(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  KVDIFF_CHECK(in.good(), "--curve: cannot read {}", path.string());
+  // Like every reader: a regular file of bounded size (/dev/zero grew without bound, a FIFO hung).
+  std::istringstream in(format::ReadInputFile(path, "--curve CSV"));
   auto split = [](const std::string& line) {
     std::vector<std::string> cells;
     std::string cell;
@@ -94,9 +95,10 @@ CostCurve ReadCostCsv(const std::filesystem::path& path) {
     KVDIFF_CHECK(cells.size() == header.size(), "{}: line {} has {} cells, the header has {}",
                  path.string(), line_number, cells.size(), header.size());
     const double context = number(cells[0]);
-    KVDIFF_CHECK(!std::isnan(context) && context >= 1,
-                 "{}: line {}: context must be >= 1, got \"{}\"", path.string(), line_number,
-                 cells[0]);
+    // A whole number of positions (1e300 does not fit an int64_t: its cast was undefined).
+    KVDIFF_CHECK(context >= 1 && context <= 1e9 && context == std::floor(context),
+                 "{}: line {}: context must be a whole number from 1 to 1e9, got \"{}\"",
+                 path.string(), line_number, cells[0]);
     curve.contexts.push_back(static_cast<int64_t>(context));
     for (size_t k = 0; k < curve.series.size(); ++k) {
       curve.series[k].cached_ms.push_back(number(cells[1 + 2 * k]));
@@ -125,12 +127,17 @@ std::string CostCurveSvg(const CostCurve& curve, const PlotNotes& notes) {
   // Notes wrap at spaces to fit the canvas (13 px text: ~125 characters per line).
   std::vector<std::string> lines;
   for (const std::string& line : notes.lines) {
+    // A continuation starts with 4 spaces of indent; a cut is a space after it (a word longer than
+    // a line, e.g. a long path, is cut at 125 characters), so every turn takes text off `rest`.
+    constexpr size_t kWidth = 125, kIndent = 4;
     std::string rest = line;
-    while (rest.size() > 125) {
-      size_t cut = rest.rfind(' ', 125);
-      if (cut == std::string::npos || cut == 0) cut = 125;
+    size_t indent = 0;
+    while (rest.size() > kWidth) {
+      size_t cut = rest.rfind(' ', kWidth);
+      if (cut == std::string::npos || cut <= indent) cut = kWidth;
       lines.push_back(rest.substr(0, cut));
-      rest = "    " + rest.substr(cut + (rest[cut] == ' ' ? 1 : 0));
+      rest = std::string(kIndent, ' ') + rest.substr(cut + (rest[cut] == ' ' ? 1 : 0));
+      indent = kIndent;
     }
     lines.push_back(rest);
   }

@@ -80,8 +80,11 @@ void SharedOptionChecks(CLI::App& app) {
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
     for (CLI::Option* opt : sub->get_options()) {
       const std::string name = opt->get_name();
-      // A range's description is "TYPE in [LOW - HIGH]" (CLI11 2.1).
-      if (opt->get_type_name().find(" in [") != std::string::npos) opt->check(not_nan);
+      // A range's description is "TYPE in [LOW - HIGH]" (CLI11 2.1); PositiveNumber's is FLOAT's.
+      const std::string type = opt->get_type_name();
+      if (type.find(" in [") != std::string::npos || type.find("FLOAT") != std::string::npos) {
+        opt->check(not_nan);
+      }
       // CLI11 2.1 files NonNegativeNumber's "NONNEGATIVE" as its description, not its name.
       try {
         for (int i = 0;; ++i) {

@@ -53,6 +53,24 @@ class Renderer {
       Fail(line, fmt::format("rendering handled more than {} MiB of text", kMaxRenderBytes >> 20));
     }
   }
+  // Counts `n` list items created against kMaxRenderListItems (each is memory that lives on).
+  void Created(size_t n, int line) {
+    list_items_ += static_cast<int64_t>(n);
+    if (list_items_ > kMaxRenderListItems) {
+      Fail(line, fmt::format("rendering created more than {} list items in all (a list doubled in "
+                             "a loop?)",
+                             kMaxRenderListItems));
+    }
+  }
+  // Counts `n` items, keys or bytes an `in` looks through against kMaxRenderScanned.
+  void Scanned(size_t n, int line) {
+    scanned_ += static_cast<int64_t>(n);
+    if (scanned_ > kMaxRenderScanned) {
+      Fail(line, fmt::format("rendering looked through more than {} list items, keys and bytes "
+                             "with `in` (a long list searched in a loop?)",
+                             kMaxRenderScanned));
+    }
+  }
   // a op b for op + - *, refused when the result does not fit in 64 bits.
   static int64_t Arithmetic(char op, int64_t a, int64_t b, int line) {
     int64_t r = 0;
@@ -202,6 +220,7 @@ class Renderer {
       else
         str.append(obj.s, at[k], at[k + 1] - at[k]);
     }
+    Created(list.size(), e.line);
     return obj.kind == Value::kList ? Value::MakeList(std::move(list)) : Value::Str(str);
   }
 
@@ -250,6 +269,7 @@ class Renderer {
         }
         if (method == "items" || method == "keys" || method == "values") {
           want(0);
+          Created(obj.dict->size(), e.line);
           List list;
           for (const auto& [k, v] : *obj.dict) {
             if (method == "items")
@@ -378,10 +398,13 @@ class Renderer {
     if (op == "in" || op == "not in") {
       bool found = false;
       if (b.kind == Value::kString && a.kind == Value::kString) {
+        Scanned(b.s.size(), e.line);
         found = b.s.find(a.s) != std::string::npos;
       } else if (b.kind == Value::kList) {
+        Scanned(b.list->size(), e.line);
         for (const Value& x : *b.list) found = found || Equal(a, x);
       } else if (b.kind == Value::kDict && a.kind == Value::kString) {
+        Scanned(b.dict->size(), e.line);
         for (const auto& kv : *b.dict) found = found || kv.first == a.s;
       } else {
         type_error();
@@ -398,6 +421,7 @@ class Renderer {
           Fail(e.line, fmt::format("a list of {} items is longer than the limit of {}",
                                    a.list->size() + b.list->size(), kMaxListItems));
         }
+        Created(a.list->size() + b.list->size(), e.line);
         List list = *a.list;
         list.insert(list.end(), b.list->begin(), b.list->end());
         return Value::MakeList(std::move(list));
@@ -471,8 +495,10 @@ class Renderer {
   }
 
   std::vector<std::map<std::string, Value>> scopes_;
-  int64_t steps_ = 0;      // Step()
-  size_t text_bytes_ = 0;  // Text()
+  int64_t steps_ = 0;       // Step()
+  int64_t list_items_ = 0;  // Created()
+  int64_t scanned_ = 0;     // Scanned()
+  size_t text_bytes_ = 0;   // Text()
 };
 
 }  // namespace

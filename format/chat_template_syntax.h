@@ -27,6 +27,12 @@ constexpr int64_t kMaxRenderSteps = 1'000'000;
 constexpr size_t kMaxTextBytes = size_t{4} << 20;
 constexpr size_t kMaxRenderBytes = size_t{128} << 20;
 constexpr size_t kMaxListItems = size_t{1} << 20;
+// The work one step may hide, in all: list items created (`+`, slices, items()) and list items,
+// dict keys and text bytes an `in` looks through. A 741-byte template doubling a list 20 times
+// and then asking `2 in l` in a loop ran on without end; eight `l + l` of it took 820 MB. (A
+// list item is about 100 bytes: 2M items are ~200 MB.)
+constexpr int64_t kMaxRenderListItems = int64_t{2} << 20;
+constexpr int64_t kMaxRenderScanned = int64_t{64} << 20;
 
 // ---- values -----------------------------------------------------------------------------------
 

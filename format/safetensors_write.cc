@@ -23,14 +23,34 @@ using json = nlohmann::json;
 
 namespace {
 
+// Where a write to `target` goes: through a symlink to the file it names (the rename would replace
+// the link itself), and never over what is not a regular file: renaming over /dev/full or a FIFO
+// replaced the device node (as root) or the pipe with a file.
+std::filesystem::path WriteTarget(const std::filesystem::path& target) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path resolved = target;
+  for (int hop = 0; hop < 40 && fs::is_symlink(fs::symlink_status(resolved, ec)); ++hop) {
+    const fs::path to = fs::read_symlink(resolved, ec);
+    if (ec) break;
+    resolved = to.is_absolute() ? to : resolved.parent_path() / to;  // a dangling one too
+  }
+  const fs::file_status status = fs::status(resolved, ec);
+  KVDIFF_CHECK(!fs::exists(status) || fs::is_regular_file(status),
+               "cannot write {}: it exists and is not a regular file (a directory, device, FIFO or "
+               "socket); expected a file path to write",
+               target.string());
+  return resolved;
+}
+
 class TempFile {
  public:
   // A fresh file beside `target` (same directory, so the final rename is atomic).
-  explicit TempFile(const std::filesystem::path& target) : target_(target) {
+  explicit TempFile(const std::filesystem::path& target) : target_(WriteTarget(target)) {
     static std::atomic<unsigned> counter{0};
-    const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : ".";
+    const std::filesystem::path dir = target_.has_parent_path() ? target_.parent_path() : ".";
     for (int attempt = 0; attempt < 100 && fd_ < 0; ++attempt) {
-      path_ = dir / fmt::format(".{}.tmp.{}.{}", target.filename().string(),
+      path_ = dir / fmt::format(".{}.tmp.{}.{}", target_.filename().string(),
                                 static_cast<long>(getpid()), counter++);
       fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
       if (fd_ < 0 && errno != EEXIST) break;

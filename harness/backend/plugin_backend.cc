@@ -298,7 +298,8 @@ std::string ComputeDtypeOf(const std::string& options, const KnownArithmetic& kn
 void RegisterNamedPlugin(BackendRegistry& registry, const std::string& name,
                          const std::string& description, const std::filesystem::path& path,
                          const std::string& options, const KnownArithmetic& known) {
-  // NAME, and NAME?key=value&... with the options after the built-in ones (a later key wins).
+  // NAME, and NAME?key=value&... with the options after the built-in ones (a key given overrides
+  // a built-in one; a key given twice is refused by EngineOptions).
   // A plugin built with kvdiff knows the key "threads": unless one is given, it gets the
   // command's --threads, as every other backend does.
   auto entry = [name, description, path, options, known](const std::string& spec) {

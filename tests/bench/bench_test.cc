@@ -124,6 +124,35 @@ TEST(BenchCsv, MalformedFilesAreRefusedWithTheLine) {
   EXPECT_EQ(ReadFile(dir / "d.csv"), "context,impl_cached_ms,impl_uncached_ms\n1,2.0000,\n");
 }
 
+// A context must be a whole number of positions: 1e300 was cast to int64_t (undefined), and a
+// FIFO or /dev/zero given as the CSV hung or grew without bound (the input-file rules now apply).
+TEST(BenchCsv, AContextThatIsNoWholeNumberAndAFileThatIsNoneAreRefused) {
+  TempDir dir;
+  WriteFile(dir / "e.csv", "context,impl_cached_ms,impl_uncached_ms\n1e300,2,3\n");
+  try {
+    bench::ReadCostCsv(dir / "e.csv");
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("line 2: context must be a whole number from 1 to 1e9"));
+  }
+  EXPECT_THROW(bench::ReadCostCsv("/dev/zero"), InputError);
+}
+
+// A note's word longer than a line (a long path in "regenerate: ... --curve PATH") is cut; the
+// wrap looped forever on it, growing its list of lines until memory ran out.
+TEST(BenchPlot, ANoteWithAWordLongerThanALineIsCut) {
+  bench::CostCurve curve;
+  curve.contexts = {1, 2};
+  curve.series.push_back({"impl", {1.0, 1.1}, {2.0, 4.0}});
+  bench::PlotNotes notes;
+  notes.title = "t";
+  notes.lines = {"replot of " + std::string(300, 'a') + ".csv", std::string(130, ' ') + "x"};
+  const std::string svg = bench::CostCurveSvg(curve, notes);
+  // Continuations: 4 spaces of indent, then the next 121 characters of the word.
+  EXPECT_THAT(svg, HasSubstr(">    " + std::string(121, 'a') + "</text>"));
+  EXPECT_THAT(svg, HasSubstr("a.csv</text>"));
+}
+
 TEST(BenchChild, ResultsAndErrorsComeBackFromTheChild) {
   EXPECT_EQ(bench::RunInChild([] { return json{{"x", 3}}; }), (json{{"x", 3}}));
   try {

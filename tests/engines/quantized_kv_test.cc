@@ -194,8 +194,7 @@ TEST(QuantizedKv, LlamaCppCrashesShiftingAQuantizedCacheAndTheCampaignSaysSo) {
 // Compute bf16: llama.cpp over bf16 weights rounds every matrix product's inputs to bf16, which
 // the registered llama.cpp backend declares from its option weights=bf16 (KnownArithmetic). The
 // flat gate flags that correct engine; the measured profile passes it, names itself, and still
-// catches a bug (a batched call that swaps two items' rows). weights=f32 given after it declares
-// float32 again.
+// catches a bug (a batched call that swaps two items' rows). weights=f32 declares float32.
 TEST(ComputeProfile, LlamaCppOverBf16WeightsIsHeldToTheBf16ProfileWhichStillCatchesBugs) {
   TempDir dir;
   const CommandResult pass =
@@ -216,9 +215,14 @@ TEST(ComputeProfile, LlamaCppOverBf16WeightsIsHeldToTheBf16ProfileWhichStillCatc
   EXPECT_EQ(bug.exit_code, 1) << bug.out << bug.err;
   EXPECT_THAT(bug.out, HasSubstr("tolerance profile compute bf16"));
   const CommandResult f32 =
-      RunKvdiff("check --cases 5 --backends 'impl,llama.cpp?weights=bf16&weights=f32'", dir.path());
+      RunKvdiff("check --cases 5 --backends 'impl,llama.cpp?weights=f32'", dir.path());
   EXPECT_EQ(f32.exit_code, 0) << f32.out << f32.err;
   EXPECT_THAT(f32.out, Not(HasSubstr("tolerance profile compute")));
+  // A key given twice is refused: the engine and the profile could each have taken another one.
+  const CommandResult twice =
+      RunKvdiff("check --cases 5 --backends 'impl,llama.cpp?weights=bf16&weights=f32'", dir.path());
+  EXPECT_EQ(twice.exit_code, 2) << twice.out << twice.err;
+  EXPECT_THAT(twice.err, HasSubstr("option \"weights\" is given twice"));
 }
 #endif
 

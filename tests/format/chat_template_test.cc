@@ -115,6 +115,13 @@ TEST(ChatTemplate, RefusesWhatWouldOverflowTheStackOrRunAway) {
       "rendering handled more than 128 MiB of text");
   ExpectRefused("{% set x = [1] %}" + Times(40, "{% set x = x + x %}"),
                 "longer than the limit of 1048576");
+  // Work one step hides: a 2^20-item list searched in a loop ran on without end, and copies of it
+  // piled up hundreds of MB.
+  const std::string big = "{% set l = [1] %}" + Times(20, "{% set l = l + l %}");
+  ExpectRefused(big + "{% for i in l %}{% if 2 in l %}x{% endif %}{% endfor %}",
+                "rendering looked through more than 67108864 list items, keys and bytes");
+  ExpectRefused(big + "{% set a = [l + l[1:], l[1:] + l] %}{{ a | length }}",
+                "rendering created more than 2097152 list items in all");
   ExpectRefused("{{ 999999999999999999 * 999999999999999999 }}", "integer overflow");
   ExpectRefused("{{ -999999999999999999 - 999999999999999999 * 9 }}", "integer overflow");
   const std::vector<ChatMessage> ten(10, {"user", "hi"});

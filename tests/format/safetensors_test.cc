@@ -4,6 +4,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
@@ -454,6 +455,24 @@ TEST(Safetensors, DTypeNames) {
   } catch (const InputError& e) {
     EXPECT_THAT(e.what(), HasSubstr("unsupported dtype \"I8\""));
   }
+}
+
+// A write goes through a symlink to the file it names (a dangling one too), and never over what is
+// not a regular file: the rename replaced a FIFO, or as root a device node, with a file.
+TEST(WriteFileAtomically, WritesThroughASymlinkAndRefusesWhatIsNoRegularFile) {
+  testing::TempDir dir;
+  std::filesystem::create_symlink("target.st", dir / "link.st");
+  WriteFileAtomically(dir / "link.st", "abc");
+  EXPECT_TRUE(std::filesystem::is_symlink(dir / "link.st"));
+  EXPECT_EQ(testing::ReadFile(dir / "target.st"), "abc");
+  ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0600), 0);
+  try {
+    WriteFileAtomically(dir / "fifo", "abc");
+    FAIL() << "wrote over a FIFO";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("it exists and is not a regular file"));
+  }
+  EXPECT_TRUE(std::filesystem::is_fifo(dir / "fifo"));
 }
 
 }  // namespace
