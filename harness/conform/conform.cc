@@ -29,7 +29,8 @@ using conform_detail::Played;
 using conform_detail::Script;
 
 std::string CheckPrefill(Script& s) {
-  s.Append("main", s.RandomTokens(std::min<int64_t>(24, s.max_positions())), "prefill of 24");
+  const int64_t n = std::min<int64_t>(24, s.max_positions());
+  s.Append("main", s.RandomTokens(n), fmt::format("prefill of {}", n));
   return s.Play().Figures();
 }
 
@@ -60,6 +61,7 @@ std::string CheckFork(Script& s) {
   s.Append("child", s.RandomTokens(1), "child +1");
   s.Add(Step::End("main"), "the parent freed");  // the child outlives its parent
   s.Append("child", s.RandomTokens(2), "child +2 with the parent freed");
+  s.Add(Step::End("child"), "the child freed");  // two sessions at most: an engine may hold two
   s.Add(Step::NewConversation("empty"), "a new session");
   s.Add(Step::Fork("empty", "empty-fork"), "fork of an empty session");
   s.Append("empty-fork", s.RandomTokens(3), "fork of an empty session +3");
@@ -136,20 +138,20 @@ std::string CheckEmptyAppend(Script& s) {
   return s.Play().Refused();
 }
 
-// Fills a session to max_position_embeddings in chunks of 128 (every row held to the oracle), then
-// one more token must be refused and change nothing.
+// Fills a session to the positions it holds (the engine's max_length when it declares one, else
+// max_position_embeddings) in chunks of 128 (every row held to the oracle), then one more token
+// must be refused and change nothing: an engine that declares fewer positions than it holds fails.
 std::string CheckCapacity(Script& s, int64_t max_fill) {
   const int64_t capacity = s.max_positions();
-  if (capacity > max_fill) {
+  if (capacity > max_fill)
     throw NotApplicable(
-        fmt::format("max_position_embeddings {} is above the fill limit {}", capacity, max_fill));
-  }
+        fmt::format("{} is above the fill limit {}", s.max_positions_name(), max_fill));
   int64_t length = 0;
   for (; length + 128 < capacity; length += 128)
     s.Append("main", s.RandomTokens(128), fmt::format("the chunk from {}", length));
   s.Append("main", s.RandomTokens(capacity - length),
            fmt::format("the last chunk up to {}", capacity));
-  s.Refuse(fmt::format("position {} (max_position_embeddings {})", capacity, capacity),
+  s.Refuse(fmt::format("position {} ({})", capacity, s.max_positions_name()),
            [](const Backend&, const std::vector<BackendSession*>& sessions) {
              sessions.at(0)->Append({1}, nullptr);
            });
@@ -217,7 +219,9 @@ ConformReport RunConformance(const ModelSpec& model, const Backend& engine, cons
       {"truncate-beyond", "truncate beyond the length is refused, changing nothing",
        CheckTruncateBeyondLength},
       {"empty-append", "an append of no tokens is refused, changing nothing", CheckEmptyAppend},
-      {"capacity", "max_position_embeddings positions are held; one more is refused",
+      {"capacity",
+       "the positions a session holds (max_length, else max_position_embeddings) are held; one "
+       "more is refused",
        [&options](Script& s) { return CheckCapacity(s, options.max_capacity_fill); }},
   };
   // After the others, so that each of those draws the tokens it drew before there were batch and

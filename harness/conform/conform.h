@@ -6,7 +6,8 @@
 // row held to the oracle and to the same items appended alone, after forks and truncates too, and
 // a bad batch refused as a whole), context shifts (rows after a shift held to an arbiter that
 // shifts too, ref64 from the command line; bad shifts refused) when the engine shifts, and finally
-// a `check` campaign of the engine beside the oracle.
+// a `check` campaign of the engine beside the oracle. An engine's declared limits (max_length,
+// max_sessions, max_batch_tokens) are kept: a check that needs more is skipped, saying so.
 // Written for engine plugins; any Backend can be put through it.
 #pragma once
 
@@ -28,7 +29,8 @@ struct ConformOptions {
   int64_t campaign_cases = 100;  // 0 leaves the campaign out
   uint64_t seed = 0;             // the tokens of every check and the campaign's seed
   std::filesystem::path out_dir = "kvdiff-failures";  // the campaign's failing cases
-  // The capacity check fills a session to max_position_embeddings; above this it is skipped.
+  // The capacity check fills a session to the positions the engine holds (its max_length, else
+  // max_position_embeddings); above this it is skipped.
   int64_t max_capacity_fill = 4096;
   // What rows after a shift are held to: no uncached forward is their oracle, so a backend that
   // replays the same shifts arbitrates (`kvdiff conform` passes ref64, which shifts exactly, in

@@ -62,7 +62,8 @@ class Script {
 
   // Adds a step, named `what` in a failure ("chunk of 7"); returns its index.
   size_t Add(Step step, std::string what);
-  // A prefill of `tokens` (one call) on the conversation; returns the step's index.
+  // A prefill of `tokens` on the conversation: one call, or calls of the engine's max_batch_tokens
+  // when it declares fewer (one step either way); returns the step's index.
   size_t Append(const std::string& conversation, const Tokens& tokens, std::string what);
   // The call must be refused, leaving every session's Length() as it was; it is made after the
   // last append added so far, before the next step's call (so a step must follow it), and the
@@ -76,17 +77,23 @@ class Script {
             std::string other);
 
   // Replays the script on the engine and holds it to the oracle (the rows after a shift to the
-  // arbiter's replay). Throws Nonconformance at the first step that failed, in step order: the
-  // replay's error (a throw, a wrong shape, NaN/inf, a Length() that is not what was fed), the
-  // oracle's failure, a row beyond the gate, a bad call that was not refused or changed a length;
-  // then the first pair of Same rows that differ.
+  // arbiter's replay). Throws NotApplicable, before any call, when the script needs more than the
+  // engine declares it holds (its max_length, max_sessions, max_batch_tokens), and Nonconformance
+  // at the first step that failed, in step order: the replay's error (a throw, a wrong shape,
+  // NaN/inf, a Length() that is not what was fed), the oracle's failure, a row beyond the gate, a
+  // bad call that was not refused or changed a length; then the first pair of Same rows that
+  // differ.
   Played Play() const;
-  // Replays the script on the engine alone (no oracle, no bad calls): Nonconformance at the first
-  // step that failed.
+  // Replays the script on the engine alone (no oracle, no bad calls): NotApplicable as Play's,
+  // Nonconformance at the first step that failed.
   Recording ReplayOnly() const;
 
   int64_t vocab() const { return engine_.config().vocab_size; }
-  int64_t max_positions() const { return engine_.config().max_position_embeddings; }
+  // The positions a session of the engine holds: its declared max_length when it has one, else
+  // the model's max_position_embeddings.
+  int64_t max_positions() const;
+  // "max_length 20" or "max_position_embeddings 512": what max_positions() comes from.
+  std::string max_positions_name() const;
   const Backend& engine() const { return engine_; }
   const Backend* arbiter() const { return arbiter_; }
 
@@ -102,6 +109,9 @@ class Script {
     size_t step, other_step;
     std::string conversation, other;
   };
+  // The scenario checked as the engine's own (ValidateScenario) and against what the engine
+  // declares it holds (ValidateScenarioFor: NotApplicable, saying what the check needs).
+  void CheckFits() const;
   // The step's failure as the report says it: "chunk of 1: ...".
   std::string At(size_t step, const std::string& message) const;
   void CheckRows(Played& played, size_t step) const;

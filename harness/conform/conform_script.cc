@@ -191,7 +191,34 @@ size_t Script::Add(Step step, std::string what) {
 }
 
 size_t Script::Append(const std::string& conversation, const Tokens& tokens, std::string what) {
-  return Add(Step::Prefill(conversation, tokens), std::move(what));
+  const auto n = static_cast<int64_t>(tokens.size());
+  const int64_t per_call = engine_.Info().max_batch_tokens;
+  std::vector<int64_t> chunks;
+  for (int64_t done = 0; per_call > 0 && n > per_call && done < n; done += per_call)
+    chunks.push_back(std::min(per_call, n - done));
+  return Add(Step::Prefill(conversation, tokens, std::move(chunks)), std::move(what));
+}
+
+int64_t Script::max_positions() const {
+  const int64_t declared = engine_.Info().max_length;
+  const int64_t model = engine_.config().max_position_embeddings;
+  return declared > 0 ? std::min(declared, model) : model;
+}
+
+std::string Script::max_positions_name() const {
+  const int64_t declared = engine_.Info().max_length;
+  if (declared > 0 && declared < engine_.config().max_position_embeddings)
+    return fmt::format("max_length {}", declared);
+  return fmt::format("max_position_embeddings {}", engine_.config().max_position_embeddings);
+}
+
+void Script::CheckFits() const {
+  ValidateScenario(scenario_, engine_.config());
+  try {
+    ValidateScenarioFor(scenario_, engine_.Info());
+  } catch (const InputError& e) {
+    throw NotApplicable(fmt::format("the check needs more than the engine holds: {}", e.what()));
+  }
 }
 
 void Script::Refuse(std::string what, BadCall call) {
@@ -271,8 +298,8 @@ void Script::Arbitrate(Played& played) const {
 Played Script::Play() const {
   std::vector<std::pair<int64_t, BadCall>> calls;
   for (const Refusal& r : refusals_) calls.emplace_back(r.after_append, r.call);
+  CheckFits();
   const WithBadCalls engine(engine_, std::move(calls));
-  ValidateScenario(scenario_, engine_.config());
   Played played;
   played.recording = Replay(scenario_, engine);
   played.oracle = CheckAgainstOracle(played.recording, oracle_, [&](int64_t position) {
@@ -317,7 +344,7 @@ Played Script::Play() const {
 }
 
 Recording Script::ReplayOnly() const {
-  ValidateScenario(scenario_, engine_.config());
+  CheckFits();
   Recording rec = Replay(scenario_, engine_);
   if (const std::optional<size_t> i = rec.FirstError()) Fail("{}", At(*i, rec.steps[*i].message));
   return rec;

@@ -54,10 +54,14 @@ std::string CheckShift(Script& s) {
   s.Append("main", s.RandomTokens(20), "main: prefill of 20");
   Shift(s, "main", 0, 5, 20);
   Then(s, "main", 3, "shift(0, 5)");
+  // Each conversation is freed once done: two sessions at most (a parent and its fork), so an
+  // engine that holds two runs the whole check.
+  s.Add(Step::End("main"), "main freed");
   // keep 1: one attention sink, as StreamingLLM keeps.
   Fed(s, "sink", 16);
   Shift(s, "sink", 1, 4, 16);
   Then(s, "sink", 2, "shift(1, 4)");
+  s.Add(Step::End("sink"), "sink freed");
   // keep k, two shifts before one append: llama.cpp#3825 recorded the second shift's delta over
   // the first's instead of adding it.
   Fed(s, "twice", 24);
@@ -65,16 +69,20 @@ std::string CheckShift(Script& s) {
   Shift(s, "twice", 4, 6, 21);
   Then(s, "twice", 1, "two shifts");
   Then(s, "twice", 2, "two shifts and an append");
+  s.Add(Step::End("twice"), "twice freed");
   // Nothing after keep: keep + discard = length moves nothing and forgets the tail.
   Fed(s, "tail", 10);
   Shift(s, "tail", 3, 7, 10);
   Then(s, "tail", 3, "shift(3, 7), nothing after keep");
+  s.Add(Step::End("tail"), "tail freed");
   // A fork shifts on its own: its parent, appended to afterwards, is still its uncached forward.
   Fed(s, "parent", 12);
   s.Add(Step::Fork("parent", "child"), "fork of parent at 12");
   Shift(s, "child", 2, 5, 12);
   Then(s, "parent", 2, "its fork's shift(2, 5)");
   Then(s, "child", 2, "shift(2, 5) of a fork");
+  s.Add(Step::End("parent"), "parent freed");
+  s.Add(Step::End("child"), "child freed");
   // discard 0 changes nothing: the rows after it are held to the uncached forward.
   Fed(s, "zero", 8);
   Shift(s, "zero", 3, 0, 8);

@@ -203,6 +203,35 @@ TEST(ConformCli, LlamaCppPassesTheBatchChecksWithMicroBatchesOfTwoTokens) {
   }
 }
 
+// llama.cpp opened with limits (two sequences; a session of 20 positions) is a correct engine:
+// conform holds it to what it declares, not to the model. The checks that need more are skipped,
+// naming the step and the limit; the others pass, fork and shift in two sessions, and capacity
+// fills the 20 positions declared and sees the 21st refused.
+TEST(ConformCli, LlamaCppWithDeclaredLimitsPassesWithTheChecksBeyondThemSkipped) {
+  TempDir dir;
+  const CommandResult two = RunKvdiff("conform 'llama.cpp?sessions=2' --cases 20", dir.path());
+  EXPECT_EQ(two.exit_code, 0) << two.out << two.err;
+  for (const char* check : {"fork", "sessions", "shift", "batch-refusals", "campaign"})
+    EXPECT_THAT(RowOf(two.out, check), HasSubstr("PASS")) << check << "\n" << two.out;
+  for (const char* check : {"batch", "batch-fork-truncate"}) {
+    EXPECT_THAT(RowOf(two.out, check),
+                HasSubstr("skip   the check needs more than the engine holds: steps["))
+        << check << "\n"
+        << two.out;
+    EXPECT_THAT(RowOf(two.out, check), HasSubstr("(max_sessions 2;")) << check << "\n" << two.out;
+  }
+  EXPECT_THAT(two.out, HasSubstr("PASS: 15 of 17 checks passed, 0 failed, 2 skipped"));
+
+  const CommandResult short_ = RunKvdiff("conform 'llama.cpp?max_length=20' --cases 0", dir.path());
+  EXPECT_EQ(short_.exit_code, 0) << short_.out << short_.err;
+  EXPECT_THAT(RowOf(short_.out, "capacity"),
+              HasSubstr("PASS   20 positions held; 21 refused: llama.cpp: session holds 20 "
+                        "positions of max_length 20"));
+  EXPECT_THAT(RowOf(short_.out, "prefill"), HasSubstr("PASS   20 rows"));
+  EXPECT_THAT(RowOf(short_.out, "chunks"), HasSubstr("(max_length 20)"));
+  EXPECT_THAT(short_.out, HasSubstr("0 failed, 2 skipped"));
+}
+
 // The plugin's test-only batching bugs (engines/llama_cpp: fault=) fail conform's batch checks and
 // no other: by a row that differs from the oracle's, or by llama.cpp refusing the faulty batch.
 TEST(ConformCli, EachLlamaCppBatchFaultFailsTheBatchChecksOnly) {

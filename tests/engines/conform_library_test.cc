@@ -3,8 +3,11 @@
 // backend with no batched call passes the batch checks through Backend::AppendBatch's default;
 // rows mapped to the wrong items fail the batch checks only; a truncate or shift beyond the length
 // that is not refused (or whose refusal changes the session) fails its check; the shift check is
-// skipped (saying why) with nothing to arbitrate, and the capacity check above its fill limit.
+// skipped (saying why) with nothing to arbitrate, and the capacity check above its fill limit; an
+// engine that declares limits is held to them: a correct one passes with the checks beyond them
+// skipped, one that holds more positions than it declares fails the capacity check.
 // `kvdiff conform` through the binary is in conform_cli_test.cc.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -228,6 +231,97 @@ TEST_F(Conform, TheCapacityCheckIsSkippedAboveItsFillLimitSayingWhy) {
   EXPECT_EQ(report.checks.size(), 16u);
   EXPECT_THAT(RowOf("\n" + report.Table(), "capacity"),
               HasSubstr("skip   max_position_embeddings 512 is above the fill limit 100"));
+}
+
+// impl declaring that a session holds 20 positions while it holds 512: the capacity check fills
+// what the engine declares and finds the 21st position taken, not refused; the checks that need
+// more than 20 positions are skipped, naming the limit.
+TEST_F(Conform, AnEngineThatHoldsMoreThanItDeclaresFailsTheCapacityCheckOnly) {
+  harness::BackendInfo info = Named("declares-20");
+  info.max_length = 20;
+  const OneAfterAnother engine(Impl(), info);
+  const harness::ConformReport report = Run(engine, *impl_);
+  EXPECT_EQ(report.Failures(), 1) << report.Table();
+  const std::string table = "\n" + report.Table();
+  EXPECT_THAT(RowOf(table, "capacity"),
+              HasSubstr("FAIL   position 20 (max_length 20): expected a refusal as bad input, but "
+                        "the call succeeded"));
+  EXPECT_THAT(RowOf(table, "prefill"), HasSubstr("PASS   20 rows"));
+  EXPECT_THAT(RowOf(table, "chunks"),
+              HasSubstr("skip   the check needs more than the engine holds: steps[6] "
+                        "prefill(main,n=1): conversation \"main\" would reach 21 positions, more "
+                        "than backend declares-20 holds (max_length 20)"));
+}
+
+// impl behind the limits it declares: two sessions alive at once, eight tokens a call, each
+// refused beyond as bad input, as a serving engine sized for its machine refuses. A correct engine
+// with limits passes: a long append is made in calls of eight, the checks that need a third
+// session (the batch checks) are skipped saying so, and the others (fork and shift included, which
+// free each conversation when done) run; the batch refusals need no third session.
+class Limited : public OneAfterAnother {
+ public:
+  Limited(std::unique_ptr<harness::Backend> inner, harness::BackendInfo info)
+      : OneAfterAnother(std::move(inner), std::move(info)) {}
+  std::unique_ptr<harness::BackendSession> NewSession() const override {
+    return Admit(inner().NewSession());
+  }
+
+ private:
+  class Session : public harness::BackendSession {
+   public:
+    Session(const Limited& owner, std::unique_ptr<harness::BackendSession> inner)
+        : owner_(owner), inner_(std::move(inner)) {}
+    ~Session() override { --owner_.alive_; }
+    Logits Append(const Tokens& tokens, ForwardTrace* trace) override {
+      const int64_t limit = owner_.Info().max_batch_tokens;
+      if (static_cast<int64_t>(tokens.size()) > limit)
+        throw kvdiff::InputError(
+            fmt::format("{} tokens in one call (max {})", tokens.size(), limit));
+      return inner_->Append(tokens, trace);
+    }
+    int64_t Length() const override { return inner_->Length(); }
+    void Truncate(int64_t length) override { inner_->Truncate(length); }
+    std::unique_ptr<harness::BackendSession> Fork() const override {
+      return owner_.Admit(inner_->Fork());
+    }
+    void Reset() override { inner_->Reset(); }
+    void Shift(int64_t keep, int64_t discard) override { inner_->Shift(keep, discard); }
+
+   private:
+    const Limited& owner_;
+    std::unique_ptr<harness::BackendSession> inner_;
+  };
+  std::unique_ptr<harness::BackendSession> Admit(
+      std::unique_ptr<harness::BackendSession> inner) const {
+    if (alive_ == Info().max_sessions)
+      throw kvdiff::InputError(fmt::format("all {} sessions are in use", alive_));
+    ++alive_;
+    return std::make_unique<Session>(*this, std::move(inner));
+  }
+  mutable int64_t alive_ = 0;
+};
+
+TEST_F(Conform, ACorrectEngineWithDeclaredLimitsPassesWithTheChecksBeyondThemSkipped) {
+  harness::BackendInfo info = Named("limited");
+  info.max_sessions = 2;
+  info.max_batch_tokens = 8;
+  info.shifts = true;
+  const Limited engine(Impl(), info);
+  options_.campaign_cases = 10;
+  const TempDir failures;
+  options_.out_dir = failures / "failures";
+  const harness::ConformReport report = Run(engine, *impl_);
+  EXPECT_TRUE(report.Passed()) << report.Table();
+  const std::string table = "\n" + report.Table();
+  // The prefill of 24 and capacity's chunks of 128 pass only as calls of at most eight.
+  for (const char* check : {"prefill", "fork", "sessions", "capacity", "shift", "campaign"})
+    EXPECT_THAT(RowOf(table, check), HasSubstr("PASS")) << check << table;
+  EXPECT_THAT(RowOf(table, "capacity"), HasSubstr("512 positions held"));
+  EXPECT_THAT(RowOf(table, "batch"),
+              HasSubstr("skip   the check needs more than the engine holds: steps[1] "
+                        "new_conversation(c): 3 conversations alive at once, more than backend "
+                        "limited holds (max_sessions 2"));
+  EXPECT_THAT(table, HasSubstr("PASS: 15 of 17 checks passed, 0 failed, 2 skipped"));
 }
 
 }  // namespace
