@@ -34,12 +34,16 @@ class Renderer {
     throw InputError(fmt::format("chat template line {}: {}", line, message));
   }
 
-  // Counts one statement or expression against kMaxRenderSteps.
+  // Adds `n` to a budget's count; past its limit the render fails with `message`, whose {} is the
+  // limit.
+  static void Spend(int64_t& used, size_t n, int64_t limit, int line, const char* message) {
+    used += static_cast<int64_t>(n);
+    if (used > limit) Fail(line, fmt::format(fmt::runtime(message), limit));
+  }
+  // One statement or expression.
   void Step(int line) {
-    if (++steps_ > kMaxRenderSteps) {
-      Fail(line,
-           fmt::format("rendering took more than {} steps (loops inside loops?)", kMaxRenderSteps));
-    }
+    Spend(steps_, 1, kMaxRenderSteps, line,
+          "rendering took more than {} steps (loops inside loops?)");
   }
   // Counts a text an expression yields (or one more piece of the output) against kMaxTextBytes
   // and kMaxRenderBytes.
@@ -53,23 +57,16 @@ class Renderer {
       Fail(line, fmt::format("rendering handled more than {} MiB of text", kMaxRenderBytes >> 20));
     }
   }
-  // Counts `n` list items created against kMaxRenderListItems (each is memory that lives on).
+  // `n` list items created (each is memory that lives on).
   void Created(size_t n, int line) {
-    list_items_ += static_cast<int64_t>(n);
-    if (list_items_ > kMaxRenderListItems) {
-      Fail(line, fmt::format("rendering created more than {} list items in all (a list doubled in "
-                             "a loop?)",
-                             kMaxRenderListItems));
-    }
+    Spend(list_items_, n, kMaxRenderListItems, line,
+          "rendering created more than {} list items in all (a list doubled in a loop?)");
   }
-  // Counts `n` items, keys or bytes an `in` looks through against kMaxRenderScanned.
+  // `n` items, keys or bytes an `in` looks through.
   void Scanned(size_t n, int line) {
-    scanned_ += static_cast<int64_t>(n);
-    if (scanned_ > kMaxRenderScanned) {
-      Fail(line, fmt::format("rendering looked through more than {} list items, keys and bytes "
-                             "with `in` (a long list searched in a loop?)",
-                             kMaxRenderScanned));
-    }
+    Spend(scanned_, n, kMaxRenderScanned, line,
+          "rendering looked through more than {} list items, keys and bytes with `in` (a long "
+          "list searched in a loop?)");
   }
   // a op b for op + - *, refused when the result does not fit in 64 bits.
   static int64_t Arithmetic(char op, int64_t a, int64_t b, int line) {

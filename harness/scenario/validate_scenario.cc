@@ -75,12 +75,11 @@ std::vector<std::string> Touched(const Step& s) {
 // Every live conversation's cache is held by every backend at once: a few MB of scenario (20,000
 // forks of a long conversation) could ask for terabytes. Refused when the float32 K and V of the
 // positions alive at one time exceed this machine's memory, before anything runs.
-void CheckHeldPositionsFit(int64_t held, size_t i, const Step& s,
-                           const format::LlamaConfig& config) {
+void CheckHeldPositionsFit(int64_t held, size_t i, const Step& s, const format::LlamaConfig& config,
+                           double memory) {
   const double per_position = 2.0 * 4.0 * static_cast<double>(config.num_hidden_layers) *
                               static_cast<double>(config.num_key_value_heads * config.head_dim);
   const double bytes = per_position * static_cast<double>(held);
-  const double memory = format::PhysicalMemoryBytes();
   KVDIFF_CHECK(memory <= 0 || bytes <= memory,
                "steps[{}] {}: the conversations alive would hold {} positions, {:.3g} GB of "
                "float32 KV cache for each backend, more than this machine's memory ({:.3g} GB); "
@@ -95,6 +94,7 @@ void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& confi
   std::map<std::string, size_t> ended;  // conversation -> the step that ended it
   const int64_t max_len = config.max_position_embeddings;
   int64_t held = 0;  // positions held by every conversation alive
+  const double memory = format::PhysicalMemoryBytes();  // asked once: a scenario has many steps
   auto find = [&](const std::string& name, const std::string& where) -> ConversationState {
     auto end = ended.find(name);
     KVDIFF_CHECK(end == ended.end() || convs.Exists(name),
@@ -207,7 +207,7 @@ void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& confi
     held -= Held(convs, touched);
     convs.Apply(s);
     held += Held(convs, touched);
-    CheckHeldPositionsFit(held, i, s, config);
+    CheckHeldPositionsFit(held, i, s, config, memory);
   }
 }
 

@@ -215,12 +215,21 @@ TEST(ConformCli, LlamaCppWithDeclaredLimitsPassesWithTheChecksBeyondThemSkipped)
     EXPECT_THAT(RowOf(two.out, check), HasSubstr("PASS")) << check << "\n" << two.out;
   for (const char* check : {"batch", "batch-fork-truncate"}) {
     EXPECT_THAT(RowOf(two.out, check),
-                HasSubstr("skip   the check needs more than the engine holds: steps["))
+                HasSubstr("skip   a batch of two conversations and an item alone need 3 sessions "
+                          "at once; the engine holds 2 (max_sessions)"))
         << check << "\n"
         << two.out;
-    EXPECT_THAT(RowOf(two.out, check), HasSubstr("(max_sessions 2;")) << check << "\n" << two.out;
   }
   EXPECT_THAT(two.out, HasSubstr("PASS: 15 of 17 checks passed, 0 failed, 2 skipped"));
+  // Four sequences, as a server with four slots: batches of three conversations.
+  const CommandResult four = RunKvdiff("conform 'llama.cpp?sessions=4' --cases 0", dir.path());
+  EXPECT_EQ(four.exit_code, 0) << four.out << four.err;
+  for (const char* check : {"batch", "batch-fork-truncate"}) {
+    EXPECT_THAT(RowOf(four.out, check), HasSubstr("PASS")) << check << "\n" << four.out;
+    EXPECT_THAT(RowOf(four.out, check), HasSubstr("; 3 conversations a call (max_sessions 4)"))
+        << check << "\n"
+        << four.out;
+  }
 
   const CommandResult short_ = RunKvdiff("conform 'llama.cpp?max_length=20' --cases 0", dir.path());
   EXPECT_EQ(short_.exit_code, 0) << short_.out << short_.err;
@@ -233,7 +242,8 @@ TEST(ConformCli, LlamaCppWithDeclaredLimitsPassesWithTheChecksBeyondThemSkipped)
 }
 
 // The plugin's test-only batching bugs (engines/llama_cpp: fault=) fail conform's batch checks and
-// no other: by a row that differs from the oracle's, or by llama.cpp refusing the faulty batch.
+// no other: by a row that differs from the oracle's, or by llama.cpp refusing the faulty batch;
+// also when three sequences cut the batches to two conversations.
 TEST(ConformCli, EachLlamaCppBatchFaultFailsTheBatchChecksOnly) {
   TempDir dir;
   for (const std::string fault :
@@ -244,6 +254,12 @@ TEST(ConformCli, EachLlamaCppBatchFaultFailsTheBatchChecksOnly) {
     EXPECT_THAT(RowOf(r.out, "batch"), HasSubstr("FAIL")) << fault << "\n" << r.out;
     EXPECT_THAT(RowOf(r.out, "batch-fork-truncate"), HasSubstr("FAIL")) << fault << "\n" << r.out;
     EXPECT_THAT(r.out, HasSubstr("14 of 16 checks passed, 2 failed")) << fault << "\n" << r.out;
+    // Three sequences: batches of two conversations still catch each fault.
+    const CommandResult three = RunKvdiff(
+        fmt::format("conform 'llama.cpp?fault={}&sessions=3' --cases 0", fault), dir.path());
+    EXPECT_EQ(three.exit_code, 1) << fault << "\n" << three.out << three.err;
+    EXPECT_THAT(three.out, HasSubstr("14 of 16 checks passed, 2 failed")) << fault << "\n"
+                                                                          << three.out;
   }
 }
 

@@ -274,7 +274,7 @@ class Limited : public OneAfterAnother {
     ~Session() override { --owner_.alive_; }
     Logits Append(const Tokens& tokens, ForwardTrace* trace) override {
       const int64_t limit = owner_.Info().max_batch_tokens;
-      if (static_cast<int64_t>(tokens.size()) > limit)
+      if (limit > 0 && static_cast<int64_t>(tokens.size()) > limit)
         throw kvdiff::InputError(
             fmt::format("{} tokens in one call (max {})", tokens.size(), limit));
       return inner_->Append(tokens, trace);
@@ -293,7 +293,7 @@ class Limited : public OneAfterAnother {
   };
   std::unique_ptr<harness::BackendSession> Admit(
       std::unique_ptr<harness::BackendSession> inner) const {
-    if (alive_ == Info().max_sessions)
+    if (Info().max_sessions > 0 && alive_ == Info().max_sessions)
       throw kvdiff::InputError(fmt::format("all {} sessions are in use", alive_));
     ++alive_;
     return std::make_unique<Session>(*this, std::move(inner));
@@ -318,10 +318,34 @@ TEST_F(Conform, ACorrectEngineWithDeclaredLimitsPassesWithTheChecksBeyondThemSki
     EXPECT_THAT(RowOf(table, check), HasSubstr("PASS")) << check << table;
   EXPECT_THAT(RowOf(table, "capacity"), HasSubstr("512 positions held"));
   EXPECT_THAT(RowOf(table, "batch"),
-              HasSubstr("skip   the check needs more than the engine holds: steps[1] "
-                        "new_conversation(c): 3 conversations alive at once, more than backend "
-                        "limited holds (max_sessions 2"));
+              HasSubstr("skip   a batch of two conversations and an item alone need 3 sessions at "
+                        "once; the engine holds 2 (max_sessions)"));
   EXPECT_THAT(table, HasSubstr("PASS: 15 of 17 checks passed, 0 failed, 2 skipped"));
+}
+
+// With three or four sessions (a server's slots) the batch checks run on batches of two or three
+// conversations, saying so: a correct engine passes them, rows mapped to the wrong items fail them.
+TEST_F(Conform, TheBatchChecksFitTheSessionsAnEngineHolds) {
+  for (const int64_t sessions : {3, 4}) {
+    harness::BackendInfo info = Named("slots");
+    info.max_sessions = sessions;
+    const Limited engine(Impl(), info);
+    const harness::ConformReport report = Run(engine, *impl_);
+    EXPECT_TRUE(report.Passed()) << report.Table();
+    const std::string note =
+        fmt::format("; {} conversations a call (max_sessions {})", sessions - 1, sessions);
+    for (const char* check : {"batch", "batch-fork-truncate"}) {
+      EXPECT_THAT(RowOf("\n" + report.Table(), check), HasSubstr("PASS")) << check;
+      EXPECT_THAT(RowOf("\n" + report.Table(), check), HasSubstr(note)) << check;
+    }
+    info.name = "swapped";
+    const RowsSwapped swapped(Impl(), info);
+    const harness::ConformReport wrong = Run(swapped, *impl_);
+    const std::string table = "\n" + wrong.Table();
+    EXPECT_THAT(RowOf(table, "batch"), HasSubstr("FAIL   batch 1 (a:decode, b:7/last")) << table;
+    EXPECT_THAT(RowOf(table, "batch-fork-truncate"), HasSubstr("FAIL")) << table;
+    EXPECT_EQ(wrong.Failures(), 2) << table;
+  }
 }
 
 }  // namespace
