@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness/conform/conform_detail.h"
@@ -28,31 +29,46 @@ struct Part {
   bool decode = false;  // named "decode" in failures, not by its count
 };
 
-// How many conversations a check's batches take, of the `most` it is written for: all of them, or
-// as many as the engine's sessions hold beside the one an item alone needs (a server with four
-// slots runs batches of three). Fewer than two is no batch: the check is skipped, saying why.
-size_t Conversations(const Script& s, size_t most) {
-  const int64_t sessions = s.engine().Info().max_sessions;
-  if (sessions <= 0 || sessions > static_cast<int64_t>(most)) return most;
-  if (sessions < 3) {
-    throw NotApplicable(fmt::format(
-        "a batch of two conversations and an item alone need 3 sessions at once; the engine "
-        "holds {} (max_sessions)",
-        sessions));
+// The conversations a check's batches take, of those it is written for (`order`): all of them,
+// or as many as the engine's sessions hold beside the one an item alone needs (a server with four
+// slots runs batches of three), the last ones left out. Fewer than two is no batch: the check is
+// skipped, saying why.
+class Taken {
+ public:
+  Taken(const Script& s, std::vector<std::string> order)
+      : order_(std::move(order)), sessions_(s.engine().Info().max_sessions) {
+    if (sessions_ > 0 && sessions_ < 3) {
+      throw NotApplicable(fmt::format(
+          "a batch of two conversations and an item alone need 3 sessions at once; the engine "
+          "holds {} (max_sessions)",
+          sessions_));
+    }
+    cut_ = sessions_ > 0 && sessions_ <= static_cast<int64_t>(order_.size());
+    if (cut_) order_.resize(static_cast<size_t>(sessions_ - 1));
   }
-  return static_cast<size_t>(sessions - 1);
-}
+  bool Has(const std::string& conversation) const {
+    return std::find(order_.begin(), order_.end(), conversation) != order_.end();
+  }
+  // The parts whose conversation is taken. A batch's tokens are drawn whole, then cut: the tokens
+  // of the full batch do not depend on the engine's sessions.
+  std::vector<Part> Of(std::vector<Part> parts) const {
+    parts.erase(std::remove_if(parts.begin(), parts.end(),
+                               [this](const Part& p) { return !Has(p.conversation); }),
+                parts.end());
+    return parts;
+  }
+  // "; 3 conversations a call (max_sessions 4)" when the batches were cut to the engine's sessions.
+  std::string Note() const {
+    return cut_ ? fmt::format("; {} conversations a call (max_sessions {})", order_.size(),
+                              sessions_)
+                : "";
+  }
 
-// The parts whose conversation is among the first `n` of `order` (the batch's conversations in the
-// order they are dropped last to first).
-std::vector<Part> Among(std::vector<Part> parts, const std::vector<std::string>& order, size_t n) {
-  const auto kept = [&](const Part& p) {
-    return std::find(order.begin(), order.begin() + n, p.conversation) != order.begin() + n;
-  };
-  parts.erase(std::remove_if(parts.begin(), parts.end(), [&](const Part& p) { return !kept(p); }),
-              parts.end());
-  return parts;
-}
+ private:
+  std::vector<std::string> order_;
+  int64_t sessions_;
+  bool cut_ = false;
+};
 
 // "a:decode, b:7/last": the items as a failure names them ("main" is "a").
 std::string Describe(const std::vector<Part>& parts) {
@@ -65,13 +81,6 @@ std::string Describe(const std::vector<Part>& parts) {
     items.push_back(item);
   }
   return fmt::format("{}", fmt::join(items, ", "));
-}
-
-// ", 3 conversations a call (max_sessions 4)" when the batches were cut to the engine's sessions.
-std::string CutNote(size_t n, size_t most, const Script& s) {
-  if (n == most) return "";
-  return fmt::format("; {} conversations a call (max_sessions {})", n,
-                     s.engine().Info().max_sessions);
 }
 
 // One batched call (every row held to the oracle), then each item alone on a new conversation of
@@ -132,78 +141,67 @@ void Truncate(Script& s, std::map<std::string, Tokens>& histories, const std::st
 // an engine that splits them (llama.cpp's ubatch=) splits across items. ("a" is the scenario's
 // "main".)
 std::string CheckBatch(Script& s) {
-  const std::vector<std::string> order = {"main", "b", "c", "twin", "e"};
-  const size_t n = Conversations(s, order.size());
-  const auto in = [&](const std::string& name) {
-    return std::find(order.begin(), order.begin() + n, name) != order.begin() + n;
-  };
+  const Taken taken(s, {"main", "b", "c", "twin", "e"});
   std::map<std::string, Tokens> h;
   for (const char* name : {"b", "c", "e"})
-    if (in(name)) s.Add(Step::NewConversation(name), "a new session");
+    if (taken.Has(name)) s.Add(Step::NewConversation(name), "a new session");
   Append(s, h, "main", 10, "prefill of 10 (a)");
-  if (in("c")) Append(s, h, "c", 5, "prefill of 5 (c)");
-  if (in("e")) Append(s, h, "e", 1, "prefill of 1 (e)");
-  if (in("twin")) Fork(s, h, "main", "twin", "a fork of a (its twin)");
-  // Every batch's tokens are drawn whole, then cut to the conversations taken: the tokens of a
-  // batch of five do not depend on the engine's sessions.
+  if (taken.Has("c")) Append(s, h, "c", 5, "prefill of 5 (c)");
+  if (taken.Has("e")) Append(s, h, "e", 1, "prefill of 1 (e)");
+  if (taken.Has("twin")) Fork(s, h, "main", "twin", "a fork of a (its twin)");
   const Tokens next = s.RandomTokens(1);
-  const std::vector<Part> one = Among({{"main", next, BatchLogits::kAll, true},
-                                       {"b", s.RandomTokens(7), BatchLogits::kLast},
-                                       {"c", s.RandomTokens(3), BatchLogits::kNone},
-                                       {"twin", next, BatchLogits::kAll, true},
-                                       {"e", s.RandomTokens(4)}},
-                                      order, n);
+  const std::vector<Part> one = taken.Of({{"main", next, BatchLogits::kAll, true},
+                                          {"b", s.RandomTokens(7), BatchLogits::kLast},
+                                          {"c", s.RandomTokens(3), BatchLogits::kNone},
+                                          {"twin", next, BatchLogits::kAll, true},
+                                          {"e", s.RandomTokens(4)}});
   const size_t first = BatchThenAlone(s, h, one, fmt::format("batch 1 ({})", Describe(one)));
-  if (in("twin"))
+  if (taken.Has("twin"))
     s.Same("batch 1: a and its twin, given the same token", first, "twin", first, "main");
   std::vector<Part> decode;
   for (const char* name : {"main", "b", "c", "twin", "e"})
     decode.push_back({name, s.RandomTokens(1)});
-  BatchThenAlone(s, h, Among(decode, order, n), "batch 2 (a decode step of each)");
-  const std::vector<Part> three = Among({{"e", s.RandomTokens(2)},
-                                         {"main", s.RandomTokens(6), BatchLogits::kLast},
-                                         {"c", s.RandomTokens(1)}},
-                                        order, n);
+  BatchThenAlone(s, h, taken.Of(decode), "batch 2 (a decode step of each)");
+  const std::vector<Part> three = taken.Of({{"e", s.RandomTokens(2)},
+                                            {"main", s.RandomTokens(6), BatchLogits::kLast},
+                                            {"c", s.RandomTokens(1)}});
   BatchThenAlone(s, h, three, fmt::format("batch 3 ({})", Describe(three)));
   const Played played = s.Play();
   return played.Figures() + "; against the items alone " + played.SameRowsFigure() +
-         "; items of 1 to 7 tokens at lengths 0 to 12, twins, all/last/no rows" +
-         CutNote(n, order.size(), s);
+         "; items of 1 to 7 tokens at lengths 0 to 12, twins, all/last/no rows" + taken.Note();
 }
 
 // A batch after forks, truncates and a freed session: in an engine with a shared pool of cache
 // cells (llama.cpp's unified KV cache) the free cells are then scattered, and the batch's tokens
 // land between other sequences' cells. ("a" is the scenario's "main".)
 std::string CheckBatchAfterForkAndTruncate(Script& s) {
-  const std::vector<std::string> order = {"main", "b", "c", "d"};
-  const size_t n = Conversations(s, order.size());
+  const Taken taken(s, {"main", "b", "c", "d"});
   std::map<std::string, Tokens> h;
   Append(s, h, "main", 16, "prefill of 16 (a)");
   Fork(s, h, "main", "b", "b, a fork of a at 16");
   Truncate(s, h, "main", 5, "a truncated to 5");
-  if (n > 2) {
+  if (taken.Has("c")) {
     s.Add(Step::NewConversation("c"), "a new session");
     Append(s, h, "c", 6, "prefill of 6 (c)");
   }
   Truncate(s, h, "b", 9, "b truncated to 9");
-  if (n > 3) Fork(s, h, "c", "d", "d, a fork of c at 6");
-  if (n > 2) Truncate(s, h, "c", 2, "c truncated to 2");
-  if (n > 3) Append(s, h, "d", 3, "d +3");
+  if (taken.Has("d")) Fork(s, h, "c", "d", "d, a fork of c at 6");
+  if (taken.Has("c")) Truncate(s, h, "c", 2, "c truncated to 2");
+  if (taken.Has("d")) Append(s, h, "d", 3, "d +3");
   Fork(s, h, "b", "freed", "a fork of b, freed at once");
   Append(s, h, "freed", 4, "the fork of b +4");
   s.Add(Step::End("freed"), "the fork of b freed");
-  const std::vector<Part> one = Among({{"main", s.RandomTokens(7)},
-                                       {"b", s.RandomTokens(4), BatchLogits::kLast},
-                                       {"c", s.RandomTokens(1)},
-                                       {"d", s.RandomTokens(2), BatchLogits::kNone}},
-                                      order, n);
+  const std::vector<Part> one = taken.Of({{"main", s.RandomTokens(7)},
+                                          {"b", s.RandomTokens(4), BatchLogits::kLast},
+                                          {"c", s.RandomTokens(1)},
+                                          {"d", s.RandomTokens(2), BatchLogits::kNone}});
   BatchThenAlone(s, h, one, fmt::format("batch 1 ({})", Describe(one)));
   std::vector<Part> decode;
   for (const char* name : {"d", "c", "b", "main"}) decode.push_back({name, s.RandomTokens(1)});
-  BatchThenAlone(s, h, Among(decode, order, n), "batch 2 (a decode step of each)");
+  BatchThenAlone(s, h, taken.Of(decode), "batch 2 (a decode step of each)");
   const Played played = s.Play();
   return played.Figures() + "; against the items alone " + played.SameRowsFigure() +
-         "; after 2 forks, 3 truncates and a freed session" + CutNote(n, order.size(), s);
+         "; after 2 forks, 3 truncates and a freed session" + taken.Note();
 }
 
 // What engine.h's append_batch refuses before anything runs: the call fails as a whole, so every

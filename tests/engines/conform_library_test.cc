@@ -30,6 +30,7 @@ namespace kvdiff::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // The tiny model, impl on it (the oracle, or the engine, of every test), and conformance without
 // its campaign; Impl() makes another impl for a test's wrong backend to wrap.
@@ -346,6 +347,13 @@ TEST_F(Conform, TheBatchChecksFitTheSessionsAnEngineHolds) {
     EXPECT_THAT(RowOf(table, "batch-fork-truncate"), HasSubstr("FAIL")) << table;
     EXPECT_EQ(wrong.Failures(), 2) << table;
   }
+  // Six sessions hold the whole batch and its item alone: nothing is cut, nothing said.
+  harness::BackendInfo info = Named("six");
+  info.max_sessions = 6;
+  const Limited six(Impl(), info);
+  const harness::ConformReport report = Run(six, *impl_);
+  EXPECT_TRUE(report.Passed()) << report.Table();
+  EXPECT_THAT(report.Table(), Not(HasSubstr("conversations a call"))) << report.Table();
 }
 
 }  // namespace
