@@ -67,9 +67,19 @@ OracleCheck CheckAgainstOracle(const Recording& rec, const Backend& oracle, cons
                     oracle.Name(), *rec.hung_at);
     return check;
   }
+  check.beyond_call.assign(rec.rows.size(), false);
+  const int64_t max_call = oracle.Info().max_batch_tokens;
   std::vector<std::vector<size_t>> rows_of(rec.histories.size());
-  for (size_t k = 0; k < rec.rows.size(); ++k)
-    if (!rec.rows[k].after_shift) rows_of[rec.rows[k].history].push_back(k);
+  for (size_t k = 0; k < rec.rows.size(); ++k) {
+    if (rec.rows[k].after_shift) continue;
+    // ForwardFull is one call of position + 1 tokens: an engine that takes fewer refuses it.
+    if (max_call > 0 && rec.rows[k].position + 1 > max_call) {
+      check.beyond_call[k] = true;
+      check.max_call_tokens = max_call;
+      continue;
+    }
+    rows_of[rec.rows[k].history].push_back(k);
+  }
   std::string hung_failure;  // once the oracle hung: its failure, given to the later histories
   for (size_t h = 0; h < rows_of.size(); ++h) {
     if (rows_of[h].empty()) continue;

@@ -21,6 +21,11 @@ struct OracleCheck {
   // position; nullopt when the ForwardFull of that history failed, and for rows after a shift
   // (RecordedRow::after_shift), which no uncached forward is the oracle of.
   std::vector<std::optional<RowComparison>> rows;
+  // Parallel to Recording::rows: true for a row whose history is longer than the oracle takes in
+  // one call (its BackendInfo::max_batch_tokens): no uncached forward of it can be asked, so the
+  // row is left nullopt and compared across backends only.
+  std::vector<bool> beyond_call;
+  int64_t max_call_tokens = 0;  // the oracle's max_batch_tokens, when a row was beyond it
   // Parallel to Recording::steps: why rows of a step that ran could not be checked ("the oracle
   // ForwardFull failed: ..."); empty for every other step.
   std::vector<std::string> failures;

@@ -52,6 +52,14 @@ ComparedRow ToCompared(const RecordedRow& rec, const RowComparison& cmp) {
 // no uncached forward of the shifted history is their oracle.
 constexpr const char* kAfterShiftNote = "after shift: no uncached oracle, compared across backends";
 
+// Rows whose history is longer than the backend takes in one call: its ForwardFull would be
+// refused.
+std::string BeyondCallNote(int64_t max_call_tokens) {
+  return fmt::format(
+      "beyond max_batch_tokens {}: no uncached forward in one call, compared across backends",
+      max_call_tokens);
+}
+
 // A step's column for one backend against its own ForwardFull.
 PathOutcome OracleOutcome(const Backend& backend, const Recording& rec, const OracleCheck& oracle,
                           size_t step) {
@@ -64,8 +72,10 @@ PathOutcome OracleOutcome(const Backend& backend, const Recording& rec, const Or
   o.message = sr.message;
   bool all_within = true;
   int64_t after_shift = 0;  // rows no uncached forward is the oracle of
+  int64_t beyond_call = 0;  // rows whose uncached forward is more than the backend takes at once
   for (size_t k = sr.rows_begin; k < sr.rows_end; ++k) {
     after_shift += rec.rows[k].after_shift ? 1 : 0;
+    beyond_call += oracle.beyond_call.empty() || !oracle.beyond_call[k] ? 0 : 1;
     if (!oracle.rows[k]) continue;
     o.rows.push_back(ToCompared(rec.rows[k], *oracle.rows[k]));
     o.max_abs_diff = std::max(o.max_abs_diff, oracle.rows[k]->max_abs_diff);
@@ -79,14 +89,16 @@ PathOutcome OracleOutcome(const Backend& backend, const Recording& rec, const Or
   } else if (!oracle.not_run.empty() && sr.rows_end > sr.rows_begin) {
     o.status = PathStatus::kSkipped;
     o.message = oracle.not_run;
-  } else if (after_shift > 0 && o.rows.empty()) {
+  } else if ((after_shift > 0 || beyond_call > 0) && o.rows.empty()) {
     o.status = PathStatus::kSkipped;
-    o.message = kAfterShiftNote;
+    o.message = after_shift > 0 ? kAfterShiftNote : BeyondCallNote(oracle.max_call_tokens);
   } else {
     o.status = sr.rows_end == sr.rows_begin ? PathStatus::kNoRows
                : all_within                 ? PathStatus::kPass
                                             : PathStatus::kFail;
     if (after_shift > 0) o.message = fmt::format("{} rows {}", after_shift, kAfterShiftNote);
+    if (beyond_call > 0)
+      o.message = fmt::format("{} rows {}", beyond_call, BeyondCallNote(oracle.max_call_tokens));
   }
   return o;
 }
@@ -344,8 +356,14 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
                       const RunOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   KVDIFF_CHECK(!backends.empty(), "RunScenario: no backend to run");
-  // What a backend cannot hold is bad input, refused before any backend runs a step.
-  for (const Backend* b : backends) ValidateScenarioFor(sc, b->Info());
+  // What a backend cannot hold is bad input, refused before any backend runs a step; so is a
+  // cache that fits each backend but not all of them together.
+  int64_t cache_value_bytes = 0;
+  for (const Backend* b : backends) {
+    ValidateScenarioFor(sc, b->Info());
+    cache_value_bytes += b->Info().dtype == "float64" ? 8 : 4;
+  }
+  if (cache_value_bytes > 4) ValidateCacheFits(sc, backends[0]->config(), cache_value_bytes);
   RunReport report;
   report.scenario = sc.name;
   report.model_source = sc.model.Describe();
@@ -372,6 +390,14 @@ RunReport RunScenario(const Scenario& sc, const std::vector<const Backend*>& bac
                               "arbiter)"
                             : ""));
     break;
+  }
+  for (size_t b = 0; b < backends.size(); ++b) {
+    if (oracles[b].max_call_tokens == 0) continue;
+    report.notes.push_back(fmt::format(
+        "{} takes at most {} tokens a call (max_batch_tokens): rows of longer histories have no "
+        "uncached forward of its own and are compared across backends only{}",
+        backends[b]->Name(), oracles[b].max_call_tokens,
+        backends.size() < 2 ? "; with one backend, they are not compared at all" : ""));
   }
   for (size_t i = 0; i < sc.steps.size(); ++i) {
     StepReport step_report;

@@ -174,6 +174,13 @@ Scenario LoadScenario(const std::filesystem::path& file);
 // tokenized before (tokens filled).
 void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& config);
 
+// The KV cache of the conversations alive at each step against this machine's memory, each cached
+// K or V value taking `value_bytes` (ValidateScenario: 4, one float32 backend; RunScenario: its
+// backends' together, 8 for a float64 one): InputError naming the step, before anything runs.
+// The scenario must be valid (ValidateScenario).
+void ValidateCacheFits(const Scenario& scenario, const format::LlamaConfig& config,
+                       int64_t value_bytes);
+
 // The scenario against what one backend holds (BackendInfo's max_length, max_sessions and
 // max_batch_tokens; 0: no limit): a conversation past its positions, more conversations alive at
 // once than its sessions, a call (a prefill chunk, a batch's items together) past its tokens per

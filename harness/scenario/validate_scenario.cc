@@ -72,29 +72,12 @@ std::vector<std::string> Touched(const Step& s) {
   return {names.begin(), names.end()};
 }
 
-// Every live conversation's cache is held by every backend at once: a few MB of scenario (20,000
-// forks of a long conversation) could ask for terabytes. Refused when the float32 K and V of the
-// positions alive at one time exceed this machine's memory, before anything runs.
-void CheckHeldPositionsFit(int64_t held, size_t i, const Step& s, const format::LlamaConfig& config,
-                           double memory) {
-  const double per_position = 2.0 * 4.0 * static_cast<double>(config.num_hidden_layers) *
-                              static_cast<double>(config.num_key_value_heads * config.head_dim);
-  const double bytes = per_position * static_cast<double>(held);
-  KVDIFF_CHECK(memory <= 0 || bytes <= memory,
-               "steps[{}] {}: the conversations alive would hold {} positions, {:.3g} GB of "
-               "float32 KV cache for each backend, more than this machine's memory ({:.3g} GB); "
-               "an end step frees a conversation",
-               i, s.ParamString(), held, bytes / 1e9, memory / 1e9);
-}
-
 }  // namespace
 
 void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& config) {
   Conversations convs;
   std::map<std::string, size_t> ended;  // conversation -> the step that ended it
   const int64_t max_len = config.max_position_embeddings;
-  int64_t held = 0;  // positions held by every conversation alive
-  const double memory = format::PhysicalMemoryBytes();  // asked once: a scenario has many steps
   auto find = [&](const std::string& name, const std::string& where) -> ConversationState {
     auto end = ended.find(name);
     KVDIFF_CHECK(end == ended.end() || convs.Exists(name),
@@ -203,11 +186,39 @@ void ValidateScenario(const Scenario& scenario, const format::LlamaConfig& confi
       }
     }
     if (s.op == Op::kNewConversation || s.op == Op::kFork) ended.erase(s.conversation);
+    convs.Apply(s);
+  }
+  ValidateCacheFits(scenario, config, 4);
+}
+
+// Every live conversation's cache is held by every backend at once: a few MB of scenario (20,000
+// forks of a long conversation) could ask for terabytes. Refused when the K and V of the positions
+// alive at one time exceed this machine's memory, before anything runs.
+void ValidateCacheFits(const Scenario& scenario, const format::LlamaConfig& config,
+                       int64_t value_bytes) {
+  const double memory = format::PhysicalMemoryBytes();
+  if (memory <= 0) return;
+  const double per_position = 2.0 * static_cast<double>(value_bytes) *
+                              static_cast<double>(config.num_hidden_layers) *
+                              static_cast<double>(config.num_key_value_heads * config.head_dim);
+  Conversations convs;
+  int64_t held = 0;  // positions held by every conversation alive
+  for (size_t i = 0; i < scenario.steps.size(); ++i) {
+    const Step& s = scenario.steps[i];
     const std::vector<std::string> touched = Touched(s);
     held -= Held(convs, touched);
     convs.Apply(s);
     held += Held(convs, touched);
-    CheckHeldPositionsFit(held, i, s, config, memory);
+    const double bytes = per_position * static_cast<double>(held);
+    KVDIFF_CHECK(bytes <= memory,
+                 "steps[{}] {}: the conversations alive would hold {} positions, {:.3g} GB of {}, "
+                 "more than this machine's memory ({:.3g} GB); an end step frees a conversation",
+                 i, s.ParamString(), held, bytes / 1e9,
+                 value_bytes == 4 ? std::string("float32 KV cache for each backend")
+                                  : fmt::format("KV cache for the backends together ({} bytes a "
+                                                "cached value)",
+                                                value_bytes),
+                 memory / 1e9);
   }
 }
 

@@ -10,16 +10,19 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "format/error.h"
 #include "format/llama2c.h"
+#include "format/machine_memory.h"
 #include "harness/backend/backend.h"
 #include "harness/backend/registry.h"
 #include "harness/replay/drivers.h"
 #include "harness/report/run_report.h"
 #include "harness/scenario/scenario.h"
 #include "tests/harness/harness_test_util.h"
+#include "tests/harness/wrapped_backend.h"
 #include "tests/test_support.h"
 
 namespace kvdiff::harness {
@@ -413,6 +416,53 @@ TEST(ModelFor, TextPromptsOnALlama2cModelNeedItsTokenizer) {
   EXPECT_THAT(ErrorOf([&] { PrepareScenario(sc, *weights); }),
               HasSubstr("steps[1].text: text prompts need a tokenizer; add \"tokenizer\": "
                         "\"FILE.bin\" to model.llama2c"));
+}
+
+// Every backend of a run holds every live conversation's cache: a scenario whose cache fits one
+// float32 backend (three quarters of this machine's memory) but not two is refused by the run,
+// naming both sizes, before either backend runs a step. A model of 1024 layers of head_dim 256 and
+// hidden size 2 holds 2 MiB a position in 10 MB of weights.
+TEST(CacheFits, ACacheThatFitsEachBackendButNotTheRunsBackendsTogetherIsRefused) {
+  const double memory = format::PhysicalMemoryBytes();
+  if (memory <= 0) GTEST_SKIP() << "this machine does not say how much memory it has";
+  const double per_position = 2.0 * 4 * 1024 * 256;  // float32 K and V of every layer
+  const auto n = static_cast<int64_t>(0.75 * memory / per_position);
+  Scenario sc = ParseScenario(fmt::format(
+      R"({{"model": {{"config": {{"hidden_size": 2, "intermediate_size": 2,
+        "num_hidden_layers": 1024, "num_attention_heads": 1, "num_key_value_heads": 1,
+        "head_dim": 256, "vocab_size": 4, "max_position_embeddings": {}}}, "seed": 1}},
+        "steps": [{{"op": "prefill", "tokens": [1]}}]}})",
+      n + 1));
+  sc.steps[0].tokens.assign(n, 1);
+  const auto weights = LoadModelFor(sc.model);
+  EXPECT_NO_THROW(ValidateScenario(sc, weights->config));  // one float32 backend: it fits
+  EXPECT_NO_THROW(ValidateCacheFits(sc, weights->config, 4));
+  // impl's description and config, and no call: were the run not refused, its first session
+  // would fail the test here, not fill the machine's memory.
+  class NeverRuns : public testing::WrappedBackend {
+   public:
+    using WrappedBackend::WrappedBackend;
+    std::unique_ptr<BackendSession> NewSession() const override {
+      ADD_FAILURE() << "the run made a session";
+      throw EngineError("not run");
+    }
+    Logits ForwardFull(const Tokens&, ForwardTrace*) const override {
+      ADD_FAILURE() << "the run called ForwardFull";
+      throw EngineError("not run");
+    }
+  };
+  const NeverRuns a(MakeBackend("impl", weights, 1), "a");
+  const NeverRuns b(MakeBackend("impl", weights, 1), "b");
+  try {
+    RunScenario(sc, {&a, &b}, RunOptions());
+    ADD_FAILURE() << "a run of two backends of " << n << " positions each was not refused";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(fmt::format("steps[0] prefill(main,n={}): the conversations "
+                                                "alive would hold {} positions",
+                                                n, n)));
+    EXPECT_THAT(e.what(), HasSubstr("GB of KV cache for the backends together (8 bytes a cached "
+                                    "value), more than this machine's memory"));
+  }
 }
 
 }  // namespace
