@@ -224,10 +224,11 @@ ConformReport RunConformance(const ModelSpec& model, const Backend& engine, cons
        "more is refused",
        [&options](Script& s) { return CheckCapacity(s, options.max_capacity_fill); }},
   };
-  // After the others, so that each of those draws the tokens it drew before there were batch and
-  // shift checks (a check's tokens follow from its place in the list).
+  // After the others, so that each of those draws the tokens it drew before there were batch,
+  // shift and edge checks (a check's tokens follow from its place in the list).
   for (const CheckDef& batch : conform_detail::BatchChecks()) checks.push_back(batch);
   for (const CheckDef& shift : conform_detail::ShiftChecks()) checks.push_back(shift);
+  for (const CheckDef& edge : conform_detail::EdgeChecks()) checks.push_back(edge);
   const Backend* arbiter = options.shift_arbiter;
   if (!arbiter && oracle.Info().shifts) arbiter = &oracle;
   if (arbiter && engine.Info().shifts) report.shift_arbiter = arbiter->Name();

@@ -163,5 +163,8 @@ struct CheckDef {
 std::vector<CheckDef> BatchChecks();
 // The checks of context shifts (BackendSession::Shift): conform_shift.cc.
 std::vector<CheckDef> ShiftChecks();
+// The checks of work an engine defers or sizes (after a reset, many sessions, long histories):
+// conform_edges.cc.
+std::vector<CheckDef> EdgeChecks();
 
 }  // namespace kvdiff::harness::conform_detail

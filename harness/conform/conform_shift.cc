@@ -94,6 +94,45 @@ std::string CheckShift(Script& s) {
       played.shifted_rows, s.arbiter()->Name(), played.shifted_worst, played.Figures());
 }
 
+// Each shift followed at once by another call than an append on the shifted conversation: a fork,
+// a batch, a truncate above keep (an engine that re-rotates lazily, at the next append, loses the
+// rotation on every other path: llama.cpp applies its K-shift at the next decode).
+std::string CheckAfterShift(Script& s) {
+  RequireShifts(s);
+  if (!s.arbiter()) {
+    throw NotApplicable(
+        "nothing to hold rows after a shift to: no arbiter (kvdiff conform makes ref64 when "
+        "LibTorch is built) and the oracle does not shift");
+  }
+  s.Append("main", s.RandomTokens(20), "main: prefill of 20");
+  Shift(s, "main", 2, 6, 20);
+  s.Add(Step::Fork("main", "child"), "a fork right after shift(2, 6)");
+  Then(s, "child", 2, "shift(2, 6) of its parent");
+  Then(s, "main", 2, "shift(2, 6) and a fork");
+  s.Add(Step::End("child"), "child freed");
+  s.Add(Step::End("main"), "main freed");
+  Fed(s, "batched", 18);
+  Fed(s, "beside", 3);
+  Shift(s, "batched", 3, 5, 18);
+  BatchEntry shifted, other;
+  shifted.conversation = "batched";
+  shifted.tokens = s.RandomTokens(2);
+  other.conversation = "beside";
+  other.tokens = s.RandomTokens(1);
+  s.Add(Step::Batch({shifted, other}), "a batch right after shift(3, 5) (batched:2, beside:1)");
+  s.Add(Step::End("beside"), "beside freed");
+  s.Add(Step::End("batched"), "batched freed");
+  Fed(s, "cut", 30);
+  Shift(s, "cut", 4, 10, 30);
+  s.Add(Step::Truncate("cut", 15), "cut: truncate to 15 right after shift(4, 10) of 30");
+  Then(s, "cut", 3, "shift(4, 10) and truncate to 15");
+  const Played played = s.Play();
+  return fmt::format(
+      "{} rows after a shift against {}, max |a-b| {:.1e}; {} against the oracle; a fork, a "
+      "batch and a truncate above keep right after a shift",
+      played.shifted_rows, s.arbiter()->Name(), played.shifted_worst, played.Figures());
+}
+
 // A bad shift on "main", then an append of 2 that must still be right.
 void RefuseShift(Script& s, int64_t keep, int64_t discard, int64_t length) {
   s.Refuse(fmt::format("shift(keep={}, discard={}) of {}", keep, discard, length),
@@ -126,6 +165,9 @@ std::vector<CheckDef> ShiftChecks() {
        CheckShift},
       {"shift-beyond", "a shift beyond the length or negative is refused, changing nothing",
        CheckShiftRefused},
+      {"after-shift",
+       "a fork, a batch and a truncate above keep right after a shift: rows held to the arbiter",
+       CheckAfterShift},
   };
 }
 

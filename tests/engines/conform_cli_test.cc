@@ -42,6 +42,11 @@ const char* const kEveryCheck[] = {"prefill",
                                    "batch-refusals",
                                    "shift",
                                    "shift-beyond",
+                                   "after-shift",
+                                   "truncate-by-one",
+                                   "after-reset",
+                                   "many-sessions",
+                                   "long-history",
                                    "campaign"};
 
 TEST(ConformCli, TheExampleEnginePassesEveryCheck) {
@@ -54,7 +59,7 @@ TEST(ConformCli, TheExampleEnginePassesEveryCheck) {
   for (const char* check : kEveryCheck) {
     EXPECT_THAT(RowOf(r.out, check), HasSubstr("PASS")) << check << "\n" << r.out;
   }
-  EXPECT_THAT(r.out, HasSubstr("PASS: 17 of 17 checks passed, 0 failed (against impl"));
+  EXPECT_THAT(r.out, HasSubstr("PASS: 22 of 22 checks passed, 0 failed (against impl"));
   // The example runs a batch's items one after another: bit-identical to the items alone.
   EXPECT_THAT(RowOf(r.out, "batch"), HasSubstr("against the items alone max |a-b| 0.0e+00"));
   EXPECT_THAT(RowOf(r.out, "batch-refusals"),
@@ -68,17 +73,17 @@ TEST(ConformCli, TheExampleEnginePassesEveryCheck) {
               HasSubstr("refused: example: shift(keep=7, discard=7): expected 0 <= keep"));
   const std::string xml = ReadFile(dir / "conform.xml");
   EXPECT_EQ(XmlProblem(xml, nullptr), "");
-  EXPECT_THAT(xml, HasSubstr("tests=\"17\""));
+  EXPECT_THAT(xml, HasSubstr("tests=\"22\""));
   const auto json = nlohmann::json::parse(ReadFile(dir / "conform.json"));
   EXPECT_EQ(json["passed"], true);
-  EXPECT_EQ(json["checks"].size(), 17u);
+  EXPECT_EQ(json["checks"].size(), 22u);
   EXPECT_EQ(json["shift_arbiter"],
             harness::BackendRegistry::Global().Has("ref64") ? "ref64" : "impl");
 }
 
-// The proof of power: moved keys left with their old rotation fail the shift check, at the first
-// row after the first shift, and nothing else.
-TEST(ConformCli, TheExamplesShiftFaultFailsTheShiftCheckOnly) {
+// The proof of power: moved keys left with their old rotation fail the shift checks (shift at the
+// first row after the first shift, after-shift at the first row after its shift), and nothing else.
+TEST(ConformCli, TheExamplesShiftFaultFailsTheShiftChecksOnly) {
   TempDir dir;
   const CommandResult r = RunKvdiff(
       fmt::format("conform '{}?fault=shift-not-rerotated' --cases 0", KVDIFF_EXAMPLE_ENGINE),
@@ -87,7 +92,8 @@ TEST(ConformCli, TheExamplesShiftFaultFailsTheShiftCheckOnly) {
   EXPECT_THAT(RowOf(r.out, "shift"),
               HasSubstr("FAIL   main: +3 after shift(0, 5): position 15 differs from "));
   EXPECT_THAT(RowOf(r.out, "shift"), HasSubstr("'s after the same shifts by "));
-  EXPECT_THAT(r.out, HasSubstr("FAIL: 15 of 16 checks passed, 1 failed"));
+  EXPECT_THAT(RowOf(r.out, "after-shift"), HasSubstr("FAIL   child: +2 after shift(2, 6) of its"));
+  EXPECT_THAT(r.out, HasSubstr("FAIL: 19 of 21 checks passed, 2 failed"));
   std::cout << "figure: conform " << RowOf(r.out, "shift") << "\n";
 }
 
@@ -97,13 +103,13 @@ TEST(ConformCli, TheShiftChecksAreSkippedForAnEngineThatDoesNotShift) {
   const CommandResult r =
       RunKvdiff(fmt::format("conform '{}' --cases 0", KVDIFF_BROKEN_V2_ENGINE), dir.path());
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-  for (const char* check : {"shift", "shift-beyond"}) {
+  for (const char* check : {"shift", "shift-beyond", "after-shift"}) {
     EXPECT_THAT(RowOf(r.out, check),
                 HasSubstr("skip   the engine does not shift (a plugin of ABI 1 or 2, or whose "
                           "shift is NULL"))
         << r.out;
   }
-  EXPECT_THAT(r.out, HasSubstr("PASS: 14 of 16 checks passed, 0 failed, 2 skipped"));
+  EXPECT_THAT(r.out, HasSubstr("PASS: 18 of 21 checks passed, 0 failed, 3 skipped"));
 }
 
 TEST(ConformCli, TheWrapperWithoutABugPassesToo) {
@@ -179,9 +185,14 @@ TEST(ConformCli, LlamaCppConformsWithItsFloat32RopeHeldToTheMeasuredProfile) {
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("tolerance profile rope-f32 (+2.0e-06 per position, across "
                                "backends) for llama.cpp"));
-  for (const char* check : kEveryCheck) {
+  for (const std::string check : kEveryCheck) {
+    if (check == "many-sessions") continue;  // below
     EXPECT_THAT(RowOf(r.out, check), HasSubstr("PASS")) << check << "\n" << r.out << r.err;
   }
+  // Its default sessions=8 holds no ninth conversation.
+  EXPECT_THAT(RowOf(r.out, "many-sessions"),
+              HasSubstr("skip   9 sessions alive at once are needed (more than a table of eight); "
+                        "the engine holds 8 (max_sessions)"));
   for (const char* check : {"batch", "batch-fork-truncate"})
     std::cout << "figure: llama.cpp conform " << RowOf(r.out, check) << "\n";
   const CommandResult flat = RunKvdiff("conform llama.cpp --cases 0 --tolerance 1e-4", dir.path());
@@ -220,7 +231,7 @@ TEST(ConformCli, LlamaCppWithDeclaredLimitsPassesWithTheChecksBeyondThemSkipped)
         << check << "\n"
         << two.out;
   }
-  EXPECT_THAT(two.out, HasSubstr("PASS: 15 of 17 checks passed, 0 failed, 2 skipped"));
+  EXPECT_THAT(two.out, HasSubstr("PASS: 19 of 22 checks passed, 0 failed, 3 skipped"));
   // Four sequences, as a server with four slots: batches of three conversations.
   const CommandResult four = RunKvdiff("conform 'llama.cpp?sessions=4' --cases 0", dir.path());
   EXPECT_EQ(four.exit_code, 0) << four.out << four.err;
@@ -238,13 +249,19 @@ TEST(ConformCli, LlamaCppWithDeclaredLimitsPassesWithTheChecksBeyondThemSkipped)
                         "positions of max_length 20"));
   EXPECT_THAT(RowOf(short_.out, "prefill"), HasSubstr("PASS   20 rows"));
   EXPECT_THAT(RowOf(short_.out, "chunks"), HasSubstr("(max_length 20)"));
-  EXPECT_THAT(short_.out, HasSubstr("0 failed, 2 skipped"));
+  EXPECT_THAT(RowOf(short_.out, "long-history"),
+              HasSubstr("skip   a history of 300 positions is needed; the engine holds max_length "
+                        "20"));
+  EXPECT_THAT(short_.out, HasSubstr("0 failed, 5 skipped"));
 }
 
 // The plugin's test-only batching bugs (engines/llama_cpp: fault=) fail conform's batch checks and
-// no other: by a row that differs from the oracle's, or by llama.cpp refusing the faulty batch;
-// also when three sequences cut the batches to two conversations.
-TEST(ConformCli, EachLlamaCppBatchFaultFailsTheBatchChecksOnly) {
+// no check without a batched call: by a row that differs from the oracle's, or by llama.cpp
+// refusing the faulty batch; also when three sequences cut the batches to two conversations.
+TEST(ConformCli, EachLlamaCppBatchFaultFailsTheChecksWithBatchedCallsOnly) {
+  const char* const without_batches[] = {"prefill", "chunks",          "truncate",
+                                         "fork",    "reset",           "sessions",
+                                         "shift",   "truncate-by-one", "capacity"};
   TempDir dir;
   for (const std::string fault :
        {"batch-shared-positions", "batch-rows-swapped", "batch-one-seq"}) {
@@ -253,13 +270,15 @@ TEST(ConformCli, EachLlamaCppBatchFaultFailsTheBatchChecksOnly) {
     EXPECT_EQ(r.exit_code, 1) << fault << "\n" << r.out << r.err;
     EXPECT_THAT(RowOf(r.out, "batch"), HasSubstr("FAIL")) << fault << "\n" << r.out;
     EXPECT_THAT(RowOf(r.out, "batch-fork-truncate"), HasSubstr("FAIL")) << fault << "\n" << r.out;
-    EXPECT_THAT(r.out, HasSubstr("14 of 16 checks passed, 2 failed")) << fault << "\n" << r.out;
     // Three sequences: batches of two conversations still catch each fault.
     const CommandResult three = RunKvdiff(
         fmt::format("conform 'llama.cpp?fault={}&sessions=3' --cases 0", fault), dir.path());
     EXPECT_EQ(three.exit_code, 1) << fault << "\n" << three.out << three.err;
-    EXPECT_THAT(three.out, HasSubstr("14 of 16 checks passed, 2 failed")) << fault << "\n"
-                                                                          << three.out;
+    for (const CommandResult* run : {&r, &three}) {
+      EXPECT_THAT(RowOf(run->out, "batch"), HasSubstr("FAIL")) << fault << "\n" << run->out;
+      for (const char* check : without_batches)
+        EXPECT_THAT(RowOf(run->out, check), HasSubstr("PASS")) << fault << "\n" << run->out;
+    }
   }
 }
 

@@ -39,7 +39,7 @@ TEST(ExecEngine, TheNumpyEnginePassesConform) {
   const CommandResult r = RunKvdiff("conform " + NumpyEngine() + " --cases 4", dir.path());
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("engine program numpy-llama 1, f32 cache"));
-  EXPECT_THAT(r.out, HasSubstr("PASS: 17 of 17 checks passed, 0 failed"));
+  EXPECT_THAT(r.out, HasSubstr("PASS: 22 of 22 checks passed, 0 failed"));
   // Its append_batch runs the items one after another: bit-identical to the items alone.
   EXPECT_THAT(RowOf(r.out, "batch"), HasSubstr("PASS"));
   EXPECT_THAT(RowOf(r.out, "batch-refusals"), HasSubstr("batch item 1: token id 256"));
@@ -66,7 +66,7 @@ TEST(ExecEngine, TheNumpyEnginePassesConformOnStories260K) {
       RunKvdiff("conform " + NumpyEngine() + " --model s260k --cases 4", dir.path());
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("5 layers, hidden 64, 8/4 heads"));
-  EXPECT_THAT(r.out, HasSubstr("PASS: 17 of 17 checks passed, 0 failed"));
+  EXPECT_THAT(r.out, HasSubstr("PASS: 22 of 22 checks passed, 0 failed"));
 }
 
 TEST(ExecEngine, AForgottenPositionUpdateIsCaughtByConformAndByCheck) {
