@@ -1,6 +1,7 @@
 #include "harness/campaign/case_generator.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -103,8 +104,11 @@ int64_t CampaignMaxLength(const format::LlamaConfig& config, int64_t max_length,
   return out;
 }
 
-std::string CampaignReachLimit(const format::LlamaConfig& config, int64_t max_length,
-                               const std::vector<const Backend*>& backends) {
+namespace {
+
+// Why the histories stop short of the model's context, or "".
+std::string LengthLimit(const format::LlamaConfig& config, int64_t max_length,
+                        const std::vector<const Backend*>& backends) {
   const int64_t context = config.max_position_embeddings;
   const int64_t reach = CampaignMaxLength(config, max_length, backends);
   if (reach >= context) return "";
@@ -118,6 +122,40 @@ std::string CampaignReachLimit(const format::LlamaConfig& config, int64_t max_le
       "histories stop at {} of the model's {} positions: --max-length {} (--max-length 0 reaches "
       "them all)",
       reach, context, max_length);
+}
+
+// The backend whose declared limit (a BackendInfo field) is `limit`.
+const Backend* Declaring(const std::vector<const Backend*>& backends, int64_t limit,
+                         int64_t BackendInfo::*field) {
+  for (const Backend* b : backends)
+    if (b->Info().*field == limit) return b;
+  return nullptr;
+}
+
+}  // namespace
+
+std::string CampaignReachLimit(const format::LlamaConfig& config, int64_t max_length,
+                               const std::vector<const Backend*>& backends) {
+  std::vector<std::string> limits;
+  if (std::string length = LengthLimit(config, max_length, backends); !length.empty())
+    limits.push_back(std::move(length));
+  const int64_t sessions = CampaignMaxSessions(backends);
+  if (sessions > 0 && sessions < kMaxConversations) {
+    const Backend* b = Declaring(backends, sessions, &BackendInfo::max_sessions);
+    limits.push_back(fmt::format(
+        "at most {} conversation{} alive at once of the {} drawn otherwise: backend {} holds {} "
+        "(max_sessions){}",
+        sessions, sessions == 1 ? "" : "s", kMaxConversations, b->Name(), sessions,
+        sessions == 1 ? ", so no fork, no second conversation and no batch of two" : ""));
+  }
+  const int64_t call_tokens = CampaignMaxCallTokens(backends);
+  if (call_tokens > 0) {
+    const Backend* b = Declaring(backends, call_tokens, &BackendInfo::max_batch_tokens);
+    limits.push_back(
+        fmt::format("calls of at most {} tokens: backend {} takes {} (max_batch_tokens)",
+                    call_tokens, b->Name(), call_tokens));
+  }
+  return fmt::format("{}", fmt::join(limits, "; "));
 }
 
 std::vector<Boundary> CampaignBoundaries(const std::vector<const Backend*>& backends,

@@ -96,9 +96,11 @@ int64_t CampaignMaxLength(const format::LlamaConfig& config, int64_t max_length)
 int64_t CampaignMaxLength(const format::LlamaConfig& config, int64_t max_length,
                           const std::vector<const Backend*>& backends);
 
-// Empty when the campaign's histories may reach the model's whole context; else why they stop
+// Empty when the campaign may reach what the model allows; else, joined by "; ", why it stops
 // short, naming what to change: "histories stop at 1024 of the model's 8192 positions:
-// --max-length 1024 (--max-length 0 reaches them all)", or the backend that holds fewer.
+// --max-length 1024 (--max-length 0 reaches them all)", or the backend that holds fewer
+// positions; the backend that holds fewer conversations alive than the generator draws; the
+// backend that takes fewer tokens a call.
 std::string CampaignReachLimit(const format::LlamaConfig& config, int64_t max_length,
                                const std::vector<const Backend*>& backends);
 

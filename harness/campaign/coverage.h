@@ -34,7 +34,8 @@ struct BoundaryCoverage {
 struct Coverage {
   int64_t cases = 0, long_cases = 0;
   int64_t context = 0;           // the campaign's longest allowed history
-  std::string reach_limit;       // why `context` is below the model's (CampaignReachLimit), or ""
+  std::string reach_limit;       // why the campaign stops short of the model or the generator: its
+                                 // context, sessions or call size (CampaignReachLimit), or ""
   std::string shift_limit;       // why no shift episode was drawn (CampaignShiftLimit), or ""
   int64_t longest = 0;           // the longest history any case reached
   int64_t cases_at_context = 0;  // cases that reached `context` (or their own, case_context)

@@ -29,8 +29,8 @@ enum class Bug {
   kNone,
   kLazyResetForkForgets,  // reset cleared at the next append; a fork before it copies the old cache
   kLazyShiftForkForgets,  // shift applied at the next append; a fork before it is not shifted
-  kTruncateByOneKeepsRow,  // a truncate by exactly one leaves the row in the cache
-  kDeepTruncateKeepsRows,  // a truncate from past 300 to below 300 leaves [300, old) in the cache
+  kTruncateByOneKeepsRow,    // a truncate by exactly one leaves the row in the cache
+  kDeepTruncateKeepsRows,    // a truncate from past 300 to below 300 leaves [300, old) in the cache
   kNinthSessionReusesFirst,  // a ninth session alive gets the first one's cells, uncleared
 };
 
@@ -166,9 +166,8 @@ TEST_F(ConformEdges, EachDeferredOrSizedBugFailsTheCheckWrittenForIt) {
   };
   for (const auto& [bug, check] : cases) {
     const harness::ConformReport report = Run(bug);
-    EXPECT_THAT(RowOf("\n" + report.Table(), check), HasSubstr("FAIL"))
-        << check << "\n"
-        << report.Table();
+    EXPECT_THAT(RowOf("\n" + report.Table(), check), HasSubstr("FAIL")) << check << "\n"
+                                                                        << report.Table();
   }
 }
 

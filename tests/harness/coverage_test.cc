@@ -11,6 +11,7 @@
 #include "harness/campaign/case_generator.h"
 #include "harness/run/differential_run.h"
 #include "tests/harness/harness_test_util.h"
+#include "tests/harness/wrapped_backend.h"
 
 namespace kvdiff::harness {
 namespace {
@@ -59,7 +60,8 @@ TEST(CaseGenerator, ShortCasesDoNotDependOnTheLongFraction) {
   EXPECT_EQ(CampaignMaxLength(config, 100000), 512);
 }
 
-// The report says how far the histories may go when it is short of the model's context, and why.
+// The report says how far the histories may go when it is short of the model's context, and why;
+// and what a backend's declared sessions and call size leave out.
 TEST(CaseGenerator, TheReachLimitNamesWhatStopsTheHistoriesShortOfTheContext) {
   const auto weights = LoadModelFor(TinySpec());
   const auto impl = MakeBackend("impl", weights, 1);
@@ -69,6 +71,18 @@ TEST(CaseGenerator, TheReachLimitNamesWhatStopsTheHistoriesShortOfTheContext) {
   EXPECT_EQ(CampaignReachLimit(weights->config, 100, backends),
             "histories stop at 100 of the model's 512 positions: --max-length 100 "
             "(--max-length 0 reaches them all)");
+  // An engine that declares one session and 16 tokens a call: what the campaign then never draws
+  // is said beside the verdict, not left to the coverage counts.
+  BackendInfo info;
+  info.name = "one-session";
+  info.dtype = "float32";
+  info.max_sessions = 1;
+  info.max_batch_tokens = 16;
+  const testing::WrappedBackend limited(MakeBackend("impl", weights, 1), info);
+  EXPECT_EQ(CampaignReachLimit(weights->config, 0, {impl.get(), &limited}),
+            "at most 1 conversation alive at once of the 8 drawn otherwise: backend one-session "
+            "holds 1 (max_sessions), so no fork, no second conversation and no batch of two; calls "
+            "of at most 16 tokens: backend one-session takes 16 (max_batch_tokens)");
 }
 
 TEST(CaseGenerator, TheOtherCasesDoNotDependOnTheDeepFraction) {
