@@ -149,7 +149,8 @@ std::string CampaignReachLimit(const format::LlamaConfig& config, int64_t max_le
         sessions == 1 ? ", so no fork, no second conversation and no batch of two" : ""));
   }
   const int64_t call_tokens = CampaignMaxCallTokens(backends);
-  if (call_tokens > 0) {
+  // A limit of a whole history or more leaves out nothing a single conversation would draw.
+  if (call_tokens > 0 && call_tokens < CampaignMaxLength(config, max_length, backends)) {
     const Backend* b = Declaring(backends, call_tokens, &BackendInfo::max_batch_tokens);
     limits.push_back(
         fmt::format("calls of at most {} tokens: backend {} takes {} (max_batch_tokens)",
