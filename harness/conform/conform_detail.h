@@ -153,6 +153,14 @@ struct Played {
   std::string Refused() const;
 };
 
+// An item of a batch step: `tokens` appended to `conversation`, every row returned.
+inline BatchEntry Item(const std::string& conversation, Tokens tokens) {
+  BatchEntry item;
+  item.conversation = conversation;
+  item.tokens = std::move(tokens);
+  return item;
+}
+
 struct CheckDef {
   const char* name;
   const char* what;

@@ -38,12 +38,9 @@ std::string CheckAfterReset(Script& s) {
   s.Add(Step::NewConversation("other"), "a new session");
   s.Append("other", s.RandomTokens(3), "other: prefill of 3");
   s.Add(Step::Reset("main"), "reset");
-  BatchEntry main_item, other_item;
-  main_item.conversation = "main";
-  main_item.tokens = s.RandomTokens(4);
-  other_item.conversation = "other";
-  other_item.tokens = s.RandomTokens(2);
-  s.Add(Step::Batch({main_item, other_item}), "a batch right after the reset (main:4, other:2)");
+  const Tokens to_main = s.RandomTokens(4), to_other = s.RandomTokens(2);
+  s.Add(Step::Batch({Item("main", to_main), Item("other", to_other)}),
+        "a batch right after the reset (main:4, other:2)");
   s.Add(Step::End("other"), "other freed");
   s.Add(Step::Reset("main"), "reset");
   s.Append("main", s.RandomTokens(1), "a one-token prompt right after the reset");
@@ -68,10 +65,7 @@ std::string CheckManySessions(Script& s) {
     const std::string name = i == 0 ? "main" : fmt::format("s{}", i);
     if (i > 0) s.Add(Step::NewConversation(name), fmt::format("session {}", i));
     s.Append(name, s.RandomTokens(2 + i % 4), fmt::format("session {}: its prompt", i));
-    BatchEntry item;
-    item.conversation = name;
-    item.tokens = s.RandomTokens(1);
-    decode.push_back(item);
+    decode.push_back(Item(name, s.RandomTokens(1)));
   }
   s.Add(Step::Batch(decode), fmt::format("a batch of {} conversations, one token each", n));
   for (int64_t i = 0; i < n; ++i) {
@@ -95,12 +89,9 @@ std::string CheckLongHistory(Script& s) {
   s.Append("child", s.RandomTokens(3), "the fork +3");
   s.Add(Step::End("child"), "the fork freed");
   s.Add(Step::NewConversation("new"), "a new session");
-  BatchEntry deep, fresh;
-  deep.conversation = "main";
-  deep.tokens = s.RandomTokens(2);
-  fresh.conversation = "new";
-  fresh.tokens = s.RandomTokens(3);
-  s.Add(Step::Batch({deep, fresh}), fmt::format("a batch of main at {} and a new session", depth));
+  const Tokens deep = s.RandomTokens(2), fresh = s.RandomTokens(3);
+  s.Add(Step::Batch({Item("main", deep), Item("new", fresh)}),
+        fmt::format("a batch of main at {} and a new session", depth));
   s.Add(Step::End("new"), "the new session freed");
   const int64_t quarter = depth / 4;
   s.Add(Step::Truncate("main", quarter), fmt::format("truncate from {} to {}", depth + 2, quarter));

@@ -26,6 +26,16 @@ void RequireShifts(const Script& s) {
   }
 }
 
+// Rows after a shift are held to an arbiter: without one there is nothing to hold them to.
+void RequireShiftsAndArbiter(const Script& s) {
+  RequireShifts(s);
+  if (!s.arbiter()) {
+    throw NotApplicable(
+        "nothing to hold rows after a shift to: no arbiter (kvdiff conform makes ref64 when "
+        "LibTorch is built) and the oracle does not shift");
+  }
+}
+
 // A new conversation fed `n` tokens in one call.
 void Fed(Script& s, const std::string& conversation, int64_t n) {
   s.Add(Step::NewConversation(conversation), "a new session " + conversation);
@@ -44,12 +54,7 @@ void Then(Script& s, const std::string& conversation, int64_t n, const std::stri
 }
 
 std::string CheckShift(Script& s) {
-  RequireShifts(s);
-  if (!s.arbiter()) {
-    throw NotApplicable(
-        "nothing to hold rows after a shift to: no arbiter (kvdiff conform makes ref64 when "
-        "LibTorch is built) and the oracle does not shift");
-  }
+  RequireShiftsAndArbiter(s);
   // keep 0: the first positions go (no attention sink kept).
   s.Append("main", s.RandomTokens(20), "main: prefill of 20");
   Shift(s, "main", 0, 5, 20);
@@ -98,12 +103,7 @@ std::string CheckShift(Script& s) {
 // a batch, a truncate above keep (an engine that re-rotates lazily, at the next append, loses the
 // rotation on every other path: llama.cpp applies its K-shift at the next decode).
 std::string CheckAfterShift(Script& s) {
-  RequireShifts(s);
-  if (!s.arbiter()) {
-    throw NotApplicable(
-        "nothing to hold rows after a shift to: no arbiter (kvdiff conform makes ref64 when "
-        "LibTorch is built) and the oracle does not shift");
-  }
+  RequireShiftsAndArbiter(s);
   s.Append("main", s.RandomTokens(20), "main: prefill of 20");
   Shift(s, "main", 2, 6, 20);
   s.Add(Step::Fork("main", "child"), "a fork right after shift(2, 6)");
@@ -114,12 +114,9 @@ std::string CheckAfterShift(Script& s) {
   Fed(s, "batched", 18);
   Fed(s, "beside", 3);
   Shift(s, "batched", 3, 5, 18);
-  BatchEntry shifted, other;
-  shifted.conversation = "batched";
-  shifted.tokens = s.RandomTokens(2);
-  other.conversation = "beside";
-  other.tokens = s.RandomTokens(1);
-  s.Add(Step::Batch({shifted, other}), "a batch right after shift(3, 5) (batched:2, beside:1)");
+  const Tokens shifted = s.RandomTokens(2), other = s.RandomTokens(1);
+  s.Add(Step::Batch({Item("batched", shifted), Item("beside", other)}),
+        "a batch right after shift(3, 5) (batched:2, beside:1)");
   s.Add(Step::End("beside"), "beside freed");
   s.Add(Step::End("batched"), "batched freed");
   Fed(s, "cut", 30);
