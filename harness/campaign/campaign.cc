@@ -158,11 +158,10 @@ nlohmann::json CampaignReport::ToJson() const {
   // Absent: fixed (reports of before --shapes).
   if (random_shapes) out["shapes"] = long_shapes ? "long" : "random";
   // What the cases were drawn with: shards drawn otherwise are another campaign (merge refuses).
-  out["generation"] = {{"max_length", generation.max_length},
-                       {"long_fraction", generation.long_fraction},
-                       {"deep_fraction", generation.deep_fraction},
-                       {"batch_percent", generation.batch_percent},
-                       {"shift_percent", generation.shift_percent}};
+  out["generation"] = {
+      {"max_length", generation.max_length},       {"long_fraction", generation.long_fraction},
+      {"deep_fraction", generation.deep_fraction}, {"batch_percent", generation.batch_percent},
+      {"shift_percent", generation.shift_percent}, {"follow_ups", generation.follow_ups}};
   return out;
 }
 

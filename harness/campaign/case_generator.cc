@@ -9,6 +9,7 @@
 
 #include "format/error.h"
 #include "harness/campaign/case_rng.h"
+#include "harness/campaign/follow_up.h"
 #include "harness/campaign/shift_episode.h"
 #include "harness/scenario/conversations.h"
 
@@ -49,27 +50,6 @@ class Sizes {
   bool long_;
   std::vector<int64_t> sizes_;
 };
-
-// Cuts a batch to at most `cap` tokens in all (0: no limit): the longest item loses tokens (one
-// is left to it), and while every item has one, the last items go.
-void FitBatch(std::vector<BatchEntry>& items, int64_t cap) {
-  if (cap <= 0) return;
-  int64_t total = 0;
-  for (const BatchEntry& item : items) total += item.Size();
-  while (total > cap) {
-    auto longest = std::max_element(items.begin(), items.end(), [](const auto& a, const auto& b) {
-      return a.Size() < b.Size();
-    });
-    if (longest->Size() > 1) {
-      const int64_t keep = std::max<int64_t>(1, longest->Size() - (total - cap));
-      total -= longest->Size() - keep;
-      longest->tokens.resize(static_cast<size_t>(keep));
-    } else {
-      items.pop_back();
-      --total;
-    }
-  }
-}
 
 // On a sliding-window model (window W), a size that takes a conversation at `length` to where
 // a ring goes wrong: to W-1, W, W+1 (the ring filling, full, wrapped), 2W and 2W+1 (wrapped
@@ -140,12 +120,12 @@ std::string CampaignReachLimit(const format::LlamaConfig& config, int64_t max_le
   if (std::string length = LengthLimit(config, max_length, backends); !length.empty())
     limits.push_back(std::move(length));
   const int64_t sessions = CampaignMaxSessions(backends);
-  if (sessions > 0 && sessions < kMaxConversations) {
+  if (sessions > 0 && sessions < kMaxCrowd) {
     const Backend* b = Declaring(backends, sessions, &BackendInfo::max_sessions);
     limits.push_back(fmt::format(
         "at most {} conversation{} alive at once of the {} drawn otherwise: backend {} holds {} "
         "(max_sessions){}",
-        sessions, sessions == 1 ? "" : "s", kMaxConversations, b->Name(), sessions,
+        sessions, sessions == 1 ? "" : "s", kMaxCrowd, b->Name(), sessions,
         sessions == 1 ? ", so no fork, no second conversation and no batch of two" : ""));
   }
   const int64_t call_tokens = CampaignMaxCallTokens(backends);
@@ -491,6 +471,17 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
       if (prompt > 0) prefill(longest, prompt);
       if (room > prompt) emit(Step::Decode(longest, room - prompt));
     }
+  }
+  // The follow-ups (harness/campaign/follow_up.h), from a stream of their own, after every step
+  // above: those are the steps the case drew before follow-ups existed.
+  if (options.follow_ups) {
+    Rng follow_rng(FollowUpStream(seed, k));
+    const FollowUpLimits limits{
+        context,  config.vocab_size,
+        call_cap, options.max_sessions,
+        window,   options.shifts && !config.Windowed() && options.shift_percent > 0};
+    for (const Step& step : DrawFollowUps(follow_rng, convs, limits, long_case, next_name))
+      emit(step);
   }
   return sc;
 }

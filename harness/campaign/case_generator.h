@@ -75,6 +75,9 @@ struct GenerationOptions {
   // The chance, in percent, that a step of a case is followed by a shift episode when `shifts`;
   // 0 draws none (check --shift-percent).
   int64_t shift_percent = kDefaultShiftPercent;
+  // Whether a case ends with its follow-ups (harness/campaign/follow_up.h): calls right after a
+  // reset or a shift, a long case's tour of its depth, a crowd of more than eight conversations.
+  bool follow_ups = true;
 };
 
 // The smallest max_sessions the backends declare (0 when none declares one).

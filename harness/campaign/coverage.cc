@@ -232,6 +232,7 @@ void Coverage::AddDepth(const Step& s, const Conversations& convs) {
   auto count = [&](const std::string& what, const std::string& conversation) {
     ++deep[what];
     if (convs.At(conversation).length > kDeepPosition) ++deep[what + " deep"];
+    if (convs.At(conversation).length > kFarPosition) ++deep[what + " far"];
   };
   if (s.op == Op::kFork) count("fork", s.from);
   if (s.op == Op::kTruncate) count("truncate", s.conversation);
@@ -362,10 +363,15 @@ std::string Coverage::BatchText() const {
     auto it = batches.find(key);
     return it == batches.end() ? int64_t{0} : it->second;
   };
-  std::string items;
+  // By number: shorter first, so "items 10" comes after "items 9", not after "items 1".
+  std::vector<std::pair<std::string, int64_t>> sizes;
   for (const auto& [key, n] : batches)
-    if (key.rfind("items ", 0) == 0)
-      items += fmt::format("{}{}: {}", items.empty() ? "" : ", ", key.substr(6), n);
+    if (key.rfind("items ", 0) == 0) sizes.emplace_back(key.substr(6), n);
+  std::stable_sort(sizes.begin(), sizes.end(),
+                   [](const auto& a, const auto& b) { return a.first.size() < b.first.size(); });
+  std::string items;
+  for (const auto& [size, n] : sizes)
+    items += fmt::format("{}{}: {}", items.empty() ? "" : ", ", size, n);
   return fmt::format(
       "  batches:       {} calls; items {}; mix prefill {}, decode {}, mixed {}; rows all {}, "
       "last {}, none {}; joined {}, left {}\n",
@@ -403,18 +409,21 @@ std::string Coverage::WindowText() const {
       get("after a drop"), get("truncate after a drop"), get("fork after a drop"));
 }
 
-// "  deep ops:      on conversations past 64 positions: fork 40 of 427, truncate 15 of 98, ..."
+// "  deep ops:      on conversations past 64 (256) positions: fork 40 (3) of 427, truncate 15 (1)
+//  of 98, ..."
 std::string Coverage::DeepText() const {
+  auto get = [&](const std::string& key) {
+    auto it = deep.find(key);
+    return it == deep.end() ? int64_t{0} : it->second;
+  };
   std::string out;
-  for (const char* what : {"fork", "truncate", "batch item", "end"}) {
-    auto it = deep.find(what);
-    if (it == deep.end()) continue;
-    auto d = deep.find(std::string(what) + " deep");
-    out += fmt::format("{}{} {} of {}", out.empty() ? "" : ", ", what,
-                       d == deep.end() ? 0 : d->second, it->second);
+  for (const std::string what : {"fork", "truncate", "batch item", "end"}) {
+    if (deep.count(what) == 0) continue;
+    out += fmt::format("{}{} {} ({}) of {}", out.empty() ? "" : ", ", what, get(what + " deep"),
+                       get(what + " far"), get(what));
   }
-  return fmt::format("  deep ops:      on conversations past {} positions: {}\n", kDeepPosition,
-                     out);
+  return fmt::format("  deep ops:      on conversations past {} ({}) positions: {}\n",
+                     kDeepPosition, kFarPosition, out);
 }
 
 nlohmann::json Coverage::ToJson() const {

@@ -24,6 +24,9 @@ namespace kvdiff::harness {
 // For one boundary b: forward calls of b-1 or b tokens ("at") and of more than b ("over"), and
 // rows written at positions b-1 ("at") and b or beyond ("over") — a history that crossed it. A
 // batch step is one call of all its items' tokens (what a micro-batch size n_ubatch splits).
+// Past it a conversation is far: the coverage counts its forks, truncates, batch items and ends.
+inline constexpr int64_t kFarPosition = 256;
+
 struct BoundaryCoverage {
   int64_t size = 0;
   std::string declared_by;  // empty: a power of two
@@ -58,7 +61,8 @@ struct Coverage {
   // less right after, where the uncached oracle applies again).
   std::map<std::string, int64_t> shifts;
   // Forks, truncations, batch items and ends, each counted under "fork" and so on, and also under
-  // "fork deep" and so on when its conversation held more than kDeepPosition positions.
+  // "fork deep" and so on when its conversation held more than kDeepPosition positions, and
+  // "fork far" and so on when more than kFarPosition (where tables, blocks and pages of 256 end).
   std::map<std::string, int64_t> deep;
   // A sliding-window model's cases (window W): "cases"; "crossed" per case that wrote a position
   // at W or beyond (its ring wrapped, its window dropped positions); "twice" per case that wrote

@@ -27,7 +27,8 @@ using nlohmann::json;
 constexpr const char* kCampaignFields[] = {"kvdiff_version", "model", "backends",
                                            "tolerance",      "seed",  "cases"};
 // Options a report records when they were given, which every shard must share as well: "shapes"
-// (absent: fixed), "generation" (--max-length, --long-fraction, --deep-fraction, --batch-percent),
+// (absent: fixed), "generation" (--max-length, --long-fraction, --deep-fraction, --batch-percent,
+// --shift-percent, and whether cases end with follow-ups: a shard of an older kvdiff has none),
 // and the demanding part's settings (not its counts, which are the shard's own).
 constexpr const char* kOptionalCampaignFields[] = {"shapes", "generation"};
 constexpr const char* kDemandingSettings[] = {"skipped", "model", "backends", "fraction", "rtol"};

@@ -108,8 +108,8 @@ std::string CoverageSection(const Coverage& cov) {
       Counts("coverage-ops", "ops: steps of each kind", cov.ops),
       Counts("coverage-batches", "batches", cov.batches),
       Counts("coverage-deep",
-             "deep ops: forks, truncations, batch items and ends (deep: on a long "
-             "conversation)",
+             "deep ops: forks, truncations, batch items and ends (deep: on a conversation "
+             "past 64 positions; far: past 256)",
              cov.deep),
       Boundaries(cov),
   };

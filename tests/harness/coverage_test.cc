@@ -80,7 +80,7 @@ TEST(CaseGenerator, TheReachLimitNamesWhatStopsTheHistoriesShortOfTheContext) {
   info.max_batch_tokens = 16;
   const testing::WrappedBackend limited(MakeBackend("impl", weights, 1), info);
   EXPECT_EQ(CampaignReachLimit(weights->config, 0, {impl.get(), &limited}),
-            "at most 1 conversation alive at once of the 8 drawn otherwise: backend one-session "
+            "at most 1 conversation alive at once of the 16 drawn otherwise: backend one-session "
             "holds 1 (max_sessions), so no fork, no second conversation and no batch of two; calls "
             "of at most 16 tokens: backend one-session takes 16 (max_batch_tokens)");
 }
@@ -147,15 +147,17 @@ TEST(CaseGenerator, CallsStayWithinTheTokensPerCallEveryBackendTakes) {
 
 // The deep cases are what puts forks, truncations and batch items on conversations past
 // kDeepPosition: without them few are (the long cases' few steps), with the default fraction
-// several times more, and the coverage report says how many.
+// several times more, and the coverage report says how many. (Measured without the follow-ups,
+// whose long-case tours add more: follow_up_test.)
 TEST(Coverage, DeepCasesPutForksTruncationsAndBatchesOnLongConversations) {
   auto deep_share = [](double deep_fraction, const std::string& what) {
     GenerationOptions g;
     g.deep_fraction = deep_fraction;
+    g.follow_ups = false;
     Coverage c = NewCoverage({}, 512);
     for (int64_t k = 0; k < 200; ++k)
       c.Add(GenerateCase(Tiny(), TinySpec(), 0, k, g), "tiny", IsLongCase(0, k, 0.1, 512));
-    EXPECT_NE(c.Text().find("deep ops:      on conversations past 64 positions: fork "),
+    EXPECT_NE(c.Text().find("deep ops:      on conversations past 64 (256) positions: fork "),
               std::string::npos)
         << c.Text();
     return static_cast<double>(c.deep[what + " deep"]) / static_cast<double>(c.deep[what]);

@@ -261,10 +261,12 @@ TEST(MergeShards, ShardsOfOtherOptionsOrThatContradictThemselvesAreBadInput) {
   ASSERT_EQ(RunKvdiff(campaign + "--shard 1/2 --json a.json", dir.path()).exit_code, 0);
   const std::pair<const char*, const char*> others[] = {
       {"--long-fraction 0.5",
-       "\"generation\" is {\"batch_percent\":20,\"deep_fraction\":0.3,\"long_fraction\":0.5"},
+       "\"generation\" is "
+       "{\"batch_percent\":20,\"deep_fraction\":0.3,\"follow_ups\":true,\"long_fraction\":0.5"},
       {"--max-length 40",
        "\"generation\" is "
-       "{\"batch_percent\":20,\"deep_fraction\":0.3,\"long_fraction\":0.1,\"max_length\":40,"
+       "{\"batch_percent\":20,\"deep_fraction\":0.3,\"follow_ups\":true,\"long_fraction\":0.1,"
+       "\"max_length\":40,"
        "\"shift_percent\":25}"},
       {"--batch-percent 0", "\"generation\" is {\"batch_percent\":0,"},
       {"--deep-fraction 0", "\"generation\" is {\"batch_percent\":20,\"deep_fraction\":0"},
