@@ -56,6 +56,21 @@ class Sizes {
 // whole, once more), or a chunk of W+1 (more than the ring holds, in one call); 0 when none fits
 // in [1, room] or the draw says not this time. Drawn from the window's own stream, so a model
 // without a window draws nothing from it and its cases stay as they were.
+// The backend that declares the smallest limit in `field` (the first on ties; 0 declares none),
+// or null when none declares one.
+const Backend* Tightest(const std::vector<const Backend*>& backends, int64_t BackendInfo::*field) {
+  const Backend* out = nullptr;
+  for (const Backend* b : backends) {
+    const int64_t n = b->Info().*field;
+    if (n > 0 && (out == nullptr || n < out->Info().*field)) out = b;
+  }
+  return out;
+}
+int64_t TightestLimit(const std::vector<const Backend*>& backends, int64_t BackendInfo::*field) {
+  const Backend* b = Tightest(backends, field);
+  return b == nullptr ? 0 : b->Info().*field;
+}
+
 int64_t WindowSize(Rng& rng, int64_t window, int64_t length, int64_t room) {
   if (window <= 0 || !rng.Chance(40)) return 0;
   std::vector<int64_t> fits;
@@ -78,10 +93,9 @@ int64_t CampaignMaxLength(const format::LlamaConfig& config, int64_t max_length)
 
 int64_t CampaignMaxLength(const format::LlamaConfig& config, int64_t max_length,
                           const std::vector<const Backend*>& backends) {
-  int64_t out = CampaignMaxLength(config, max_length);
-  for (const Backend* b : backends)
-    if (b->Info().max_length > 0) out = std::min(out, b->Info().max_length);
-  return out;
+  const int64_t out = CampaignMaxLength(config, max_length);
+  const int64_t declared = TightestLimit(backends, &BackendInfo::max_length);
+  return declared > 0 ? std::min(out, declared) : out;
 }
 
 namespace {
@@ -92,24 +106,14 @@ std::string LengthLimit(const format::LlamaConfig& config, int64_t max_length,
   const int64_t context = config.max_position_embeddings;
   const int64_t reach = CampaignMaxLength(config, max_length, backends);
   if (reach >= context) return "";
-  for (const Backend* b : backends) {
-    if (b->Info().max_length == reach && reach < CampaignMaxLength(config, max_length)) {
-      return fmt::format("histories stop at {} of the model's {} positions: backend {} holds {}",
-                         reach, context, b->Name(), reach);
-    }
+  if (reach < CampaignMaxLength(config, max_length)) {
+    return fmt::format("histories stop at {} of the model's {} positions: backend {} holds {}",
+                       reach, context, Tightest(backends, &BackendInfo::max_length)->Name(), reach);
   }
   return fmt::format(
       "histories stop at {} of the model's {} positions: --max-length {} (--max-length 0 reaches "
       "them all)",
       reach, context, max_length);
-}
-
-// The backend whose declared limit (a BackendInfo field) is `limit`.
-const Backend* Declaring(const std::vector<const Backend*>& backends, int64_t limit,
-                         int64_t BackendInfo::*field) {
-  for (const Backend* b : backends)
-    if (b->Info().*field == limit) return b;
-  return nullptr;
 }
 
 }  // namespace
@@ -121,7 +125,7 @@ std::string CampaignReachLimit(const format::LlamaConfig& config, int64_t max_le
     limits.push_back(std::move(length));
   const int64_t sessions = CampaignMaxSessions(backends);
   if (sessions > 0 && sessions < kMaxCrowd) {
-    const Backend* b = Declaring(backends, sessions, &BackendInfo::max_sessions);
+    const Backend* b = Tightest(backends, &BackendInfo::max_sessions);
     limits.push_back(fmt::format(
         "at most {} conversation{} alive at once of the {} drawn otherwise: backend {} holds {} "
         "(max_sessions){}",
@@ -131,7 +135,7 @@ std::string CampaignReachLimit(const format::LlamaConfig& config, int64_t max_le
   const int64_t call_tokens = CampaignMaxCallTokens(backends);
   // A limit of a whole history or more leaves out nothing a single conversation would draw.
   if (call_tokens > 0 && call_tokens < CampaignMaxLength(config, max_length, backends)) {
-    const Backend* b = Declaring(backends, call_tokens, &BackendInfo::max_batch_tokens);
+    const Backend* b = Tightest(backends, &BackendInfo::max_batch_tokens);
     limits.push_back(
         fmt::format("calls of at most {} tokens: backend {} takes {} (max_batch_tokens)",
                     call_tokens, b->Name(), call_tokens));
@@ -156,21 +160,11 @@ std::vector<Boundary> CampaignBoundaries(const std::vector<const Backend*>& back
 }
 
 int64_t CampaignMaxSessions(const std::vector<const Backend*>& backends) {
-  int64_t out = 0;
-  for (const Backend* b : backends) {
-    const int64_t n = b->Info().max_sessions;
-    if (n > 0 && (out == 0 || n < out)) out = n;
-  }
-  return out;
+  return TightestLimit(backends, &BackendInfo::max_sessions);
 }
 
 int64_t CampaignMaxCallTokens(const std::vector<const Backend*>& backends) {
-  int64_t out = 0;
-  for (const Backend* b : backends) {
-    const int64_t n = b->Info().max_batch_tokens;
-    if (n > 0 && (out == 0 || n < out)) out = n;
-  }
-  return out;
+  return TightestLimit(backends, &BackendInfo::max_batch_tokens);
 }
 
 bool CampaignShifts(const std::vector<const Backend*>& backends) {

@@ -227,8 +227,7 @@ void FitBatch(std::vector<BatchEntry>& items, int64_t cap) {
 }
 
 std::vector<Step> DrawFollowUps(CaseRng& rng, const Conversations& convs,
-                                const FollowUpLimits& limits, bool long_case,
-                                int64_t& next_name) {
+                                const FollowUpLimits& limits, bool long_case, int64_t& next_name) {
   FollowUps f(rng, convs, limits, next_name);
   const std::string deepest = f.Deepest();
   if (long_case) {

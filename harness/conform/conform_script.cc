@@ -9,6 +9,7 @@
 
 #include "format/error.h"
 #include "format/prng.h"
+#include "harness/campaign/case_generator.h"
 #include "harness/compare/compare.h"
 #include "harness/conform/conform_detail.h"
 
@@ -200,9 +201,7 @@ size_t Script::Append(const std::string& conversation, const Tokens& tokens, std
 }
 
 int64_t Script::max_positions() const {
-  const int64_t declared = engine_.Info().max_length;
-  const int64_t model = engine_.config().max_position_embeddings;
-  return declared > 0 ? std::min(declared, model) : model;
+  return CampaignMaxLength(engine_.config(), 0, {&engine_});  // the context, capped by max_length
 }
 
 std::string Script::max_positions_name() const {

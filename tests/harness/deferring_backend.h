@@ -1,7 +1,7 @@
 // impl behind sessions that defer or size their work the way wrong engines do: a reset or a shift
-// applied at the next append only (and forgotten by a fork before it), the dropped row of a truncate
-// by one or of a truncate from past 300 to below it kept, a ninth session given the first one's
-// cache. Each was a numpy mutant that passed `kvdiff check --cases 200` before the campaign's
+// applied at the next append only (and forgotten by a fork before it), the dropped row of a
+// truncate by one or of a truncate from past 300 to below it kept, a ninth session given the first
+// one's cache. Each was a numpy mutant that passed `kvdiff check --cases 200` before the campaign's
 // follow-ups (harness/campaign/follow_up.h) and conform's checks of deferred and sized work; the
 // tests prove both catch them. Bug::kNone is the same wrapper without a bug.
 #pragma once

@@ -31,9 +31,9 @@ class FollowUpMutants : public ::testing::Test {
 // Without follow-ups four of the five passed all 200 cases when this was written (the truncate by
 // one failed a few): printed, not asserted, since the cases' own steps may come to catch them.
 TEST_F(FollowUpMutants, EachDeferredOrSizedBugFailsTheDefaultCampaign) {
-  for (Bug bug : {Bug::kLazyResetForkForgets, Bug::kLazyShiftForkForgets,
-                  Bug::kTruncateByOneKeepsRow, Bug::kDeepTruncateKeepsRows,
-                  Bug::kNinthSessionReusesFirst, Bug::kNone}) {
+  for (Bug bug :
+       {Bug::kLazyResetForkForgets, Bug::kLazyShiftForkForgets, Bug::kTruncateByOneKeepsRow,
+        Bug::kDeepTruncateKeepsRows, Bug::kNinthSessionReusesFirst, Bug::kNone}) {
     const Deferring engine(harness::MakeBackend("impl", weights_, 1), bug);
     std::map<bool, int64_t> failed;
     for (bool follow_ups : {false, true}) {

@@ -112,10 +112,10 @@ TEST_F(FollowUps, TheDefaultCampaignDrawsEachCallTheyAreThereFor) {
   std::string all;
   for (const auto& [what, n] : draws) all += fmt::format("{} {}; ", what, n);
   std::cout << "figure: seed 0, 200 cases: " << all << "\n";
-  for (const char* what : {"reset>fork", "reset>batch", "reset>one token", "shift>fork",
-                           "shift>batch", "shift>truncate", "fork past 300",
-                           "truncate from past 300 to below", "batch item past 300",
-                           "batch of more than 8"}) {
+  for (const char* what :
+       {"reset>fork", "reset>batch", "reset>one token", "shift>fork", "shift>batch",
+        "shift>truncate", "fork past 300", "truncate from past 300 to below", "batch item past 300",
+        "batch of more than 8"}) {
     EXPECT_GE(draws.count(what) ? draws.at(what) : 0, 3) << what << "\n" << all;
   }
   EXPECT_GE(draws.at("most alive"), 12) << all;
