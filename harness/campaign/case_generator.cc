@@ -470,10 +470,14 @@ Scenario GenerateCase(const format::LlamaConfig& config, const ModelSpec& model,
   // above: those are the steps the case drew before follow-ups existed.
   if (options.follow_ups) {
     Rng follow_rng(FollowUpStream(seed, k));
-    const FollowUpLimits limits{
-        context,  config.vocab_size,
-        call_cap, options.max_sessions,
-        window,   options.shifts && !config.Windowed() && options.shift_percent > 0};
+    FollowUpLimits limits;
+    limits.context = context;
+    limits.vocab = config.vocab_size;
+    limits.max_call_tokens = call_cap;
+    limits.max_sessions = options.max_sessions;
+    limits.window = window;
+    limits.shifts = options.shifts && !config.Windowed() && options.shift_percent > 0;
+    limits.batches = options.batch_percent > 0;
     for (const Step& step : DrawFollowUps(follow_rng, convs, limits, long_case, next_name))
       emit(step);
   }

@@ -89,7 +89,7 @@ class FollowUps {
   void Crowd() {
     const int64_t most =
         limits_.max_sessions > 0 ? std::min(kMaxCrowd, limits_.max_sessions) : kMaxCrowd;
-    if (most < kMinCrowd) return;
+    if (most < kMinCrowd || !limits_.batches) return;
     const int64_t target = rng_.Between(kMinCrowd, most);
     while (Live() < target) {
       const std::string name = NewName();
@@ -180,7 +180,7 @@ class FollowUps {
   }
   // `name` in a batch with one to three others (a new request among them when sessions allow).
   void Batch(const std::string& name) {
-    if (!MakeRoom(name, 4)) return;
+    if (!limits_.batches || !MakeRoom(name, 4)) return;
     std::vector<BatchEntry> items = {Item(name, 4)};
     if (CanAdd() && rng_.Chance(50)) Emit(Step::NewConversation(NewName()));
     std::vector<std::string> others;

@@ -38,6 +38,7 @@ struct FollowUpLimits {
   int64_t max_sessions = 0;     // no more conversations alive (0: no limit; a crowd's kMaxCrowd)
   int64_t window = 0;           // a sliding window (0: none): truncates stay where it allows
   bool shifts = false;          // whether a shift may lead a follow-up
+  bool batches = true;          // whether batch steps may be drawn (--batch-percent 0: none)
 };
 
 // The follow-ups of a case whose steps left `convs`: a long case's tour of its deepest
