@@ -298,8 +298,9 @@ std::vector<std::string> Coverage::Warnings() const {
 
 std::string Coverage::Text() const {
   std::string out =
-      fmt::format("coverage: {} cases ({} long); longest history {} of {}, reached by {} cases\n",
-                  cases, long_cases, longest, context, cases_at_context);
+      fmt::format("coverage: {} cases ({} long); longest history {} of {}, reached by {} case{}\n",
+                  cases, long_cases, longest, context, cases_at_context,
+                  cases_at_context == 1 ? "" : "s");
   if (!reach_limit.empty()) out += fmt::format("  reach:         {}\n", reach_limit);
   out += fmt::format("  lengths:       {}\n", Histogram(lengths));
   out += fmt::format("  call sizes:    {}\n", Histogram(call_sizes));
