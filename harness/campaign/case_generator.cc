@@ -51,11 +51,6 @@ class Sizes {
   std::vector<int64_t> sizes_;
 };
 
-// On a sliding-window model (window W), a size that takes a conversation at `length` to where
-// a ring goes wrong: to W-1, W, W+1 (the ring filling, full, wrapped), 2W and 2W+1 (wrapped
-// whole, once more), or a chunk of W+1 (more than the ring holds, in one call); 0 when none fits
-// in [1, room] or the draw says not this time. Drawn from the window's own stream, so a model
-// without a window draws nothing from it and its cases stay as they were.
 // The backend that declares the smallest limit in `field` (the first on ties; 0 declares none),
 // or null when none declares one.
 const Backend* Tightest(const std::vector<const Backend*>& backends, int64_t BackendInfo::*field) {
@@ -71,6 +66,11 @@ int64_t TightestLimit(const std::vector<const Backend*>& backends, int64_t Backe
   return b == nullptr ? 0 : b->Info().*field;
 }
 
+// On a sliding-window model (window W), a size that takes a conversation at `length` to where
+// a ring goes wrong: to W-1, W, W+1 (the ring filling, full, wrapped), 2W and 2W+1 (wrapped
+// whole, once more), or a chunk of W+1 (more than the ring holds, in one call); 0 when none fits
+// in [1, room] or the draw says not this time. Drawn from the window's own stream, so a model
+// without a window draws nothing from it and its cases stay as they were.
 int64_t WindowSize(Rng& rng, int64_t window, int64_t length, int64_t room) {
   if (window <= 0 || !rng.Chance(40)) return 0;
   std::vector<int64_t> fits;

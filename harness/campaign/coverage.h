@@ -21,12 +21,12 @@
 
 namespace kvdiff::harness {
 
-// For one boundary b: forward calls of b-1 or b tokens ("at") and of more than b ("over"), and
-// rows written at positions b-1 ("at") and b or beyond ("over") — a history that crossed it. A
-// batch step is one call of all its items' tokens (what a micro-batch size n_ubatch splits).
 // Past it a conversation is far: the coverage counts its forks, truncates, batch items and ends.
 inline constexpr int64_t kFarPosition = 256;
 
+// For one boundary b: forward calls of b-1 or b tokens ("at") and of more than b ("over"), and
+// rows written at positions b-1 ("at") and b or beyond ("over") — a history that crossed it. A
+// batch step is one call of all its items' tokens (what a micro-batch size n_ubatch splits).
 struct BoundaryCoverage {
   int64_t size = 0;
   std::string declared_by;  // empty: a power of two
