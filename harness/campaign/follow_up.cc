@@ -230,6 +230,7 @@ std::vector<Step> DrawFollowUps(CaseRng& rng, const Conversations& convs,
                                 const FollowUpLimits& limits, bool long_case, int64_t& next_name) {
   FollowUps f(rng, convs, limits, next_name);
   const std::string deepest = f.Deepest();
+  if (deepest.empty()) return {};  // no conversation left (a scenario that ended them all)
   if (long_case) {
     f.DeepTour(deepest);
   } else if (rng.Chance(60)) {
