@@ -297,10 +297,9 @@ std::vector<std::string> Coverage::Warnings() const {
 }
 
 std::string Coverage::Text() const {
-  std::string out =
-      fmt::format("coverage: {} cases ({} long); longest history {} of {}, reached by {} case{}\n",
-                  cases, long_cases, longest, context, cases_at_context,
-                  cases_at_context == 1 ? "" : "s");
+  std::string out = fmt::format(
+      "coverage: {} cases ({} long); longest history {} of {}, reached by {} case{}\n", cases,
+      long_cases, longest, context, cases_at_context, cases_at_context == 1 ? "" : "s");
   if (!reach_limit.empty()) out += fmt::format("  reach:         {}\n", reach_limit);
   out += fmt::format("  lengths:       {}\n", Histogram(lengths));
   out += fmt::format("  call sizes:    {}\n", Histogram(call_sizes));
@@ -340,7 +339,8 @@ std::string Coverage::Text() const {
   std::sort(by_count.begin(), by_count.end(),
             [](const auto& a, const auto& b) { return a.second < b.second; });
   for (const auto& [minus_n, shape] : by_count)
-    out += fmt::format("  shape:         {} ({} cases)\n", shape, -minus_n);
+    out +=
+        fmt::format("  shape:         {} ({} case{})\n", shape, -minus_n, minus_n == -1 ? "" : "s");
   if (shapes.size() > kShapeLines) {
     int64_t shown = 0;
     for (const auto& [minus_n, shape] : by_count) shown -= minus_n;
