@@ -35,34 +35,16 @@ class FollowUps {
     const int64_t keep = rng_.Chance(30) ? 0 : rng_.Between(0, length - 2);
     const int64_t discard = rng_.Between(1, length - keep - 1);
     Emit(Step::Shift(name, keep, discard));
-    switch (rng_.Below(3)) {
-      case 0:
-        Fork(name);
-        break;
-      case 1:
-        Batch(name);
-        break;
-      default:  // above keep: the shifted keys stay, and so does what the shift left pending
-        Truncate(name, rng_.Between(keep + 1, At(name).length));
-    }
-    Continue(name);
+    // Or a truncate above keep: the shifted keys stay, and so does what the shift left pending.
+    ActThenContinue(name, [&] { Truncate(name, rng_.Between(keep + 1, At(name).length)); });
     return true;
   }
 
   // A reset, then a call other than a plain append of several tokens.
   void ResetThenAct(const std::string& name) {
     Emit(Step::Reset(name));
-    switch (rng_.Below(3)) {
-      case 0:
-        Fork(name);
-        break;
-      case 1:
-        Batch(name);
-        break;
-      default:  // the source document's third bug: a one-token prompt on a reused cache
-        Prompt(name, 1);
-    }
-    Continue(name);
+    // Or the source document's third bug: a one-token prompt on a reused cache.
+    ActThenContinue(name, [&] { Prompt(name, 1); });
   }
 
   // At the depth `name` holds, in a random order: a truncate (by one, or anywhere below), and
@@ -117,6 +99,16 @@ class FollowUps {
   void Emit(const Step& s) {
     convs_.Apply(s);
     steps_.push_back(s);
+  }
+  // Right after a reset or a shift of `name`: a fork, a batch or `other`, one time in three
+  // each; then what reads its cache.
+  template <typename Other>
+  void ActThenContinue(const std::string& name, Other other) {
+    const int64_t act = rng_.Below(3);
+    if (act == 0) Fork(name);
+    if (act == 1) Batch(name);
+    if (act == 2) other();
+    Continue(name);
   }
   std::string NewName() { return fmt::format("c{}", next_name_++); }
   std::string Any() {
